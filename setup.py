@@ -1,0 +1,77 @@
+"""Build glue that pyproject.toml cannot express: the C extension, the LD_PRELOAD heap shim
+(a plain shared library with no Python in it) and the native demo program.
+
+`pip install .` runs all three through setuptools' compiler; nobody runs make by hand.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).parent
+NATIVE = HERE / "native"
+COMMON_CFLAGS = ["-O2", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
+
+class BuildNative(build_ext):
+    """Builds the extension as usual, then the shim and the demo binary next to it."""
+
+    def run(self) -> None:
+        super().run()
+        self._build_shim()
+        self._build_demo()
+
+    def _package_dir(self) -> Path:
+        if self.inplace:
+            return HERE / "rsprof"
+        return Path(self.build_lib) / "rsprof"
+
+    def _build_shim(self) -> None:
+        out_dir = self._package_dir() / "lib"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        sources = sorted(str(p) for p in (NATIVE / "shim").glob("*.c"))
+        if not sources:
+            return
+        objects = self.compiler.compile(
+            sources,
+            output_dir=self.build_temp,
+            include_dirs=[str(NATIVE)],
+            extra_preargs=[*COMMON_CFLAGS, "-fPIC", "-fvisibility=hidden", "-pthread"],
+        )
+        self.compiler.link_shared_object(
+            objects,
+            str(out_dir / "librsprof_heap.so"),
+            libraries=["dl", "pthread", "rt"],
+            extra_preargs=["-pthread"],
+        )
+
+    def _build_demo(self) -> None:
+        out_dir = self._package_dir() / "bin"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        sources = sorted(str(p) for p in (NATIVE / "demo").glob("*.c"))
+        if not sources:
+            return
+        objects = self.compiler.compile(
+            sources,
+            output_dir=self.build_temp,
+            extra_preargs=[
+                "-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-pthread",
+            ],
+        )
+        exe = out_dir / "rsprof-demo"
+        self.compiler.link_executable(objects, str(exe), extra_preargs=["-pthread"])
+        os.chmod(exe, 0o755)
+
+
+native_ext = Extension(
+    "rsprof._native",
+    sources=sorted(str(p.relative_to(HERE)) for p in NATIVE.glob("*.c")),
+    include_dirs=["native"],
+    extra_compile_args=[*COMMON_CFLAGS, "-std=gnu11"],
+)
+
+setup(ext_modules=[native_ext], cmdclass={"build_ext": BuildNative})

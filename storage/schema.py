@@ -1,0 +1,125 @@
+"""The profile file's schema. docs/schema.md documents every table created here."""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA_VERSION = 1
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id INTEGER PRIMARY KEY,
+    timestamp_ms INTEGER NOT NULL,
+    samples INTEGER NOT NULL DEFAULT 0,
+    lost_samples INTEGER NOT NULL DEFAULT 0,
+    heap_events INTEGER NOT NULL DEFAULT 0,
+    heap_lost_events INTEGER NOT NULL DEFAULT 0,
+    target_cpu_pct REAL,
+    target_rss_bytes INTEGER
+);
+CREATE TABLE IF NOT EXISTS modules (
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL,
+    build_id TEXT,
+    UNIQUE (path, build_id)
+);
+CREATE TABLE IF NOT EXISTS mappings (
+    id INTEGER PRIMARY KEY,
+    module_id INTEGER NOT NULL REFERENCES modules(id),
+    start INTEGER NOT NULL,
+    "end" INTEGER NOT NULL,
+    file_offset INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS locations (
+    id INTEGER PRIMARY KEY,
+    function TEXT NOT NULL,
+    file TEXT NOT NULL DEFAULT '',
+    line INTEGER NOT NULL DEFAULT 0,
+    module_id INTEGER REFERENCES modules(id),
+    system_name TEXT,
+    UNIQUE (file, line, function, module_id)
+);
+CREATE TABLE IF NOT EXISTS frames (
+    id INTEGER PRIMARY KEY,
+    address INTEGER NOT NULL,
+    module_id INTEGER REFERENCES modules(id),
+    module_offset INTEGER
+);
+CREATE TABLE IF NOT EXISTS frame_locations (
+    frame_id INTEGER NOT NULL REFERENCES frames(id),
+    inline_depth INTEGER NOT NULL,
+    location_id INTEGER NOT NULL REFERENCES locations(id),
+    PRIMARY KEY (frame_id, inline_depth)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS stacks (id INTEGER PRIMARY KEY, depth INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS stack_frames (
+    stack_id INTEGER NOT NULL REFERENCES stacks(id),
+    position INTEGER NOT NULL,
+    frame_id INTEGER NOT NULL REFERENCES frames(id),
+    PRIMARY KEY (stack_id, position)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS threads (
+    tid INTEGER PRIMARY KEY,
+    name TEXT,
+    first_checkpoint_id INTEGER,
+    last_checkpoint_id INTEGER,
+    exited INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS cpu_stack_samples (
+    checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
+    stack_id INTEGER NOT NULL REFERENCES stacks(id),
+    tid INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    PRIMARY KEY (checkpoint_id, stack_id, tid)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cpu_samples (
+    checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
+    location_id INTEGER NOT NULL REFERENCES locations(id),
+    count INTEGER NOT NULL,
+    PRIMARY KEY (checkpoint_id, location_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS heap_stack_samples (
+    checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
+    stack_id INTEGER NOT NULL REFERENCES stacks(id),
+    alloc_bytes INTEGER NOT NULL DEFAULT 0,
+    alloc_count INTEGER NOT NULL DEFAULT 0,
+    free_bytes INTEGER NOT NULL DEFAULT 0,
+    free_count INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (checkpoint_id, stack_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS heap_site_samples (
+    checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
+    location_id INTEGER NOT NULL REFERENCES locations(id),
+    alloc_bytes INTEGER NOT NULL DEFAULT 0,
+    alloc_count INTEGER NOT NULL DEFAULT 0,
+    free_bytes INTEGER NOT NULL DEFAULT 0,
+    free_count INTEGER NOT NULL DEFAULT 0,
+    live_bytes INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (checkpoint_id, location_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS cpu_samples_location ON cpu_samples (location_id);
+CREATE INDEX IF NOT EXISTS heap_site_samples_location ON heap_site_samples (location_id);
+CREATE VIEW IF NOT EXISTS heap_samples AS
+SELECT h.location_id AS location_id,
+       l.function AS function,
+       l.file AS file,
+       l.line AS line,
+       SUM(h.alloc_bytes) AS total_alloc_bytes,
+       SUM(h.free_bytes) AS total_free_bytes,
+       SUM(h.alloc_count) AS total_allocs,
+       SUM(h.free_count) AS total_frees,
+       SUM(h.alloc_bytes) - SUM(h.free_bytes) AS live_bytes,
+       MAX(h.checkpoint_id) AS last_checkpoint_id
+FROM heap_site_samples h JOIN locations l ON l.id = h.location_id
+GROUP BY h.location_id;
+"""
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    """Creates every table and view of the current schema version (idempotent)."""
+    conn.executescript(DDL)
+    conn.execute(
+        "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+        (str(SCHEMA_VERSION),),
+    )
