@@ -1,1 +1,1 @@
-"""rsprof."""
+"""The recorder: attach to a process, follow its threads and mappings, symbolize, checkpoint."""

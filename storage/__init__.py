@@ -1,1 +1,1 @@
-"""rsprof."""
+"""Profile storage: the SQLite schema, the writer and every query."""

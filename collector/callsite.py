@@ -1,0 +1,63 @@
+"""Which frame of an allocating stack is the call site: the first user frame.
+
+Allocator, shim, C/C++ runtime and Rust `alloc::` frames are skipped by *module* and by
+*exact symbol rules*, never by substring (rsprof's substring `free` also skipped a user's
+`free_list`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+
+from storage.writer import LocationKey
+
+# Shared objects whose frames are never the user's call site.
+_RUNTIME_MODULE = re.compile(
+    r"^(librsprof_heap|libc|libc\.musl-.*|libstdc\+\+|libgcc_s|libm|ld-linux.*|ld-musl.*"
+    r"|libjemalloc|libtcmalloc.*|libmimalloc|libpthread|libdl)(-[\d.]+)?\.so(\.[\d.]+)?$"
+)
+
+# Allocation entry points that may be linked statically into the target.
+_ALLOCATOR_FUNCTIONS = frozenset(
+    {
+        "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign",
+        "aligned_alloc", "memalign", "valloc", "pvalloc", "strdup", "strndup",
+        "__libc_malloc", "__libc_calloc", "__libc_realloc", "__libc_memalign",
+        "operator new(unsigned long)", "operator new[](unsigned long)",
+        "operator new(unsigned long, std::nothrow_t const&)",
+        "operator new[](unsigned long, std::nothrow_t const&)",
+        "operator new(unsigned long, std::align_val_t)",
+        "operator new[](unsigned long, std::align_val_t)",
+        "__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc", "__rust_dealloc",
+        "__rdl_alloc", "__rdl_alloc_zeroed", "__rdl_realloc",
+        "__rg_alloc", "__rg_alloc_zeroed", "__rg_realloc",
+    }
+)
+
+# Rust and C++ library paths, matched as whole leading path segments.
+_LIBRARY_PATHS = ("alloc::", "<alloc::", "std::alloc::", "<std::alloc::", "core::alloc::",
+                  "__gnu_cxx::new_allocator<", "std::allocator<", "std::__new_allocator<",
+                  "std::allocator_traits<")
+
+
+def is_runtime_module(path: str) -> bool:
+    return bool(_RUNTIME_MODULE.match(os.path.basename(path)))
+
+
+def is_allocator_symbol(function: str) -> bool:
+    return function in _ALLOCATOR_FUNCTIONS or function.startswith(_LIBRARY_PATHS)
+
+
+def call_site(frames: Sequence[tuple[str, Sequence[LocationKey]]]) -> LocationKey | None:
+    """The first user location of a stack given leaf first as (module path, inline chain)."""
+    last: LocationKey | None = None
+    for module_path, chain in frames:
+        if module_path and is_runtime_module(module_path):
+            continue
+        for location in chain:
+            last = location
+            if not is_allocator_symbol(location.function):
+                return location
+    return last

@@ -1,0 +1,119 @@
+"""Turns raw instruction addresses into stored frames, locations and stacks.
+
+New stacks arrive in batches from the C readers (CPU and heap); every address not seen
+before is located in the target's address space, symbolized in one batch per module and
+written through the ProfileWriter, which hands back row ids.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+from collector.maps import AddressSpace, Mapping
+from collector.symbols import Module, SourceFrame, Symbolizer
+from storage.writer import LocationKey, ProfileWriter
+
+
+def _display_name(path: str) -> str:
+    return os.path.basename(path) or path
+
+
+class FrameResolver:
+    def __init__(self, pid: int, writer: ProfileWriter, symbolizer: Symbolizer) -> None:
+        self.pid = pid
+        self.writer = writer
+        self.symbolizer = symbolizer
+        self.space = AddressSpace()
+        self._modules: dict[str, Module | None] = {}
+        self._module_ids: dict[str, int] = {}
+        # (address, is_caller) -> frame id; callers are looked up at address - 1 (the call).
+        self._frame_ids: dict[tuple[int, bool], int] = {}
+        # frame id -> (module path, inline chain innermost first), for call-site rules.
+        self.frame_info: dict[int, tuple[str, tuple[LocationKey, ...]]] = {}
+        self.stack_frames: dict[int, tuple[int, ...]] = {}
+
+    # -- mappings ------------------------------------------------------------------------
+
+    def add_mapping(self, mapping: Mapping) -> None:
+        self.space.add(mapping)
+        module_id = self._module_id(mapping.path, mapping.build_id)
+        self.writer.add_mapping(module_id, mapping.start, mapping.end, mapping.file_offset)
+
+    def _open_module(self, path: str) -> Module | None:
+        if path not in self._modules:
+            module = None
+            if path.startswith("/"):
+                # The target may live in another mount namespace (a container): prefer its view.
+                for candidate in (f"/proc/{self.pid}/root{path}", path):
+                    if os.path.isfile(candidate):
+                        module = self.symbolizer.module(candidate)
+                        if module is not None:
+                            break
+            self._modules[path] = module
+        return self._modules[path]
+
+    def _module_id(self, path: str, build_id: str | None = None) -> int:
+        found = self._module_ids.get(path)
+        if found is None:
+            module = self._open_module(path)
+            if module is not None and module.build_id:
+                build_id = module.build_id
+            found = self._module_ids[path] = self.writer.module_id(path, build_id)
+        return found
+
+    # -- stacks --------------------------------------------------------------------------
+
+    def resolve_stacks(self, stacks: Sequence[tuple[int, Sequence[int]]]) -> dict[int, int]:
+        """Maps native stack ids (from a C reader) to stored stack ids."""
+        needed = {
+            (address, position > 0)
+            for _, ips in stacks
+            for position, address in enumerate(ips)
+            if (address, position > 0) not in self._frame_ids
+        }
+        self._resolve_frames(needed)
+        resolved = {}
+        for native_id, ips in stacks:
+            frames = tuple(
+                self._frame_ids[(address, position > 0)] for position, address in enumerate(ips)
+            )
+            stack_id = resolved[native_id] = self.writer.stack_id(frames)
+            self.stack_frames[stack_id] = frames
+        return resolved
+
+    def _resolve_frames(self, needed: Iterable[tuple[int, bool]]) -> None:
+        by_mapping: dict[Mapping | None, list[tuple[int, bool]]] = {}
+        for key in needed:
+            by_mapping.setdefault(self.space.find(key[0]), []).append(key)
+        for mapping, keys in by_mapping.items():
+            if mapping is None:
+                for address, is_caller in keys:
+                    name = f"0x{address:x}"
+                    location = LocationKey(name, "", 0, None)
+                    frame_id = self.writer.frame_id(address, None, None, [location])
+                    self._frame_ids[(address, is_caller)] = frame_id
+                    self.frame_info[frame_id] = ("", (location,))
+                continue
+            self._resolve_in_mapping(mapping, keys)
+
+    def _resolve_in_mapping(self, mapping: Mapping, keys: list[tuple[int, bool]]) -> None:
+        module_id = self._module_id(mapping.path, mapping.build_id)
+        module = self._open_module(mapping.path)
+        offsets = [address - mapping.start + mapping.file_offset for address, _ in keys]
+        if module is not None:
+            vaddrs = [module.file_offset_to_vaddr(offset) for offset in offsets]
+            lookups = [v - 1 if is_caller else v for v, (_, is_caller) in zip(vaddrs, keys)]
+            chains: list[tuple[SourceFrame, ...]] = module.symbolize(lookups)
+        else:
+            vaddrs = offsets
+            name = _display_name(mapping.path)
+            chains = [(SourceFrame(f"{name}+0x{offset:x}", "", 0, None),) for offset in offsets]
+        for (address, is_caller), vaddr, chain in zip(keys, vaddrs, chains):
+            locations = [
+                LocationKey(frame.function, frame.file, frame.line, module_id, frame.system_name)
+                for frame in chain
+            ]
+            frame_id = self.writer.frame_id(address, module_id, vaddr, locations)
+            self._frame_ids[(address, is_caller)] = frame_id
+            self.frame_info[frame_id] = (mapping.path, tuple(locations))

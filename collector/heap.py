@@ -1,0 +1,74 @@
+"""Heap tracking: reads the target's shim ring (if it has one) into checkpoints."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from collector.callsite import call_site
+from collector.frames import FrameResolver
+from rsprof._native import HeapReader
+from storage.writer import Checkpoint, HeapDelta
+
+
+class HeapTracker:
+    """Wraps the C HeapReader: frees are charged to the allocating stack in C; here the new
+    stacks are symbolized and each is given its call site."""
+
+    def __init__(self, reader: Any, resolver: FrameResolver) -> None:
+        self.reader = reader
+        self.resolver = resolver
+        self._native_to_stored: dict[int, int] = {}
+        self._site_of_stack: dict[int, int] = {}
+        self.sample_bytes = 0
+        self.mode = "full"
+        self.unknown_frees = 0
+        # The drain thread polls while the main thread takes: the reader is not shared-safe.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def attach(cls, pid: int, resolver: FrameResolver) -> HeapTracker | None:
+        """None when the target was not started with the shim (CPU-only profile)."""
+        try:
+            reader = HeapReader.attach(pid)
+        except (FileNotFoundError, ValueError, PermissionError):
+            return None
+        return cls(reader, resolver)
+
+    def poll(self) -> None:
+        with self._lock:
+            self.reader.poll()
+
+    def fill_checkpoint(self, checkpoint: Checkpoint) -> None:
+        with self._lock:
+            batch = self.reader.take()
+        self.sample_bytes = batch["sample_bytes"]
+        self.mode = "sampled" if self.sample_bytes else "full"
+        self.unknown_frees += batch["unknown_frees"]
+        stored = self.resolver.resolve_stacks(batch["new_stacks"])
+        self._native_to_stored.update(stored)
+        for stack_id in stored.values():
+            self._site_of_stack.setdefault(stack_id, self._site_location(stack_id))
+        heap: dict[int, HeapDelta] = {}
+        for native_id, alloc_bytes, alloc_count, free_bytes, free_count in batch["sites"]:
+            stack_id = self._native_to_stored[native_id]
+            delta = heap.setdefault(stack_id, HeapDelta())
+            delta.alloc_bytes += alloc_bytes
+            delta.alloc_count += alloc_count
+            delta.free_bytes += free_bytes
+            delta.free_count += free_count
+        checkpoint.heap = heap
+        checkpoint.heap_sites = {sid: self._site_of_stack[sid] for sid in heap}
+        checkpoint.heap_events = batch["events"]
+        checkpoint.heap_lost_events = batch["lost"]
+
+    def _site_location(self, stack_id: int) -> int:
+        frames = [self.resolver.frame_info[fid] for fid in self.resolver.stack_frames[stack_id]]
+        site = call_site(frames)
+        if site is None:
+            site = frames[0][1][0]
+        return self.resolver.writer.location_id(site)
+
+    def close(self) -> None:
+        with self._lock:
+            self.reader.close()

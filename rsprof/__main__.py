@@ -1,0 +1,7 @@
+"""`python -m rsprof` is the `rsprof` command."""
+
+import sys
+
+from rsprof.cli import main
+
+sys.exit(main())

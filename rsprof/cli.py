@@ -1,0 +1,285 @@
+"""The `rsprof` command. Commands stay thin: they parse, call collector or storage, render.
+
+Exit codes (rsprof's): 0 ok, 1 error, 2 usage, 3 process not found, 4 permission,
+6 database. Every failure is one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from collector.errors import EXIT_DATABASE, EXIT_ERROR, EXIT_USAGE, CollectorError
+from collector.process import Target, target_from_name, target_from_pid
+from collector.recorder import RecordOptions
+from rsprof import __version__, render, session
+from rsprof.durations import parse_duration
+from storage import analysis
+from storage.errors import ProfileError
+from storage.reader import Profile
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+NO_HEAP_HINT = (
+    "this profile has no heap data; start the program with `rsprof run -- CMD`, or with"
+    " `LD_PRELOAD=$(rsprof preload) CMD` and attach with `rsprof -p PID`"
+)
+
+
+class Failure(Exception):
+    """An error with its exit code, shown as one line."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _duration(_ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param=param) from None
+
+
+def record_options(func: click.decorators.FC) -> click.decorators.FC:
+    """Options shared by attaching (-p/-P), `run` and `demo`."""
+    decorators = [
+        click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Profile file (default rsprof.<process>.<yymmddHHMMSS>.db here)."),
+        click.option("-i", "--interval", default="1s", show_default=True, callback=_duration,
+                     help="Checkpoint interval."),
+        click.option("-d", "--duration", callback=_duration,
+                     help="Stop after this long (e.g. 10s, 5m, 1h); default: until Ctrl-C."),
+        click.option("--cpu-freq", type=click.IntRange(1, 100_000), default=99,
+                     show_default=True, help="CPU samples per second per thread."),
+        click.option("-q", "--quiet", is_flag=True, help="Record headless (no TUI)."),
+        click.option("-a", "--append", is_flag=True, help="Append to an existing profile."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+@click.group(context_settings=CONTEXT, invoke_without_command=True)
+@click.option("-p", "--pid", type=int, help="Attach to this process.")
+@click.option("-P", "--process", "process_name", help="Attach to the process whose name contains this.")
+@record_options
+@click.version_option(__version__, prog_name="rsprof")
+@click.pass_context
+def cli(ctx: click.Context, pid: int | None, process_name: str | None, **options: object) -> None:
+    """Live CPU and heap profiler for Linux processes.
+
+    Attach with `rsprof -p PID` (or `-P NAME`), or start a program under it with
+    `rsprof run -- CMD`. Profiles are SQLite files: reopen them with `rsprof view`,
+    summarize with `rsprof top`, query with `rsprof query`.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if pid is None and process_name is None:
+        click.echo(ctx.get_help())
+        return
+    if pid is not None and process_name is not None:
+        raise click.UsageError("give -p PID or -P NAME, not both")
+    target = target_from_pid(pid) if pid is not None else target_from_name(str(process_name))
+    _record(target, **options)  # type: ignore[arg-type]
+
+
+def _record(
+    target: Target,
+    *,
+    output: Path | None,
+    interval: float,
+    duration: float | None,
+    cpu_freq: int,
+    quiet: bool,
+    append: bool,
+    child: object = None,
+    heap_sample_bytes: int = 0,
+) -> session.SessionOutcome:
+    _check_frequency(cpu_freq)
+    if interval <= 0:
+        raise click.BadParameter("must be more than 0", param_hint="'-i' / '--interval'")
+    path = output or session.default_output(target.name)
+    quiet = quiet or not (sys.stdin.isatty() and sys.stdout.isatty())
+    options = RecordOptions(freq_hz=cpu_freq, interval_s=interval, duration_s=duration)
+    outcome = session.record(
+        target, path, options, append=append, quiet=quiet, child=child  # type: ignore[arg-type]
+    )
+    click.echo(session.describe(outcome), err=True)
+    return outcome
+
+
+def _check_frequency(freq: int) -> None:
+    try:
+        limit = int(Path("/proc/sys/kernel/perf_event_max_sample_rate").read_text())
+    except (OSError, ValueError):
+        return
+    if freq > limit:
+        raise click.BadParameter(
+            f"{freq} Hz is above the kernel's limit of {limit}"
+            " (/proc/sys/kernel/perf_event_max_sample_rate)",
+            param_hint="'--cpu-freq'",
+        )
+
+
+@cli.command(context_settings={**CONTEXT, "ignore_unknown_options": True})
+@record_options
+@click.option("--heap-sample", "heap_sample", type=click.IntRange(0), default=0,
+              help="Sample allocations every BYTES on average (Poisson); 0 = every allocation.")
+@click.option("--no-heap", is_flag=True, help="CPU only: do not preload the heap shim.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(command: tuple[str, ...], heap_sample: int, no_heap: bool, **options: object) -> None:
+    """Start COMMAND under rsprof: heap and CPU from its first instruction.
+
+    rsprof run [OPTIONS] -- CMD [ARGS]...
+    """
+    child = session.launch(command, heap=not no_heap, heap_sample_bytes=heap_sample)
+    try:
+        target = session.target_for_child(child, command)
+    except CollectorError:
+        session.stop_child(child)
+        raise
+    _record(target, child=child, heap_sample_bytes=heap_sample, **options)  # type: ignore[arg-type]
+
+
+@cli.command(context_settings=CONTEXT)
+@record_options
+def demo(**options: object) -> None:
+    """Profile the bundled demo program (3 busy threads, a leaking heap site).
+
+    Runs 5 s headless when there is no terminal (or with -q) and prints the top tables;
+    otherwise opens the live TUI.
+    """
+    if not session.DEMO_PATH.exists():
+        raise Failure(f"the demo program is missing ({session.DEMO_PATH}); reinstall rsprof")
+    interactive = not options["quiet"] and sys.stdin.isatty() and sys.stdout.isatty()
+    if options["duration"] is None and not interactive:
+        options["duration"] = 5.0
+    command = (str(session.DEMO_PATH),)
+    child = session.launch(command, heap=True, heap_sample_bytes=0)
+    target = session.target_for_child(child, command)
+    outcome = _record(target, child=child, **options)  # type: ignore[arg-type]
+    if not interactive:
+        with Profile(outcome.path) as profile:
+            rows, total = analysis.top_cpu(profile, limit=10)
+            render.cpu_table(rows, total, title="CPU: where time went (self and total)")
+            if analysis.heap_mode(profile) != "none":
+                render.heap_table(analysis.top_heap(profile, limit=10), title="Heap: live bytes by call site")
+        click.echo(f"Reopen it with: rsprof view {outcome.path}", err=True)
+
+
+@cli.command(context_settings=CONTEXT)
+def preload() -> None:
+    """Print the heap shim's path, for LD_PRELOAD=$(rsprof preload) CMD."""
+    if not session.SHIM_PATH.exists():
+        raise Failure(f"the heap shim is missing ({session.SHIM_PATH}); reinstall rsprof")
+    click.echo(str(session.SHIM_PATH))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("kind", metavar="cpu|heap")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("-n", "--limit", type=click.IntRange(0), default=20, show_default=True,
+              help="Rows to show (0 = all).")
+@click.option("-t", "--threshold", type=float, default=0.0, help="Hide rows under this percent.")
+@click.option("--cum", is_flag=True, help="cpu: sort by total (cumulative) instead of self.")
+@click.option("--by", "sort", type=click.Choice(["live", "alloc_bytes", "allocs"]),
+              default="live", show_default=True, help="heap: sort column.")
+@click.option("--tid", type=int, help="cpu: only this thread.")
+@click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
+def top(kind: str, file: Path, limit: int, threshold: float, cum: bool, sort: str,
+        tid: int | None, as_json: bool, as_csv: bool) -> None:
+    """Top functions by CPU samples, or call sites by heap bytes."""
+    if kind not in ("cpu", "heap"):
+        raise click.BadParameter(f"unknown kind {kind!r}: use cpu or heap", param_hint="KIND")
+    if as_json and as_csv:
+        raise click.UsageError("give --json or --csv, not both")
+    fmt = "json" if as_json else "csv" if as_csv else "table"
+    with Profile(file) as profile:
+        if kind == "cpu":
+            rows, total = analysis.top_cpu(
+                profile, limit=limit, threshold_pct=threshold, sort_by_total=cum, tid=tid
+            )
+            render.cpu_rows(rows, total, fmt)
+            return
+        if analysis.heap_mode(profile) == "none":
+            click.echo(f"rsprof: {NO_HEAP_HINT}", err=True)
+            render.heap_rows([], fmt)
+            return
+        render.heap_rows(analysis.top_heap(profile, limit=limit, sort=sort), fmt)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("file", type=click.Path(path_type=Path))
+@click.argument("sql")
+@click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
+def query(file: Path, sql: str, as_json: bool) -> None:
+    """Run SQL on a profile, read-only (tab-separated with a header line)."""
+    from storage.sql import run_query
+
+    columns, rows = run_query(file, sql)
+    render.query_result(columns, rows, as_json=as_json)
+
+
+@cli.command("list", context_settings=CONTEXT)
+@click.option("-d", "--dir", "directory", type=click.Path(path_type=Path), default=Path("."),
+              show_default=True, help="Folder to look in.")
+def list_(directory: Path) -> None:
+    """Profiles in a folder, newest first."""
+    render.profile_list(analysis.list_profiles(directory))
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("file", type=click.Path(path_type=Path), required=False)
+def view(file: Path | None) -> None:
+    """Open a saved profile in the TUI (the newest in this folder by default)."""
+    if file is None:
+        found = analysis.list_profiles(Path.cwd())
+        if not found:
+            raise Failure("no profile in this folder; give a FILE", EXIT_DATABASE)
+        file = found[0].path
+    Profile(file).close()  # one clear error for a missing or foreign file, before Textual
+    from tui import run_tui
+
+    sys.exit(run_tui(str(file), live=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the command and turns every failure into one line + exit code."""
+    try:
+        cli.main(args=argv, prog_name="rsprof", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        return done.exit_code
+    except click.UsageError as error:
+        hint = f" (see rsprof {error.ctx.info_name if error.ctx and error.ctx.parent else ''}--help)"
+        click.echo(f"rsprof: error: {error.format_message()}{hint.replace(' --', ' --')}", err=True)
+        return EXIT_USAGE
+    except click.ClickException as error:
+        click.echo(f"rsprof: error: {error.format_message()}", err=True)
+        return error.exit_code
+    except click.Abort:
+        click.echo("rsprof: interrupted", err=True)
+        return 130
+    except CollectorError as error:
+        click.echo(f"rsprof: error: {error}", err=True)
+        return error.exit_code
+    except ProfileError as error:
+        click.echo(f"rsprof: error: {error}", err=True)
+        return EXIT_DATABASE
+    except Failure as error:
+        click.echo(f"rsprof: error: {error}", err=True)
+        return error.exit_code
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        click.echo("rsprof: interrupted", err=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""Durations as users type them: 10s, 500ms, 5m, 1h30m, 1.5h, or plain seconds."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `text`; ValueError with a readable message when it is not a duration."""
+    cleaned = text.strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", cleaned):
+        seconds = float(cleaned)
+    else:
+        parts = _PART.findall(cleaned)
+        if not parts or "".join(n + u for n, u in parts) != cleaned:
+            raise ValueError(f"{text!r} is not a duration (examples: 10s, 500ms, 5m, 1h)")
+        seconds = sum(float(number) * _UNITS[unit] for number, unit in parts)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a positive duration")
+    return seconds

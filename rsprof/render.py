@@ -1,0 +1,145 @@
+"""Output of the CLI commands: rich tables for people, JSON / CSV / TSV for programs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+
+from rich.console import Console
+from rich.table import Table
+
+from storage.analysis import FunctionRow, HeapSiteRow
+from storage.reader import ProfileSummary
+
+CPU_KEYS = ["function", "file", "line", "module", "self", "self_pct", "total", "total_pct"]
+HEAP_KEYS = [
+    "function", "file", "line", "module", "live_bytes", "total_alloc_bytes",
+    "total_free_bytes", "alloc_count", "free_count", "growing",
+]
+
+
+def _console() -> Console:
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False)
+
+
+def _location(file: str, line: int) -> str:
+    if not file:
+        return ""
+    return f"{file}:{line}" if line else file
+
+
+def human_bytes(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _write_json(objects: list[dict[str, object]]) -> None:
+    json.dump(objects, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _write_csv(keys: Sequence[str], objects: list[dict[str, object]]) -> None:
+    writer = csv.DictWriter(sys.stdout, fieldnames=list(keys), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(objects)
+
+
+def cpu_rows(rows: list[FunctionRow], total_samples: int, fmt: str) -> None:
+    if fmt == "json":
+        _write_json([{k: r.as_dict()[k] for k in CPU_KEYS} for r in rows])
+    elif fmt == "csv":
+        _write_csv(CPU_KEYS, [{k: r.as_dict()[k] for k in CPU_KEYS} for r in rows])
+    else:
+        cpu_table(rows, total_samples)
+
+
+def cpu_table(rows: list[FunctionRow], total_samples: int, title: str | None = None) -> None:
+    table = Table(title=title, title_justify="left", caption=f"{total_samples} samples",
+                  caption_justify="left", box=None, header_style="bold")
+    table.add_column("Self", justify="right")
+    table.add_column("Self %", justify="right")
+    table.add_column("Total", justify="right")
+    table.add_column("Total %", justify="right")
+    table.add_column("Function", overflow="fold")
+    table.add_column("Location", overflow="fold")
+    for r in rows:
+        table.add_row(str(r.self), f"{r.self_pct:.1f}%", str(r.total), f"{r.total_pct:.1f}%",
+                      r.function, _location(r.file, r.line))
+    _console().print(table)
+
+
+def heap_rows(rows: list[HeapSiteRow], fmt: str) -> None:
+    if fmt == "json":
+        _write_json([{k: r.as_dict()[k] for k in HEAP_KEYS} for r in rows])
+    elif fmt == "csv":
+        _write_csv(HEAP_KEYS, [{k: r.as_dict()[k] for k in HEAP_KEYS} for r in rows])
+    else:
+        heap_table(rows)
+
+
+def heap_table(rows: list[HeapSiteRow], title: str | None = None) -> None:
+    table = Table(title=title, title_justify="left", box=None, header_style="bold")
+    table.add_column("Live", justify="right")
+    table.add_column("Allocated", justify="right")
+    table.add_column("Allocs", justify="right")
+    table.add_column("Frees", justify="right")
+    table.add_column("Growing")
+    table.add_column("Function", overflow="fold")
+    table.add_column("Location", overflow="fold")
+    for r in rows:
+        table.add_row(human_bytes(r.live_bytes), human_bytes(r.total_alloc_bytes),
+                      str(r.alloc_count), str(r.free_count), "▲ yes" if r.growing else "",
+                      r.function, _location(r.file, r.line))
+    _console().print(table)
+
+
+def _tsv_cell(value: object) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value).replace("\t", " ").replace("\n", " ")
+
+
+def query_result(columns: list[str], rows: list[tuple[object, ...]], *, as_json: bool) -> None:
+    if as_json:
+        _write_json([
+            {c: (v.hex() if isinstance(v, bytes) else v) for c, v in zip(columns, row)}
+            for row in rows
+        ])
+        return
+    out = sys.stdout
+    if columns:
+        out.write("\t".join(columns) + "\n")
+    for row in rows:
+        out.write("\t".join(_tsv_cell(v) for v in row) + "\n")
+
+
+def _duration(ms: int) -> str:
+    seconds = ms // 1000
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def profile_list(profiles: list[ProfileSummary]) -> None:
+    if not profiles:
+        print("no profiles found", file=sys.stderr)
+        return
+    table = Table(box=None, header_style="bold")
+    for name in ("FILE", "PROCESS", "START", "DURATION", "SAMPLES"):
+        table.add_column(name, justify="right" if name == "SAMPLES" else "left")
+    for p in profiles:
+        start = (
+            datetime.fromtimestamp(p.start_time_ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+            if p.start_time_ms else "?"
+        )
+        name = p.process if p.pid is None else f"{p.process} ({p.pid})"
+        state = " (recording)" if p.state == "recording" else ""
+        table.add_row(p.path.name, name, start, _duration(p.duration_ms) + state, str(p.samples))
+    _console().print(table)

@@ -1,0 +1,207 @@
+"""One recording session, as the CLI starts it: attach (or launch), record, finalize.
+
+Whatever stops the recording (the duration, Ctrl-C, SIGTERM, the target exiting, the
+TUI quitting, an error), the file is finalized and the reason is written to it and said.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+
+from collector.errors import ProcessNotFound
+from collector.process import Target, target_from_pid
+from collector.recorder import RecordOptions, Recorder, RecordResult
+from storage.errors import ProfileError, StorageFullError
+from storage.writer import ProfileWriter
+
+SHIM_PATH = Path(__file__).parent / "lib" / "librsprof_heap.so"
+DEMO_PATH = Path(__file__).parent / "bin" / "rsprof-demo"
+
+
+def default_output(process_name: str) -> Path:
+    stamp = datetime.now().strftime("%y%m%d%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in process_name) or "process"
+    return Path.cwd() / f"rsprof.{safe}.{stamp}.db"
+
+
+@dataclass(slots=True)
+class SessionOutcome:
+    path: Path
+    result: RecordResult
+    target_exit_code: int | None
+
+
+def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int) -> subprocess.Popen[bytes]:
+    """Starts CMD held just before its exec, so sampling covers its first instruction.
+
+    A small `sh` waits on a pipe, then execs CMD in the same process (perf events follow a
+    thread across exec). LD_PRELOAD is exported only for CMD, so the shell never creates a
+    heap ring of its own under CMD's PID.
+    """
+    if not argv:
+        raise ProcessNotFound("no command given after --")
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ)
+    preload = env.get("LD_PRELOAD", "")
+    if heap and SHIM_PATH.exists():
+        preload = f"{SHIM_PATH}:{preload}" if preload else str(SHIM_PATH)
+        if heap_sample_bytes:
+            env["RSPROF_HEAP_SAMPLE_BYTES"] = str(heap_sample_bytes)
+    env.pop("LD_PRELOAD", None)
+    env["RSPROF_LAUNCH_PRELOAD"] = preload
+    script = (
+        f"read _ <&{read_fd} || exit 127; exec {read_fd}<&-;"
+        ' if [ -n "$RSPROF_LAUNCH_PRELOAD" ]; then export LD_PRELOAD="$RSPROF_LAUNCH_PRELOAD"; fi;'
+        ' unset RSPROF_LAUNCH_PRELOAD; exec "$0" "$@"'
+    )
+    try:
+        child = subprocess.Popen(["/bin/sh", "-c", script, *argv], env=env, pass_fds=(read_fd,))
+    finally:
+        os.close(read_fd)
+    child.rsprof_release_fd = write_fd  # type: ignore[attr-defined]
+    return child
+
+
+def release(child: subprocess.Popen[bytes]) -> None:
+    fd = getattr(child, "rsprof_release_fd", None)
+    if fd is not None:
+        os.write(fd, b"x")
+        os.close(fd)
+        child.rsprof_release_fd = None  # type: ignore[attr-defined]
+
+
+def stop_child(child: subprocess.Popen[bytes], grace_s: float = 5.0) -> int | None:
+    """Ends a launched target that outlived the recording; returns its exit status."""
+    release(child)
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    return child.returncode
+
+
+def record(
+    target: Target,
+    output: Path,
+    options: RecordOptions,
+    *,
+    append: bool = False,
+    quiet: bool = True,
+    child: subprocess.Popen[bytes] | None = None,
+) -> SessionOutcome:
+    writer = ProfileWriter(output, append=append)
+    recorder = Recorder(target, writer, options, child=child)
+    result: RecordResult | None = None
+    exit_code: int | None = None
+    try:
+        if quiet:
+            result = _record_headless(recorder, child)
+        else:
+            result = _record_with_tui(recorder, output, target.pid, child)
+    except StorageFullError:
+        _finish_quietly(writer, "error: disk full")
+        raise
+    except BaseException as error:
+        _finish_quietly(writer, f"error: {error}")
+        if child is not None:
+            stop_child(child)
+        raise
+    if child is not None:
+        exit_code = stop_child(child)
+    extra: dict[str, object] = {"heap_mode": result.heap_mode}
+    if exit_code is not None:
+        extra["target_exit_code"] = exit_code
+    writer.finish(result.stop_reason, extra)
+    return SessionOutcome(output, result, exit_code)
+
+
+def _finish_quietly(writer: ProfileWriter, reason: str) -> None:
+    try:
+        writer.finish(reason)
+    except (ProfileError, Exception):  # the original error is what the user must see
+        pass
+
+
+def _record_headless(recorder: Recorder, child: subprocess.Popen[bytes] | None) -> RecordResult:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        recorder.request_stop("interrupted" if signum == signal.SIGINT else "terminated")
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if child is not None:
+            # Release the child once sampling is enabled: the first checkpoint callback is
+            # too late, so the recorder exposes an attach hook.
+            recorder.on_attached = lambda: release(child)
+        return recorder.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _record_with_tui(
+    recorder: Recorder, output: Path, pid: int, child: subprocess.Popen[bytes] | None
+) -> RecordResult:
+    from tui import run_tui  # imported late: headless runs never pay for Textual
+
+    outcome: dict[str, object] = {}
+    attached = threading.Event()
+
+    def attach_hook() -> None:
+        if child is not None:
+            release(child)
+        attached.set()
+
+    recorder.on_attached = attach_hook
+
+    def work() -> None:
+        try:
+            outcome["result"] = recorder.run()
+        except BaseException as error:
+            outcome["error"] = error
+            attached.set()
+
+    thread = threading.Thread(target=work, name="rsprof-recorder", daemon=True)
+    thread.start()
+    attached.wait()
+    if "error" not in outcome:
+        previous = signal.signal(signal.SIGTERM, lambda *_: recorder.request_stop("terminated"))
+        try:
+            run_tui(str(output), live=True, target_pid=pid)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        recorder.request_stop("user-quit")
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["result"]  # type: ignore[return-value]
+
+
+def target_for_child(child: subprocess.Popen[bytes], argv: Sequence[str]) -> Target:
+    """The launched child as a Target (until released it is the waiting shell)."""
+    target_from_pid(child.pid)  # validates that it is still there
+    exe = shutil.which(argv[0]) or argv[0]
+    return Target(pid=child.pid, name=Path(argv[0]).name[:15], exe=exe, cmdline=" ".join(argv))
+
+
+def describe(outcome: SessionOutcome) -> str:
+    r = outcome.result
+    lost = f", {r.lost_samples} lost" if r.lost_samples else ""
+    text = (
+        f"rsprof: recorded {r.samples} samples{lost} from {r.threads} threads in"
+        f" {r.checkpoints} checkpoints to {outcome.path} (stopped: {r.stop_reason})"
+    )
+    if outcome.target_exit_code is not None:
+        text += f"; target exited with code {outcome.target_exit_code}"
+    return text

@@ -1,0 +1,143 @@
+"""Read-only access to a profile file: opening, metadata and the raw rows analyses build on."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage.errors import ProfileError
+from storage.schema import SCHEMA_VERSION
+
+
+def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """Opens a profile read-only: writes through this connection fail, the file is untouched."""
+    file = Path(path)
+    if not file.exists():
+        raise ProfileError(f"{file}: no such file")
+    if not file.is_file():
+        raise ProfileError(f"{file}: not a file")
+    try:
+        conn = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.DatabaseError as error:
+        raise ProfileError(f"{file}: not an rsprof profile ({error})") from error
+    if row is None:
+        conn.close()
+        raise ProfileError(f"{file}: not an rsprof profile (no schema_version in meta)")
+    if row[0] != str(SCHEMA_VERSION):
+        conn.close()
+        raise ProfileError(
+            f"{file}: profile schema {row[0]} is not supported (this rsprof reads {SCHEMA_VERSION})"
+        )
+    return conn
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    id: int
+    function: str
+    file: str
+    line: int
+    module: str
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSummary:
+    path: Path
+    pid: int | None
+    process: str
+    start_time_ms: int | None
+    duration_ms: int
+    samples: int
+    lost_samples: int
+    state: str
+
+
+class Profile:
+    """One profile file opened read-only."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.conn = connect_readonly(self.path)
+
+    def __enter__(self) -> Profile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def rows(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple]:  # type: ignore[type-arg]
+        try:
+            return self.conn.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as error:
+            raise ProfileError(f"{self.path}: {error}") from error
+
+    def meta(self) -> dict[str, str]:
+        return {key: value for key, value in self.rows("SELECT key, value FROM meta")}
+
+    def summary(self) -> ProfileSummary:
+        meta = self.meta()
+        samples, lost, first_ms, last_ms = self.rows(
+            "SELECT COALESCE(SUM(samples), 0), COALESCE(SUM(lost_samples), 0),"
+            " MIN(timestamp_ms), MAX(timestamp_ms) FROM checkpoints"
+        )[0]
+        start = _int_or_none(meta.get("start_time_ms"))
+        end = _int_or_none(meta.get("end_time_ms")) or last_ms
+        duration = max(0, end - start) if start is not None and end is not None else 0
+        return ProfileSummary(
+            path=self.path,
+            pid=_int_or_none(meta.get("pid")),
+            process=meta.get("process_name", "?"),
+            start_time_ms=start,
+            duration_ms=duration,
+            samples=samples,
+            lost_samples=lost,
+            state=meta.get("state", "?"),
+        )
+
+    def locations(self) -> dict[int, Location]:
+        rows = self.rows(
+            "SELECT l.id, l.function, l.file, l.line, COALESCE(m.path, '')"
+            " FROM locations l LEFT JOIN modules m ON m.id = l.module_id"
+        )
+        return {row[0]: Location(*row) for row in rows}
+
+    def stack_locations(self) -> dict[int, list[int]]:
+        """Every stack as its location ids, leaf first, inline frames expanded."""
+        stacks: dict[int, list[int]] = {}
+        rows = self.rows(
+            "SELECT sf.stack_id, fl.location_id FROM stack_frames sf"
+            " JOIN frame_locations fl ON fl.frame_id = sf.frame_id"
+            " ORDER BY sf.stack_id, sf.position, fl.inline_depth"
+        )
+        for stack_id, location_id in rows:
+            stacks.setdefault(stack_id, []).append(location_id)
+        return stacks
+
+    def cpu_stack_counts(self, tid: int | None = None) -> dict[int, int]:
+        """Samples per stack over the whole recording, optionally for one thread."""
+        sql = "SELECT stack_id, SUM(count) FROM cpu_stack_samples"
+        params: tuple[object, ...] = ()
+        if tid is not None:
+            sql += " WHERE tid = ?"
+            params = (tid,)
+        return dict(self.rows(sql + " GROUP BY stack_id", params))
+
+    def threads(self) -> list[tuple[int, str | None, int]]:
+        """(tid, name, samples) for every thread, busiest first."""
+        return self.rows(
+            "SELECT t.tid, t.name, COALESCE(SUM(s.count), 0) FROM threads t"
+            " LEFT JOIN cpu_stack_samples s ON s.tid = t.tid GROUP BY t.tid ORDER BY 3 DESC"
+        )
+
+
+def _int_or_none(value: object) -> int | None:
+    try:
+        return int(value)  # type: ignore[call-overload,no-any-return]
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,365 @@
+"""The one writer of profile files.
+
+The recorder hands it symbolized frames, stacks and per-checkpoint counts; it assigns
+row ids, keeps them in memory so each frame, stack and location is inserted once, and
+commits once per checkpoint so readers (and a recorder killed with -9) always see whole
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from storage.errors import ProfileError, StorageFullError
+from storage.schema import SCHEMA_VERSION, create_schema
+
+
+@dataclass(frozen=True, slots=True)
+class LocationKey:
+    function: str
+    file: str
+    line: int
+    module_id: int | None
+    system_name: str | None = None
+
+
+@dataclass(slots=True)
+class HeapDelta:
+    """Activity of one allocating stack in one checkpoint interval."""
+
+    alloc_bytes: int = 0
+    alloc_count: int = 0
+    free_bytes: int = 0
+    free_count: int = 0
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    timestamp_ms: int
+    samples: int = 0
+    lost_samples: int = 0
+    cpu: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (stack_id, tid) -> count
+    heap: Mapping[int, HeapDelta] = field(default_factory=dict)  # stack_id -> delta
+    heap_sites: Mapping[int, int] = field(default_factory=dict)  # stack_id -> site location_id
+    heap_events: int = 0
+    heap_lost_events: int = 0
+    threads: Mapping[int, str | None] = field(default_factory=dict)  # tids seen -> name
+    exited_threads: Iterable[int] = ()
+    target_cpu_pct: float | None = None
+    target_rss_bytes: int | None = None
+
+
+def _is_disk_full(error: sqlite3.Error) -> bool:
+    text = str(error).lower()
+    return "disk is full" in text or "disk i/o error" in text or "no space" in text
+
+
+class ProfileWriter:
+    """Creates (or appends to) a profile file and writes it checkpoint by checkpoint."""
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
+        self.path = Path(path)
+        if self.path.exists() and not append:
+            raise ProfileError(f"{self.path} already exists (use -a/--append to add to it)")
+        try:
+            self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            if append and self._has_tables():
+                self._check_appendable()
+            create_schema(self.conn)
+        except sqlite3.Error as error:
+            raise ProfileError(f"cannot write {self.path}: {error}") from error
+        self._modules: dict[tuple[str, str | None], int] = {}
+        self._locations: dict[LocationKey, int] = {}
+        self._frames: dict[tuple[int, int | None], int] = {}
+        self._stacks: dict[tuple[int, ...], int] = {}
+        self._stack_leaf_location: dict[int, int] = {}
+        self._frame_leaf_location: dict[int, int] = {}
+        self._known_threads: set[int] = set()
+        self._site_live: dict[int, int] = {}
+        self._load_existing()
+        self.conn.execute("BEGIN")
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def _has_tables(self) -> bool:
+        row = self.conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type='table'"
+        ).fetchone()
+        return bool(row and row[0])
+
+    def _check_appendable(self) -> None:
+        try:
+            row = self.conn.execute(
+                "SELECT value FROM meta WHERE key='schema_version'"
+            ).fetchone()
+        except sqlite3.Error:
+            row = None
+        if row is None or row[0] != str(SCHEMA_VERSION):
+            raise ProfileError(f"{self.path} is not an rsprof profile of schema {SCHEMA_VERSION}")
+
+    def _load_existing(self) -> None:
+        """On append, learn the ids already in the file so nothing is inserted twice."""
+        for mid, path, build_id in self.conn.execute("SELECT id, path, build_id FROM modules"):
+            self._modules[(path, build_id)] = mid
+        for row in self.conn.execute(
+            "SELECT id, function, file, line, module_id, system_name FROM locations"
+        ):
+            self._locations[LocationKey(row[1], row[2], row[3], row[4], row[5])] = row[0]
+        for fid, address, module_id in self.conn.execute(
+            "SELECT id, address, module_id FROM frames"
+        ):
+            self._frames[(address, module_id)] = fid
+        stack_frames: dict[int, list[int]] = {}
+        for stack_id, frame_id in self.conn.execute(
+            "SELECT stack_id, frame_id FROM stack_frames ORDER BY stack_id, position"
+        ):
+            stack_frames.setdefault(stack_id, []).append(frame_id)
+        for stack_id, frames in stack_frames.items():
+            self._stacks[tuple(frames)] = stack_id
+        for frame_id, location_id in self.conn.execute(
+            "SELECT frame_id, location_id FROM frame_locations WHERE inline_depth = 0"
+        ):
+            self._frame_leaf_location[frame_id] = location_id
+        for stack_id, frames in stack_frames.items():
+            if frames and frames[0] in self._frame_leaf_location:
+                self._stack_leaf_location[stack_id] = self._frame_leaf_location[frames[0]]
+        self._known_threads = {tid for (tid,) in self.conn.execute("SELECT tid FROM threads")}
+        self._site_live = dict(
+            self.conn.execute("SELECT location_id, live_bytes FROM heap_samples").fetchall()
+        )
+
+    # -- ids -----------------------------------------------------------------------------
+
+    def set_meta(self, values: Mapping[str, object]) -> None:
+        self._execute_many(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+            [(key, None if value is None else str(value)) for key, value in values.items()],
+        )
+
+    def module_id(self, path: str, build_id: str | None) -> int:
+        key = (path, build_id)
+        found = self._modules.get(key)
+        if found is None:
+            cursor = self._execute(
+                "INSERT INTO modules (path, build_id) VALUES (?, ?)", (path, build_id)
+            )
+            found = self._modules[key] = int(cursor.lastrowid or 0)
+        return found
+
+    def add_mapping(self, module_id: int, start: int, end: int, file_offset: int) -> None:
+        self._execute(
+            'INSERT INTO mappings (module_id, start, "end", file_offset) VALUES (?, ?, ?, ?)',
+            (module_id, start, end, file_offset),
+        )
+
+    def location_id(self, key: LocationKey) -> int:
+        found = self._locations.get(key)
+        if found is None:
+            cursor = self._execute(
+                "INSERT INTO locations (function, file, line, module_id, system_name)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (key.function, key.file, key.line, key.module_id, key.system_name),
+            )
+            found = self._locations[key] = int(cursor.lastrowid or 0)
+        return found
+
+    def frame_id(
+        self,
+        address: int,
+        module_id: int | None,
+        module_offset: int | None,
+        locations: Sequence[LocationKey],
+    ) -> int:
+        """The frame for one address; `locations` is its inline chain, innermost first."""
+        key = (address, module_id)
+        found = self._frames.get(key)
+        if found is not None:
+            return found
+        cursor = self._execute(
+            "INSERT INTO frames (address, module_id, module_offset) VALUES (?, ?, ?)",
+            (address, module_id, module_offset),
+        )
+        found = self._frames[key] = int(cursor.lastrowid or 0)
+        location_ids = [self.location_id(location) for location in locations]
+        self._execute_many(
+            "INSERT INTO frame_locations (frame_id, inline_depth, location_id) VALUES (?, ?, ?)",
+            [(found, depth, lid) for depth, lid in enumerate(location_ids)],
+        )
+        if location_ids:
+            self._frame_leaf_location[found] = location_ids[0]
+        return found
+
+    def has_frame(self, address: int, module_id: int | None) -> bool:
+        return (address, module_id) in self._frames
+
+    def stack_id(self, frame_ids: Sequence[int]) -> int:
+        """The stack for frames listed leaf first."""
+        key = tuple(frame_ids)
+        found = self._stacks.get(key)
+        if found is not None:
+            return found
+        cursor = self._execute("INSERT INTO stacks (depth) VALUES (?)", (len(key),))
+        found = self._stacks[key] = int(cursor.lastrowid or 0)
+        self._execute_many(
+            "INSERT INTO stack_frames (stack_id, position, frame_id) VALUES (?, ?, ?)",
+            [(found, position, fid) for position, fid in enumerate(key)],
+        )
+        if key and key[0] in self._frame_leaf_location:
+            self._stack_leaf_location[found] = self._frame_leaf_location[key[0]]
+        return found
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def write_checkpoint(self, checkpoint: Checkpoint) -> int:
+        """Writes one interval and commits everything pending with it."""
+        cursor = self._execute(
+            "INSERT INTO checkpoints (timestamp_ms, samples, lost_samples, heap_events,"
+            " heap_lost_events, target_cpu_pct, target_rss_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                checkpoint.timestamp_ms,
+                checkpoint.samples,
+                checkpoint.lost_samples,
+                checkpoint.heap_events,
+                checkpoint.heap_lost_events,
+                checkpoint.target_cpu_pct,
+                checkpoint.target_rss_bytes,
+            ),
+        )
+        cid = int(cursor.lastrowid or 0)
+        self._execute_many(
+            "INSERT INTO cpu_stack_samples (checkpoint_id, stack_id, tid, count) VALUES (?,?,?,?)",
+            [(cid, sid, tid, count) for (sid, tid), count in checkpoint.cpu.items() if count],
+        )
+        self._execute_many(
+            "INSERT INTO cpu_samples (checkpoint_id, location_id, count) VALUES (?, ?, ?)",
+            [(cid, lid, count) for lid, count in self._self_by_location(checkpoint).items()],
+        )
+        self._write_heap(cid, checkpoint)
+        self._write_threads(cid, checkpoint)
+        self.commit()
+        self._execute("BEGIN")
+        return cid
+
+    def _self_by_location(self, checkpoint: Checkpoint) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for (stack_id, _tid), count in checkpoint.cpu.items():
+            location = self._stack_leaf_location.get(stack_id)
+            if location is not None and count:
+                counts[location] = counts.get(location, 0) + count
+        return counts
+
+    def _write_heap(self, cid: int, checkpoint: Checkpoint) -> None:
+        if not checkpoint.heap:
+            return
+        self._execute_many(
+            "INSERT INTO heap_stack_samples (checkpoint_id, stack_id, alloc_bytes, alloc_count,"
+            " free_bytes, free_count) VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (cid, sid, d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count)
+                for sid, d in checkpoint.heap.items()
+            ],
+        )
+        sites: dict[int, HeapDelta] = {}
+        for stack_id, delta in checkpoint.heap.items():
+            site = checkpoint.heap_sites.get(stack_id)
+            if site is None:
+                continue
+            total = sites.setdefault(site, HeapDelta())
+            total.alloc_bytes += delta.alloc_bytes
+            total.alloc_count += delta.alloc_count
+            total.free_bytes += delta.free_bytes
+            total.free_count += delta.free_count
+        # live_bytes is absolute: the site's running live total plus this interval's delta.
+        rows = []
+        for site, d in sites.items():
+            live = self._site_live.get(site, 0) + d.alloc_bytes - d.free_bytes
+            self._site_live[site] = live
+            rows.append(
+                (cid, site, d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count, live)
+            )
+        self._execute_many(
+            "INSERT INTO heap_site_samples (checkpoint_id, location_id, alloc_bytes, alloc_count,"
+            " free_bytes, free_count, live_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+
+    def _write_threads(self, cid: int, checkpoint: Checkpoint) -> None:
+        for tid, name in checkpoint.threads.items():
+            if tid in self._known_threads:
+                self._execute(
+                    "UPDATE threads SET last_checkpoint_id = ?, name = COALESCE(?, name)"
+                    " WHERE tid = ?",
+                    (cid, name, tid),
+                )
+            else:
+                self._known_threads.add(tid)
+                self._execute(
+                    "INSERT INTO threads (tid, name, first_checkpoint_id, last_checkpoint_id)"
+                    " VALUES (?, ?, ?, ?)",
+                    (tid, name, cid, cid),
+                )
+        self._execute_many(
+            "UPDATE threads SET exited = 1 WHERE tid = ?",
+            [(tid,) for tid in checkpoint.exited_threads],
+        )
+
+    # -- finishing -----------------------------------------------------------------------
+
+    def finish(self, stop_reason: str, extra_meta: Mapping[str, object] | None = None) -> None:
+        """Marks the profile finished and folds the WAL back into the main file."""
+        values: dict[str, object] = {
+            "state": "finished",
+            "stop_reason": stop_reason,
+            "end_time_ms": int(time.time() * 1000),
+        }
+        values.update(extra_meta or {})
+        self.set_meta(values)
+        self.commit()
+        try:
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:
+            pass  # a reader holds the WAL open; it will be folded in by the next writer
+        self.conn.close()
+
+    def commit(self) -> None:
+        try:
+            if self.conn.in_transaction:
+                self.conn.execute("COMMIT")
+        except sqlite3.Error as error:
+            raise self._storage_error(error) from error
+
+    def close(self) -> None:
+        try:
+            self.commit()
+        finally:
+            self.conn.close()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _storage_error(self, error: sqlite3.Error) -> Exception:
+        if _is_disk_full(error):
+            return StorageFullError(f"cannot write {self.path}: disk is full ({error})")
+        return ProfileError(f"cannot write {self.path}: {error}")
+
+    def _execute(self, sql: str, params: Sequence[object] = ()) -> sqlite3.Cursor:
+        try:
+            if not self.conn.in_transaction:
+                self.conn.execute("BEGIN")
+            return self.conn.execute(sql, params)
+        except sqlite3.Error as error:
+            raise self._storage_error(error) from error
+
+    def _execute_many(self, sql: str, rows: Iterable[Sequence[object]]) -> None:
+        try:
+            if not self.conn.in_transaction:
+                self.conn.execute("BEGIN")
+            self.conn.executemany(sql, rows)
+        except sqlite3.Error as error:
+            raise self._storage_error(error) from error
