@@ -5,9 +5,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from rsprof._native import HeapReader
+
 from collector.callsite import call_site
 from collector.frames import FrameResolver
-from rsprof._native import HeapReader
 from storage.writer import Checkpoint, HeapDelta
 
 

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psutil
+from rsprof._native import PerfSampler
 
 from collector import process
 from collector.errors import PERMISSION_HINT, PermissionDenied, ProcessNotFound
@@ -27,7 +28,6 @@ from collector.maps import Mapping, read_executable_maps
 from collector.process import Target
 from collector.symbols import Symbolizer
 from rsprof import __version__
-from rsprof._native import PerfSampler
 from storage.writer import Checkpoint, ProfileWriter
 
 

@@ -65,7 +65,8 @@ def record_options(func: click.decorators.FC) -> click.decorators.FC:
 
 @click.group(context_settings=CONTEXT, invoke_without_command=True)
 @click.option("-p", "--pid", type=int, help="Attach to this process.")
-@click.option("-P", "--process", "process_name", help="Attach to the process whose name contains this.")
+@click.option("-P", "--process", "process_name",
+              help="Attach to the process whose name contains this.")
 @record_options
 @click.version_option(__version__, prog_name="rsprof")
 @click.pass_context
@@ -167,7 +168,9 @@ def demo(**options: object) -> None:
             rows, total = analysis.top_cpu(profile, limit=10)
             render.cpu_table(rows, total, title="CPU: where time went (self and total)")
             if analysis.heap_mode(profile) != "none":
-                render.heap_table(analysis.top_heap(profile, limit=10), title="Heap: live bytes by call site")
+                render.heap_table(
+                    analysis.top_heap(profile, limit=10), title="Heap: live bytes by call site"
+                )
         click.echo(f"Reopen it with: rsprof view {outcome.path}", err=True)
 
 
@@ -255,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as done:
         return done.exit_code
     except click.UsageError as error:
-        hint = f" (see rsprof {error.ctx.info_name if error.ctx and error.ctx.parent else ''}--help)"
-        click.echo(f"rsprof: error: {error.format_message()}{hint.replace(' --', ' --')}", err=True)
+        command = error.ctx.info_name if error.ctx and error.ctx.parent else ""
+        hint = f"rsprof {command} --help" if command else "rsprof --help"
+        click.echo(f"rsprof: error: {error.format_message()} (see {hint})", err=True)
         return EXIT_USAGE
     except click.ClickException as error:
         click.echo(f"rsprof: error: {error.format_message()}", err=True)

@@ -19,7 +19,7 @@ from types import FrameType
 
 from collector.errors import ProcessNotFound
 from collector.process import Target, target_from_pid
-from collector.recorder import RecordOptions, Recorder, RecordResult
+from collector.recorder import Recorder, RecordOptions, RecordResult
 from storage.errors import ProfileError, StorageFullError
 from storage.writer import ProfileWriter
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from storage.errors import ProfileError
@@ -184,8 +185,8 @@ def _growing_sites(profile: Profile) -> set[int]:
     growing = set()
     for location_id, points in history.items():
         lives = [live for _, live in points]
-        rises = sum(1 for a, b in zip(lives, lives[1:]) if b > a)
-        never_fell = all(b >= a for a, b in zip(lives, lives[1:]))
+        rises = sum(1 for a, b in pairwise(lives) if b > a)
+        never_fell = all(b >= a for a, b in pairwise(lives))
         if never_fell and rises >= GROWTH_WINDOW // 2 and lives[-1] > lives[0]:
             growing.add(location_id)
     return growing

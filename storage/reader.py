@@ -82,7 +82,7 @@ class Profile:
 
     def summary(self) -> ProfileSummary:
         meta = self.meta()
-        samples, lost, first_ms, last_ms = self.rows(
+        samples, lost, _first_ms, last_ms = self.rows(
             "SELECT COALESCE(SUM(samples), 0), COALESCE(SUM(lost_samples), 0),"
             " MIN(timestamp_ms), MAX(timestamp_ms) FROM checkpoints"
         )[0]
