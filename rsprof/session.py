@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
-from collector.errors import ProcessNotFound
+from collector.errors import CollectorError
 from collector.process import Target, target_from_pid
 from collector.recorder import Recorder, RecordOptions, RecordResult
 from storage.errors import ProfileError, StorageFullError
@@ -48,7 +48,9 @@ def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int) -> subpro
     heap ring of its own under CMD's PID.
     """
     if not argv:
-        raise ProcessNotFound("no command given after --")
+        raise CollectorError("no command given after --")
+    if shutil.which(argv[0]) is None:
+        raise CollectorError(f"{argv[0]}: command not found")
     read_fd, write_fd = os.pipe()
     env = dict(os.environ)
     preload = env.get("LD_PRELOAD", "")

@@ -36,3 +36,53 @@ def build_target(source_name: str, extra_flags: tuple[str, ...] = ()) -> Path:
 @pytest.fixture
 def target_binary() -> Callable[..., Path]:
     return build_target
+
+
+def _package_root() -> Path:
+    """Where the `rsprof` under test lives (the installed copy, or the source tree)."""
+    import rsprof
+
+    return Path(rsprof.__file__).resolve().parent.parent
+
+
+def rsprof_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(_package_root())
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["RSPROF_CACHE_DIR"] = str(BUILD_DIR / "symbol-cache")
+    return env
+
+
+def run_rsprof(*args: str, timeout: float = 120, cwd: Path | None = None,
+               input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs the real `rsprof` command line (python -m rsprof) and captures its output."""
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "rsprof", *args],
+        capture_output=True, text=True, timeout=timeout, env=rsprof_env(), cwd=cwd,
+        input=input_text, stdin=None if input_text is not None else subprocess.DEVNULL,
+    )
+
+
+def start_rsprof(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "rsprof", *args], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=rsprof_env(), cwd=cwd,
+    )
+
+
+def start_target(binary: Path, *args: str) -> subprocess.Popen[str]:
+    """Starts a test target and waits for its `ready PID` line."""
+    proc = subprocess.Popen([str(binary), *args], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), f"target did not start: {line!r}"
+    return proc
+
+
+@pytest.fixture
+def rsprof() -> Callable[..., subprocess.CompletedProcess[str]]:
+    return run_rsprof

@@ -1,0 +1,131 @@
+"""End to end: the real CLI attaches to real compiled targets and the numbers are true."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from conftest import build_target, run_rsprof, start_target
+
+
+@pytest.fixture(scope="module")
+def split_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """split.c recorded for 3 s at 999 Hz; its late thread starts 1.5 s after launch, after the attach."""
+    out = tmp_path_factory.mktemp("split") / "split.db"
+    target = start_target(build_target("split.c"), "6", "1500")
+    try:
+        result = run_rsprof("-p", str(target.pid), "-q", "-d", "3s", "--cpu-freq", "999",
+                            "-o", str(out))
+    finally:
+        target.kill()
+        target.wait()
+    assert result.returncode == 0, result.stderr
+    assert "stopped: duration" in result.stderr
+    return out
+
+
+def _top(path: Path, *extra: str) -> list[dict[str, object]]:
+    result = run_rsprof("top", "cpu", str(path), "--json", "-n", "0", *extra)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _by_function(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    return {str(r["function"]): r for r in rows}
+
+
+def test_known_split_between_two_functions(split_profile: Path) -> None:
+    rows = _by_function(_top(split_profile))
+    # spin_ns is the leaf that really burns; heavy/light are its callers, 3:1 by design.
+    heavy, light = rows["heavy"]["total"], rows["light"]["total"]
+    assert isinstance(heavy, int) and isinstance(light, int)
+    share = heavy / (heavy + light)
+    assert 0.68 <= share <= 0.82, f"heavy share {share:.2f}, expected 0.75"
+    assert rows["heavy"]["file"].endswith("split.c")  # type: ignore[union-attr]
+
+
+def test_caller_total_covers_callees(split_profile: Path) -> None:
+    rows = _by_function(_top(split_profile))
+    work = rows["work"]["total"]
+    assert work >= rows["heavy"]["total"] + rows["light"]["total"]  # type: ignore[operator]
+    assert rows["main"]["total"] >= work  # type: ignore[operator]
+    # spin_ns is called from four functions: its total is the sum of everyone's.
+    assert rows["spin_ns"]["self"] > 0
+    assert rows["spin_ns"]["total"] >= rows["spin_ns"]["self"]  # type: ignore[operator]
+    for row in rows.values():
+        assert row["total"] >= row["self"]  # type: ignore[operator]
+        assert 0 <= row["self_pct"] <= row["total_pct"] <= 100  # type: ignore[operator]
+
+
+def test_every_thread_present_including_one_started_after_attach(split_profile: Path) -> None:
+    db = sqlite3.connect(split_profile)
+    threads = dict(
+        db.execute(
+            "SELECT t.name, SUM(s.count) FROM threads t JOIN cpu_stack_samples s"
+            " ON s.tid = t.tid GROUP BY t.tid"
+        ).fetchall()
+    )
+    assert {"split-main", "split-busy", "split-late"} <= set(threads), threads
+    assert all(count > 50 for count in threads.values()), threads
+    rows = _by_function(_top(split_profile))
+    assert rows["other_busy"]["total"] > 0
+    assert rows["late_worker"]["total"] > 0
+
+
+def test_rsprof_compatible_tables_are_filled(split_profile: Path) -> None:
+    db = sqlite3.connect(split_profile)
+    meta = dict(db.execute("SELECT key, value FROM meta"))
+    assert meta["state"] == "finished"
+    assert meta["stop_reason"] == "duration"
+    assert meta["cpu_freq_hz"] == "999"
+    checkpoints = db.execute("SELECT count(*), SUM(samples) FROM checkpoints").fetchone()
+    assert checkpoints[0] >= 3
+    cpu_total = db.execute("SELECT SUM(count) FROM cpu_samples").fetchone()[0]
+    stack_total = db.execute("SELECT SUM(count) FROM cpu_stack_samples").fetchone()[0]
+    assert cpu_total == stack_total == checkpoints[1]
+    # ~999 Hz on three busy threads for ~3 s (the late one for ~2 s): thousands of samples.
+    assert stack_total > 3000
+    (build_id,) = db.execute(
+        "SELECT build_id FROM modules WHERE path LIKE '%split-%'"
+    ).fetchone()
+    assert build_id and len(build_id) >= 16
+
+
+def test_top_table_threshold_cum_and_csv(split_profile: Path) -> None:
+    table = run_rsprof("top", "cpu", str(split_profile), "-n", "5")
+    assert table.returncode == 0 and "spin_ns" in table.stdout
+    rows = _top(split_profile, "--threshold", "10")
+    assert rows and all(float(r["self_pct"]) >= 10 for r in rows)  # type: ignore[arg-type]
+    cum = _top(split_profile, "--cum")
+    totals = [int(r["total"]) for r in cum]  # type: ignore[call-overload]
+    assert totals == sorted(totals, reverse=True)
+    csv = run_rsprof("top", "cpu", str(split_profile), "--csv", "-n", "3")
+    lines = csv.stdout.splitlines()
+    assert lines[0] == "function,file,line,module,self,self_pct,total,total_pct"
+    assert len(lines) == 4
+
+
+def test_query_is_tab_separated_and_read_only(split_profile: Path) -> None:
+    result = run_rsprof("query", str(split_profile),
+                        "SELECT key, value FROM meta WHERE key IN ('pid', 'cpu_event') ORDER BY key")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "key\tvalue"
+    assert lines[1] == "cpu_event\tcpu-clock"
+    before = split_profile.read_bytes()
+    refused = run_rsprof("query", str(split_profile), "DELETE FROM cpu_samples")
+    assert refused.returncode == 6
+    assert "read-only" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    assert split_profile.read_bytes() == before
+    as_json = run_rsprof("query", str(split_profile), "SELECT 1 AS one, NULL AS nothing", "--json")
+    assert json.loads(as_json.stdout) == [{"one": 1, "nothing": None}]
+    nulls = run_rsprof("query", str(split_profile), "SELECT NULL AS nothing")
+    assert nulls.stdout.splitlines() == ["nothing", "NULL"]
+
+
+def test_list_shows_the_profile(split_profile: Path) -> None:
+    result = run_rsprof("list", "--dir", str(split_profile.parent))
+    assert result.returncode == 0, result.stderr
+    assert "split.db" in result.stdout and "split" in result.stdout
