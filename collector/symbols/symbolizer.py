@@ -1,0 +1,167 @@
+"""Module (one ELF file) and Symbolizer (modules by path, with the on-disk cache)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from .cache import FrameCache
+from .debuginfo import default_debug_roots, find_debug_file, open_debug_file
+from .demangle import demangle
+from .dwarf import DwarfIndex, DwarfResult, native_available
+from .elf import ElfError, ElfFile
+from .model import SourceFrame
+from .symtab import SymbolTable
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("RSPROF_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "rsprof"
+
+
+class Module:
+    """One ELF file on disk. Symbol tables and DWARF are loaded only on a cache miss."""
+
+    def __init__(self, path: str, elf: ElfFile, cache_dir: Path | None,
+                 debug_roots: Sequence[str]) -> None:
+        self.path = path
+        self.build_id: str | None = elf.build_id()
+        self._elf = elf
+        self._debug_roots = list(debug_roots)
+        self._basename = os.path.basename(path)
+        self._lock = threading.Lock()
+        self._memo: dict[int, tuple[SourceFrame, ...]] = {}
+        self._symtab: SymbolTable | None = None
+        self._dwarf_loaded = False
+        self._dwarf: DwarfIndex | None = None
+        self._dwarf_elf: ElfFile = elf  # the file the DWARF comes from (maybe a debug file)
+        self._cache: FrameCache | None = None
+        if cache_dir is not None and self.build_id:
+            # The cache is only valid for the DWARF source it was built from: a debug file
+            # installed later must not be hidden by results made without it.
+            source = path if elf.has_dwarf() else (
+                find_debug_file(path, elf, self._debug_roots) or "")
+            if not native_available():
+                source = ""
+            self._cache = FrameCache(cache_dir / "symbols" / f"{self.build_id}.db", source)
+
+    def file_offset_to_vaddr(self, file_offset: int) -> int:
+        return self._elf.file_offset_to_vaddr(file_offset)
+
+    def symbolize(self, vaddrs: Sequence[int]) -> list[tuple[SourceFrame, ...]]:
+        """Per address the inline chain, innermost first; never empty."""
+        with self._lock:
+            missing = [a for a in dict.fromkeys(vaddrs) if a not in self._memo]
+            if missing and self._cache is not None:
+                self._memo.update(self._cache.get_many(missing))
+                missing = [a for a in missing if a not in self._memo]
+            if missing:
+                resolved = self._resolve(missing)
+                self._memo.update(resolved)
+                if self._cache is not None:
+                    self._cache.put_many(resolved)
+            return [self._memo[a] for a in vaddrs]
+
+    # -- resolution (cache misses only) ---------------------------------------------------
+
+    def _symbols(self) -> SymbolTable:
+        if self._symtab is None:
+            self._load_dwarf()  # a separate debug file may hold the only full .symtab
+            files = [self._elf]
+            if self._dwarf is not None and self._dwarf_elf is not self._elf:
+                files.append(self._dwarf_elf)
+            self._symtab = SymbolTable.from_elf(*files)
+        return self._symtab
+
+    def _load_dwarf(self) -> DwarfIndex | None:
+        if self._dwarf_loaded:
+            return self._dwarf
+        self._dwarf_loaded = True
+        if not native_available():
+            return None
+        source: ElfFile | None = self._elf
+        if not self._elf.has_dwarf():
+            source = open_debug_file(self.path, self._elf, self._debug_roots)
+        if source is None:
+            return None
+        try:
+            self._dwarf = DwarfIndex(source)
+            self._dwarf_elf = source
+        except (ValueError, KeyError):
+            self._dwarf = None
+        return self._dwarf
+
+    def _resolve(self, vaddrs: list[int]) -> dict[int, tuple[SourceFrame, ...]]:
+        symtab = self._symbols()
+        dwarf = self._load_dwarf()
+        results = dwarf.lookup(vaddrs) if dwarf is not None else {}
+        return {a: self._frames(a, symtab.lookup(a), results.get(a)) for a in vaddrs}
+
+    def _unknown(self, vaddr: int) -> str:
+        return f"{self._basename}+0x{self._elf.vaddr_to_file_offset(vaddr):x}"
+
+    def _frames(self, vaddr: int, symbol: str | None,
+                result: DwarfResult | None) -> tuple[SourceFrame, ...]:
+        file, line = result.line if result is not None and result.line else ("", 0)
+        if result is None or not result.scopes:
+            if symbol is None:
+                return (SourceFrame(self._unknown(vaddr), file, line, None),)
+            shown = demangle(symbol)
+            return (SourceFrame(shown, file, line, symbol if symbol != shown else None),)
+        frames: list[SourceFrame] = []
+        table = result.unit_files
+        last = len(result.scopes) - 1
+        for i, (name, linkage, call_file, call_line) in enumerate(result.scopes):
+            outermost = i == last
+            system = linkage
+            if linkage:
+                function = demangle(linkage)
+            elif name:
+                function = name
+            elif outermost and symbol:
+                function, system = demangle(symbol), symbol
+            else:
+                function = self._unknown(vaddr)
+            if outermost and system is None and symbol and symbol != function:
+                system = symbol  # e.g. the clone `foo.constprop.0` of DWARF's `foo`
+            frames.append(SourceFrame(function, file, line,
+                                      system if system != function else None))
+            # The next (outer) frame is positioned at the call site of this inlined one.
+            file = table.file_name(call_file) if table is not None else ""
+            line = call_line
+        return tuple(frames)
+
+
+class Symbolizer:
+    """Modules by path, each opened once (reopened if the file on disk changes)."""
+
+    def __init__(self, cache_dir: Path | None = None,
+                 debug_roots: Sequence[str | Path] | None = None,
+                 disk_cache: bool = True) -> None:
+        self.cache_dir: Path | None = (cache_dir if cache_dir is not None
+                                       else default_cache_dir()) if disk_cache else None
+        self.debug_roots = ([str(p) for p in debug_roots] if debug_roots is not None
+                            else default_debug_roots())
+        self._lock = threading.Lock()
+        self._modules: dict[str, tuple[tuple[int, int, int, int], Module | None]] = {}
+
+    def module(self, path: str) -> Module | None:
+        """The module for an ELF file; None if it is missing or not ELF."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            hit = self._modules.get(path)
+            if hit is not None and hit[0] == key:
+                return hit[1]
+            module: Module | None
+            try:
+                module = Module(path, ElfFile(path), self.cache_dir, self.debug_roots)
+            except (OSError, ValueError, ElfError):
+                module = None
+            self._modules[path] = (key, module)
+            return module
