@@ -1,0 +1,307 @@
+"""PerfSampler (native/perf.c) against real processes: no mocks.
+
+The target is tests/targets/perf_target.c; it prints "ready <pid>" and waits for a line on
+stdin, so every test attaches before the interesting part starts.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import errno
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rsprof._native import PerfSampler
+
+TARGETS = Path(__file__).parent / "targets"
+
+
+class Target:
+    """A running perf_target plus the sampler attached to all its current threads."""
+
+    def __init__(self, binary: Path, *args: str, **sampler_kw: int) -> None:
+        self.binary = binary
+        self.proc = subprocess.Popen(
+            [str(binary), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        line = self.proc.stdout.readline().split()
+        assert line[:1] == ["ready"], line
+        self.pid = self.proc.pid
+        self.sampler = PerfSampler(self.pid, **sampler_kw)
+        for tid in sorted(int(t) for t in os.listdir(f"/proc/{self.pid}/task")):
+            self.sampler.add_thread(tid)
+        self.sampler.enable()
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def readline(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
+
+    def close(self) -> None:
+        self.sampler.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class Batch:
+    """Accumulates take() results."""
+
+    def __init__(self) -> None:
+        self.stacks: dict[int, tuple[int, ...]] = {}
+        self.counts: collections.Counter[tuple[int, int]] = collections.Counter()
+        self.samples = 0
+        self.lost = 0
+        self.new_threads: list[int] = []
+        self.exited: list[int] = []
+        self.comms: list[tuple[int, str]] = []
+        self.mmaps: list[tuple[int, int, int, str, bytes | None]] = []
+        self.target_exited = False
+
+    def add(self, d: dict) -> None:
+        for sid, ips in d["new_stacks"]:
+            assert sid not in self.stacks, "stack ids are assigned once"
+            self.stacks[sid] = ips
+        for sid, tid, n in d["counts"]:
+            assert sid in self.stacks, "counts only name stacks already announced"
+            self.counts[sid, tid] += n
+        self.samples += d["samples"]
+        self.lost += d["lost"]
+        self.new_threads += d["new_threads"]
+        self.exited += d["exited_threads"]
+        self.comms += d["comms"]
+        self.mmaps += d["mmaps"]
+        self.target_exited |= d["target_exited"]
+
+    def per_tid(self) -> collections.Counter[int]:
+        out: collections.Counter[int] = collections.Counter()
+        for (_, tid), n in self.counts.items():
+            out[tid] += n
+        return out
+
+
+def collect(t: Target, seconds: float, batch: Batch | None = None, until=None) -> Batch:
+    batch = batch or Batch()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t.sampler.poll(50)
+        batch.add(t.sampler.take())
+        if until is not None and until(batch):
+            break
+    return batch
+
+
+class Symbolizer:
+    """Test-local resolution: nm symbols of the binary + the mapping from /proc/PID/maps.
+
+    Enough for a PIE built by gcc/ld, whose segments have vaddr == file offset."""
+
+    def __init__(self, binary: Path, pid: int) -> None:
+        out = subprocess.run(
+            ["nm", "-S", "--defined-only", str(binary)], check=True, capture_output=True, text=True
+        ).stdout
+        syms = []
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 4 and parts[2] in "tT":
+                syms.append((int(parts[0], 16), int(parts[1], 16), parts[3]))
+        syms.sort()
+        self.syms = syms
+        self.starts = [s[0] for s in syms]
+        real = os.path.realpath(binary)
+        self.maps = []
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            f = line.split()
+            if len(f) >= 6 and f[5] == real and "x" in f[1]:
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                self.maps.append((lo, hi, int(f[2], 16)))
+        assert self.maps, "binary mapping not found"
+
+    def name(self, ip: int) -> str | None:
+        for lo, hi, off in self.maps:
+            if lo <= ip < hi:
+                addr = ip - lo + off
+                i = bisect.bisect_right(self.starts, addr) - 1
+                if i >= 0:
+                    start, size, name = self.syms[i]
+                    if start <= addr < start + size:
+                        return name
+        return None
+
+    def frames(self, ips: tuple[int, ...]) -> list[str | None]:
+        # Non-leaf entries are return addresses: look up the call instruction (ip - 1).
+        return [self.name(ip if i == 0 else ip - 1) for i, ip in enumerate(ips)]
+
+
+@pytest.fixture
+def perf_target(target_binary):
+    return target_binary("perf_target.c")
+
+
+@pytest.fixture
+def run_target(perf_target):
+    started: list[Target] = []
+
+    def start(*args: str, **kw: int) -> Target:
+        t = Target(perf_target, *args, **kw)
+        started.append(t)
+        return t
+
+    yield start
+    for t in started:
+        t.close()
+
+
+def test_split_three_to_one_with_caller_frames(run_target):
+    t = run_target("split", "2.2", freq_hz=999)
+    sym = Symbolizer(t.binary, t.pid)
+    t.go()
+    b = collect(t, 2.0)
+    assert b.samples > 500, b.samples
+    leaf: collections.Counter[str] = collections.Counter()
+    with_caller = 0
+    for (sid, tid), n in b.counts.items():
+        assert tid == t.pid
+        frames = sym.frames(b.stacks[sid])
+        if frames[0] in ("heavy", "light"):
+            leaf[frames[0]] += n
+            if len(frames) > 1 and frames[1] == "caller" and "main" in frames[2:]:
+                with_caller += n
+    total = leaf["heavy"] + leaf["light"]
+    assert total > 0.8 * b.samples, (leaf, b.samples)
+    share = 100.0 * leaf["heavy"] / total
+    assert abs(share - 75.0) <= 7.0, share
+    # Frame-pointer chains: caller() right above the leaf, main() further up.
+    assert with_caller >= 0.95 * total, (with_caller, total)
+
+
+def test_two_threads_existing_at_attach_and_background_poll(run_target):
+    t = run_target("twothreads", "1.2", freq_hz=499)
+    tids = sorted(int(x) for x in os.listdir(f"/proc/{t.pid}/task"))
+    assert len(tids) == 2 and sorted(t.sampler.threads()) == tids
+    t.sampler.add_thread(tids[1])  # already tracked: no-op
+    assert sorted(t.sampler.threads()) == tids
+
+    # The collector's pattern: poll() on a background thread, take() on this one.
+    stop = threading.Event()
+
+    def poller() -> None:
+        while not stop.is_set():
+            t.sampler.poll(20)
+
+    th = threading.Thread(target=poller)
+    th.start()
+    t.go()
+    b = Batch()
+    try:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            time.sleep(0.05)
+            b.add(t.sampler.take())
+    finally:
+        stop.set()
+        th.join()
+    t.sampler.poll(0)
+    b.add(t.sampler.take())
+    per_tid = b.per_tid()
+    for tid in tids:
+        assert per_tid[tid] > 100, per_tid
+    assert sum(per_tid.values()) <= b.samples
+
+
+def test_thread_created_after_attach_is_followed(run_target):
+    t = run_target("latethread", "0.6", freq_hz=999)
+    sym = Symbolizer(t.binary, t.pid)
+    t.go()
+    late_tid = int(t.readline().split()[1])  # printed by the new thread once it runs
+    b = collect(t, 3.0, until=lambda b: b.target_exited)
+    assert late_tid in b.new_threads
+    assert b.per_tid()[late_tid] > 200, b.per_tid()
+    assert any("late_worker" in sym.frames(b.stacks[s]) for s, tid in b.counts if tid == late_tid)
+    assert (late_tid, "perf-late") in b.comms
+    assert late_tid in b.exited and t.pid in b.exited
+    assert b.target_exited
+    assert t.sampler.threads() == []
+
+
+def test_dead_pid_is_esrch(perf_target):
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    with pytest.raises(ProcessLookupError) as e:
+        PerfSampler(proc.pid)
+    assert e.value.errno == errno.ESRCH
+    # A live sampler asked for a thread that is gone: same errno.
+    with PerfSampler(os.getpid()) as s, pytest.raises(OSError) as e2:
+        s.add_thread(proc.pid)
+    assert e2.value.errno == errno.ESRCH
+
+
+def test_target_exit_is_reported(run_target):
+    t = run_target("exit", "0.3", freq_hz=199)
+    t.go()
+    b = collect(t, 5.0, until=lambda b: b.target_exited)
+    assert b.target_exited
+    assert t.pid in b.exited
+    assert b.samples > 0
+    assert t.sampler.threads() == []
+    assert t.sampler.poll(0) == 0  # nothing left to watch: cheap and empty
+
+
+def test_dlopen_after_attach_reports_mapping(run_target, tmp_path):
+    lib = tmp_path / "libperftest.so"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-Wl,--build-id", "-o", str(lib), str(TARGETS / "perf_lib.c")],
+        check=True,
+    )
+    t = run_target("dlopen", str(lib), freq_hz=99)
+    t.go()
+    assert t.readline().strip() == "loaded"
+    b = collect(t, 0.2)
+    ours = [m for m in b.mmaps if m[3] == str(lib)]
+    assert len(ours) == 1, b.mmaps
+    start, length, pgoff, _, build_id = ours[0]
+    assert start > 0 and length > 0 and pgoff >= 0
+    lines = Path(f"/proc/{t.pid}/maps").read_text().splitlines()
+    assert any(line.startswith(f"{start:x}-") and line.endswith(str(lib)) for line in lines)
+    if build_id is not None:  # None only if the kernel could not read the note
+        notes = subprocess.run(
+            ["readelf", "-n", str(lib)], check=True, capture_output=True, text=True
+        ).stdout
+        assert build_id.hex() in notes
+
+
+def test_small_ring_counts_lost(run_target):
+    t = run_target("split", "1.5", freq_hz=9999, ring_kib=8)
+    t.go()
+    time.sleep(0.5)  # nobody drains: the 8 KiB ring overflows within milliseconds
+    t.sampler.poll(0)  # frees room: the kernel writes PERF_RECORD_LOST with the next record
+    time.sleep(0.1)
+    t.sampler.poll(0)
+    d = t.sampler.take()
+    assert d["lost"] > 0, d["lost"]
+    assert d["samples"] > 0
+    assert d["first_time_ns"] <= d["last_time_ns"] <= time.monotonic_ns()
+
+
+def test_argument_validation(perf_target):
+    with pytest.raises(ValueError):
+        PerfSampler(os.getpid(), ring_kib=12)  # three pages: not a power of two
+    with pytest.raises(ValueError):
+        PerfSampler(os.getpid(), freq_hz=0)
+    s = PerfSampler(os.getpid())
+    s.close()
+    s.close()  # idempotent
+    with pytest.raises(ValueError):
+        s.add_thread(os.getpid())
+    d = s.take()
+    assert d["samples"] == 0 and d["new_stacks"] == [] and d["first_time_ns"] == 0
