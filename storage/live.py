@@ -1,0 +1,645 @@
+"""Incremental, read-only reader of a profile file: every query the TUI makes.
+
+`LiveProfile` opens the file read-only (`file:...?mode=ro`), so it can follow a file that a
+recorder is still writing (WAL mode, one commit per checkpoint). Each `refresh()` reads only
+the checkpoints newer than the last one it saw and keeps, per function (CPU) and per call
+site (heap), running totals, the last interval's value and a bounded ring of recent
+per-checkpoint values for sparklines. Older history is never kept in memory: charts query
+the file for the window they show (`cpu_series`, `heap_series`).
+
+All public methods take one lock, so a LiveProfile may be used from any thread (one at a
+time); its connection is opened with `check_same_thread=False` for that reason.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from array import array
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+TREND_LEN = 12
+"""Checkpoints kept per function for the Trend sparkline."""
+
+_BULK_THRESHOLD = 2 * TREND_LEN
+"""Above this many unread checkpoints, older ones are aggregated in SQL, not row by row."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileInfo:
+    """What `meta` says about the recording."""
+
+    pid: int | None = None
+    process_name: str = ""
+    cmdline: str = ""
+    start_time_ms: int | None = None
+    end_time_ms: int | None = None
+    state: str = ""
+    stop_reason: str | None = None
+    heap_mode: str = "none"
+    interval_ms: int = 1000
+    target_exit_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSummary:
+    """Totals over every checkpoint read so far."""
+
+    count: int = 0
+    last_id: int = 0
+    first_timestamp_ms: int | None = None
+    last_timestamp_ms: int | None = None
+    samples: int = 0
+    lost_samples: int = 0
+    last_samples: int = 0
+    target_cpu_pct: float | None = None
+    target_rss_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CpuRow:
+    """One function: self samples over the run and in the last interval."""
+
+    key: int
+    function: str
+    location: str
+    samples: int
+    live_samples: int
+    total_pct: float
+    live_pct: float
+    trend: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HeapRow:
+    """One allocation call site."""
+
+    key: int
+    function: str
+    location: str
+    live_bytes: int
+    alloc_bytes: int
+    alloc_count: int
+    free_bytes: int
+    free_count: int
+    trend: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadInfo:
+    tid: int
+    name: str
+    samples: int
+    exited: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """A chart's data: `points` are (seconds since recording start, value), one per bucket."""
+
+    start_ms: int
+    end_ms: int
+    bucket_ms: int
+    points: tuple[tuple[float, float], ...]
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _location_text(file: str, line: int) -> str:
+    if not file:
+        return "?"
+    return f"{file}:{line}" if line else file
+
+
+_THREAD_LEAF_SQL = """
+SELECT s.checkpoint_id, fl.location_id, SUM(s.count)
+FROM cpu_stack_samples s
+JOIN stack_frames sf ON sf.stack_id = s.stack_id AND sf.position = 0
+JOIN frame_locations fl ON fl.frame_id = sf.frame_id AND fl.inline_depth = 0
+WHERE s.checkpoint_id > ? AND s.checkpoint_id <= ? AND s.tid = ?
+"""
+
+
+class LiveProfile:
+    """Follows one profile file; see the module docstring."""
+
+    def __init__(self, path: str | Path, *, trend_len: int = TREND_LEN) -> None:
+        self.path = str(path)
+        self.trend_len = trend_len
+        self._lock = threading.RLock()
+        self._conn = self._connect()
+        self.info = ProfileInfo()
+        self.thread: int | None = None
+        self._loc: dict[int, tuple[str, str, int]] = {}
+        self._max_loc_id = 0
+        # checkpoints
+        self._cp_ids = array("q")
+        self._cp_ts = array("q")
+        self._cp_samples = array("q")
+        self._lost = 0
+        self._samples = 0
+        self._cpu_pct: float | None = None
+        self._rss: int | None = None
+        self._thread_samples: dict[int, int] = {}
+        self._threads_last_id = 0
+        self._threads: list[ThreadInfo] = []
+        # functions (CPU rows): id = index into these lists
+        self._fn_index: dict[tuple[str, str], int] = {}
+        self._fn_name: list[str] = []
+        self._fn_file: list[str] = []
+        self._fn_locs: list[list[int]] = []
+        self._fn_best_loc: list[int] = []
+        self._loc_fid: dict[int, int] = {}
+        self._reset_cpu()
+        self._reset_heap()
+
+    # -- connection -----------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        if not Path(self.path).exists():
+            raise FileNotFoundError(self.path)
+        uri = f"file:{Path(self.path).resolve()}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        try:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        except sqlite3.OperationalError:
+            # Read-only directory and no -shm file: only a finished file can be read, as is.
+            conn.close()
+            conn = sqlite3.connect(
+                uri + "&immutable=1", uri=True, check_same_thread=False, isolation_level=None
+            )
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _reset_cpu(self) -> None:
+        """Forgets CPU numbers; function ids (row keys) stay stable for the file's lifetime."""
+        self._cpu_last_id = 0
+        self._fn_total = [0] * len(self._fn_name)
+        self._loc_total: dict[int, int] = {}
+        self._cpu_sum = 0
+        self._cpu_last: dict[int, int] = {}
+        self._cpu_last_sum = 0
+        self._cpu_ring: deque[dict[int, int]] = deque(maxlen=self.trend_len)
+
+    def _reset_heap(self) -> None:
+        self._heap_last_id = 0
+        # location id -> [alloc_bytes, alloc_count, free_bytes, free_count, live_bytes]
+        self._heap: dict[int, list[int]] = {}
+        self._heap_ring: deque[dict[int, int]] = deque(maxlen=self.trend_len)
+        self._heap_base: dict[int, int] = {}
+
+    def set_thread(self, tid: int | None) -> None:
+        """Restricts CPU numbers to one thread's self samples (None: all threads).
+
+        The next `refresh()` re-reads the CPU part of the file for that thread.
+        """
+        with self._lock:
+            if tid != self.thread:
+                self.thread = tid
+                self._reset_cpu()
+
+    # -- refresh --------------------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Reads what was committed since the last call. Returns True if anything was new."""
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN")
+            except sqlite3.OperationalError:
+                return False
+            try:
+                return self._refresh_locked()
+            except sqlite3.OperationalError as exc:
+                if "no such table" in str(exc):  # the recorder has not created the schema yet
+                    return False
+                raise
+            finally:
+                self._conn.execute("COMMIT")
+
+    def _refresh_locked(self) -> bool:
+        old_info = self.info
+        self.info = self._read_meta()
+        new_cps = self._read_checkpoints()
+        last = self._cp_ids[-1] if self._cp_ids else 0
+        changed = new_cps or self.info != old_info
+        if self._cpu_last_id < last:
+            self._read_cpu(last)
+            changed = True
+        if self._heap_last_id < last:
+            self._read_heap(last)
+        if new_cps:
+            self._read_threads(last)
+        return bool(changed)
+
+    def _read_meta(self) -> ProfileInfo:
+        meta = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+        return ProfileInfo(
+            pid=_int(meta.get("pid")),
+            process_name=meta.get("process_name") or "",
+            cmdline=meta.get("cmdline") or "",
+            start_time_ms=_int(meta.get("start_time_ms")),
+            end_time_ms=_int(meta.get("end_time_ms")),
+            state=meta.get("state") or "",
+            stop_reason=meta.get("stop_reason"),
+            heap_mode=meta.get("heap_mode") or "none",
+            interval_ms=_int(meta.get("interval_ms")) or 1000,
+            target_exit_code=_int(meta.get("target_exit_code")),
+        )
+
+    def _read_checkpoints(self) -> int:
+        last = self._cp_ids[-1] if self._cp_ids else 0
+        rows = self._conn.execute(
+            "SELECT id, timestamp_ms, samples, lost_samples, target_cpu_pct, target_rss_bytes"
+            " FROM checkpoints WHERE id > ? ORDER BY id",
+            (last,),
+        ).fetchall()
+        for cid, ts, samples, lost, cpu_pct, rss in rows:
+            self._cp_ids.append(cid)
+            self._cp_ts.append(ts)
+            self._cp_samples.append(samples)
+            self._lost += lost
+            self._samples += samples
+            if cpu_pct is not None:
+                self._cpu_pct = cpu_pct
+            if rss is not None:
+                self._rss = rss
+        return len(rows)
+
+    def _read_threads(self, last: int) -> None:
+        for tid, count in self._conn.execute(
+            "SELECT tid, SUM(count) FROM cpu_stack_samples"
+            " WHERE checkpoint_id > ? AND checkpoint_id <= ? GROUP BY tid",
+            (self._threads_last_id, last),
+        ):
+            self._thread_samples[tid] = self._thread_samples.get(tid, 0) + count
+        self._threads_last_id = last
+        self._threads = [
+            ThreadInfo(tid, name or "", self._thread_samples.get(tid, 0), bool(exited))
+            for tid, name, exited in self._conn.execute(
+                "SELECT tid, name, exited FROM threads ORDER BY tid"
+            )
+        ]
+
+    def _ensure_locations(self, ids: Iterable[int]) -> None:
+        missing = [i for i in ids if i not in self._loc]
+        if not missing:
+            return
+        for lid, fn, file, line in self._conn.execute(
+            "SELECT id, function, file, line FROM locations WHERE id > ?", (self._max_loc_id,)
+        ):
+            self._loc[lid] = (fn, file or "", line or 0)
+            self._max_loc_id = max(self._max_loc_id, lid)
+        for lid in missing:
+            if lid not in self._loc:
+                row = self._conn.execute(
+                    "SELECT function, file, line FROM locations WHERE id = ?", (lid,)
+                ).fetchone()
+                self._loc[lid] = (row[0], row[1] or "", row[2] or 0) if row else (f"#{lid}", "", 0)
+
+    def _fid(self, lid: int) -> int:
+        fid = self._loc_fid.get(lid)
+        if fid is not None:
+            return fid
+        fn, file, _line = self._loc[lid]
+        fid = self._fn_index.get((fn, file))
+        if fid is None:
+            fid = len(self._fn_name)
+            self._fn_index[(fn, file)] = fid
+            self._fn_name.append(fn)
+            self._fn_file.append(file)
+            self._fn_locs.append([])
+            self._fn_total.append(0)
+            self._fn_best_loc.append(lid)
+        self._fn_locs[fid].append(lid)
+        self._loc_fid[lid] = fid
+        return fid
+
+    def _add_cpu(self, lid: int, count: int) -> int:
+        fid = self._fid(lid)
+        self._fn_total[fid] += count
+        total = self._loc_total.get(lid, 0) + count
+        self._loc_total[lid] = total
+        best = self._fn_best_loc[fid]
+        if best != lid and total > self._loc_total.get(best, 0):
+            self._fn_best_loc[fid] = lid
+        self._cpu_sum += count
+        return fid
+
+    def _split(self, since: int, last: int) -> tuple[int, list[int]]:
+        """Checkpoint ids in (since, last]: the id up to which to aggregate, then the rest."""
+        lo = bisect_right(self._cp_ids, since)
+        hi = bisect_right(self._cp_ids, last)
+        ids = self._cp_ids[lo:hi].tolist()
+        if len(ids) > _BULK_THRESHOLD:
+            return ids[-self.trend_len - 1], ids[-self.trend_len :]
+        return since, ids
+
+    def _cpu_rows(self, since: int, upto: int, grouped: bool) -> Iterator[tuple[int, ...]]:
+        if self.thread is None:
+            if grouped:
+                sql = (
+                    "SELECT location_id, SUM(count) FROM cpu_samples"
+                    " WHERE checkpoint_id > ? AND checkpoint_id <= ? GROUP BY location_id"
+                )
+            else:
+                sql = (
+                    "SELECT checkpoint_id, location_id, count FROM cpu_samples"
+                    " WHERE checkpoint_id > ? AND checkpoint_id <= ?"
+                )
+            return iter(self._conn.execute(sql, (since, upto)).fetchall())
+        if grouped:
+            sql = (
+                "SELECT fl.location_id, SUM(s.count) FROM cpu_stack_samples s"
+                " JOIN stack_frames sf ON sf.stack_id = s.stack_id AND sf.position = 0"
+                " JOIN frame_locations fl ON fl.frame_id = sf.frame_id AND fl.inline_depth = 0"
+                " WHERE s.checkpoint_id > ? AND s.checkpoint_id <= ? AND s.tid = ?"
+                " GROUP BY fl.location_id"
+            )
+        else:
+            sql = _THREAD_LEAF_SQL + " GROUP BY s.checkpoint_id, fl.location_id"
+        return iter(self._conn.execute(sql, (since, upto, self.thread)).fetchall())
+
+    def _read_cpu(self, last: int) -> None:
+        bulk_to, ids = self._split(self._cpu_last_id, last)
+        if bulk_to > self._cpu_last_id:
+            rows = list(self._cpu_rows(self._cpu_last_id, bulk_to, grouped=True))
+            self._ensure_locations(r[0] for r in rows)
+            for lid, count in rows:
+                self._add_cpu(lid, count)
+        if ids:
+            per_cp: dict[int, dict[int, int]] = {cid: {} for cid in ids}
+            rows = list(self._cpu_rows(bulk_to, last, grouped=False))
+            self._ensure_locations(r[1] for r in rows)
+            for cid, lid, count in rows:
+                fid = self._add_cpu(lid, count)
+                slot = per_cp[cid]
+                slot[fid] = slot.get(fid, 0) + count
+            for cid in ids:
+                self._cpu_ring.append(per_cp[cid])
+            self._cpu_last = per_cp[ids[-1]]
+            self._cpu_last_sum = sum(self._cpu_last.values())
+        self._cpu_last_id = last
+
+    def _read_heap(self, last: int) -> None:
+        bulk_to, ids = self._split(self._heap_last_id, last)
+        if bulk_to > self._heap_last_id:
+            for slot in self._heap_ring:
+                self._heap_base.update(slot)
+            self._heap_ring.clear()
+            rows = self._conn.execute(
+                "SELECT location_id, SUM(alloc_bytes), SUM(alloc_count), SUM(free_bytes),"
+                " SUM(free_count), MAX(checkpoint_id), live_bytes FROM heap_site_samples"
+                " WHERE checkpoint_id > ? AND checkpoint_id <= ? GROUP BY location_id",
+                (self._heap_last_id, bulk_to),
+            ).fetchall()
+            self._ensure_locations(r[0] for r in rows)
+            for lid, ab, ac, fb, fc, _cid, live in rows:
+                self._add_heap(lid, ab, ac, fb, fc, live)
+                self._heap_base[lid] = live
+        if ids:
+            per_cp: dict[int, dict[int, int]] = {cid: {} for cid in ids}
+            rows = self._conn.execute(
+                "SELECT checkpoint_id, location_id, alloc_bytes, alloc_count, free_bytes,"
+                " free_count, live_bytes FROM heap_site_samples"
+                " WHERE checkpoint_id > ? AND checkpoint_id <= ?",
+                (bulk_to, last),
+            ).fetchall()
+            self._ensure_locations(r[1] for r in rows)
+            for cid, lid, ab, ac, fb, fc, live in rows:
+                self._add_heap(lid, ab, ac, fb, fc, live)
+                per_cp[cid][lid] = live
+            for cid in ids:
+                if len(self._heap_ring) == self._heap_ring.maxlen:
+                    self._heap_base.update(self._heap_ring[0])
+                self._heap_ring.append(per_cp[cid])
+        self._heap_last_id = last
+
+    def _add_heap(self, lid: int, ab: int, ac: int, fb: int, fc: int, live: int) -> None:
+        site = self._heap.get(lid)
+        if site is None:
+            self._heap[lid] = [ab, ac, fb, fc, live]
+        else:
+            site[0] += ab
+            site[1] += ac
+            site[2] += fb
+            site[3] += fc
+            site[4] = live
+
+    # -- results --------------------------------------------------------------------------
+
+    def summary(self) -> CheckpointSummary:
+        with self._lock:
+            if not self._cp_ids:
+                return CheckpointSummary(target_cpu_pct=self._cpu_pct, target_rss_bytes=self._rss)
+            return CheckpointSummary(
+                count=len(self._cp_ids),
+                last_id=self._cp_ids[-1],
+                first_timestamp_ms=self._cp_ts[0],
+                last_timestamp_ms=self._cp_ts[-1],
+                samples=self._samples,
+                lost_samples=self._lost,
+                last_samples=self._cp_samples[-1],
+                target_cpu_pct=self._cpu_pct,
+                target_rss_bytes=self._rss,
+            )
+
+    def threads(self) -> list[ThreadInfo]:
+        with self._lock:
+            return list(self._threads)
+
+    @property
+    def has_heap_data(self) -> bool:
+        with self._lock:
+            return bool(self._heap)
+
+    def _trends(
+        self, ring: deque[dict[int, int]], carry: dict[int, int] | None
+    ) -> dict[int, list[int]]:
+        n = self.trend_len
+        pad = n - len(ring)
+        trends: dict[int, list[int]] = {}
+        for i, slot in enumerate(ring, start=pad):
+            for key, value in slot.items():
+                arr = trends.get(key)
+                if arr is None:
+                    arr = trends[key] = [-1] * n if carry is not None else [0] * n
+                arr[i] = value
+        if carry is not None:
+            for key, arr in trends.items():
+                prev = carry.get(key, 0)
+                for i in range(pad, n):
+                    if arr[i] < 0:
+                        arr[i] = prev
+                    prev = arr[i]
+                for i in range(pad):
+                    arr[i] = 0
+        return trends
+
+    def cpu_rows(self) -> list[CpuRow]:
+        """Every function with self samples (unsorted). Trends have `trend_len` values,
+        oldest first; the first ones are 0 while fewer checkpoints exist."""
+        with self._lock:
+            trends = self._trends(self._cpu_ring, None)
+            zero = (0,) * self.trend_len
+            total = self._cpu_sum or 1
+            last_total = self._cpu_last_sum or 1
+            last = self._cpu_last
+            rows = []
+            for fid, samples in enumerate(self._fn_total):
+                if not samples:
+                    continue
+                live = last.get(fid, 0)
+                _fn, file, line = self._loc[self._fn_best_loc[fid]]
+                trend = trends.get(fid)
+                rows.append(
+                    CpuRow(
+                        fid,
+                        self._fn_name[fid],
+                        _location_text(file, line),
+                        samples,
+                        live,
+                        100.0 * samples / total,
+                        100.0 * live / last_total,
+                        tuple(trend) if trend is not None else zero,
+                    )
+                )
+            return rows
+
+    def heap_rows(self) -> list[HeapRow]:
+        """Every allocation call site seen (unsorted); trends are of live bytes."""
+        with self._lock:
+            trends = self._trends(self._heap_ring, self._heap_base)
+            pad = self.trend_len - len(self._heap_ring)
+            rows = []
+            for lid, (ab, ac, fb, fc, live) in self._heap.items():
+                fn, file, line = self._loc[lid]
+                trend = trends.get(lid)
+                if trend is None:
+                    base = self._heap_base.get(lid, live)
+                    trend = [0] * pad + [base] * (self.trend_len - pad)
+                rows.append(
+                    HeapRow(lid, fn, _location_text(file, line), live, ab, ac, fb, fc, tuple(trend))
+                )
+            return rows
+
+    # -- charts ---------------------------------------------------------------------------
+
+    def _window_ids(self, start_ms: int, end_ms: int) -> tuple[int, int]:
+        lo = bisect_right(self._cp_ts, start_ms)
+        hi = bisect_right(self._cp_ts, end_ms)
+        return lo, hi
+
+    def _bucketize(
+        self, start_ms: int, end_ms: int, bucket_ms: int, values: Iterable[tuple[int, float]]
+    ) -> tuple[tuple[float, float], ...]:
+        t0 = self.info.start_time_ms
+        if t0 is None:
+            t0 = self._cp_ts[0] - self.info.interval_ms if self._cp_ts else 0
+        points: dict[int, float] = {}
+        for ts, value in values:
+            points[(ts - start_ms - 1) // bucket_ms] = value
+        return tuple(
+            ((start_ms + (b + 1) * bucket_ms - t0) / 1000.0, v) for b, v in sorted(points.items())
+        )
+
+    def cpu_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int) -> Series:
+        """CPU % (self samples of function `key` / all samples, of the selected thread) per
+        bucket of `bucket_ms` for checkpoints with timestamp in (start_ms, end_ms]."""
+        bucket_ms = max(1, bucket_ms)
+        with self._lock:
+            lo, hi = self._window_ids(start_ms, end_ms)
+            if lo >= hi or key >= len(self._fn_locs):
+                return Series(start_ms, end_ms, bucket_ms, ())
+            first, last = self._cp_ids[lo], self._cp_ids[hi - 1]
+            locs = self._fn_locs[key]
+            marks = ",".join("?" * len(locs))
+            if self.thread is None:
+                num = dict(
+                    self._conn.execute(
+                        "SELECT checkpoint_id, SUM(count) FROM cpu_samples WHERE checkpoint_id"
+                        f" BETWEEN ? AND ? AND location_id IN ({marks}) GROUP BY checkpoint_id",
+                        (first, last, *locs),
+                    ).fetchall()
+                )
+                den = {self._cp_ids[i]: self._cp_samples[i] for i in range(lo, hi)}
+            else:
+                num = dict(
+                    self._conn.execute(
+                        "SELECT s.checkpoint_id, SUM(s.count) FROM cpu_stack_samples s"
+                        " JOIN stack_frames sf ON sf.stack_id = s.stack_id AND sf.position = 0"
+                        " JOIN frame_locations fl"
+                        " ON fl.frame_id = sf.frame_id AND fl.inline_depth = 0"
+                        " WHERE s.checkpoint_id BETWEEN ? AND ? AND s.tid = ?"
+                        f" AND fl.location_id IN ({marks}) GROUP BY s.checkpoint_id",
+                        (first, last, self.thread, *locs),
+                    ).fetchall()
+                )
+                den = dict(
+                    self._conn.execute(
+                        "SELECT checkpoint_id, SUM(count) FROM cpu_stack_samples"
+                        " WHERE checkpoint_id BETWEEN ? AND ? AND tid = ? GROUP BY checkpoint_id",
+                        (first, last, self.thread),
+                    ).fetchall()
+                )
+            sums: dict[int, list[int]] = {}
+            for i in range(lo, hi):
+                cid = self._cp_ids[i]
+                b = (self._cp_ts[i] - start_ms - 1) // bucket_ms
+                acc = sums.setdefault(b, [0, 0, self._cp_ts[i]])
+                acc[0] += num.get(cid, 0)
+                acc[1] += den.get(cid, 0)
+                acc[2] = self._cp_ts[i]
+            values = [(ts, 100.0 * n / d if d else 0.0) for n, d, ts in sums.values()]
+            return Series(
+                start_ms, end_ms, bucket_ms, self._bucketize(start_ms, end_ms, bucket_ms, values)
+            )
+
+    def heap_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int) -> Series:
+        """Live bytes of call site `key` at the end of each bucket in (start_ms, end_ms]."""
+        bucket_ms = max(1, bucket_ms)
+        with self._lock:
+            lo, hi = self._window_ids(start_ms, end_ms)
+            if lo >= hi:
+                return Series(start_ms, end_ms, bucket_ms, ())
+            first, last = self._cp_ids[lo], self._cp_ids[hi - 1]
+            before = self._conn.execute(
+                "SELECT live_bytes FROM heap_site_samples WHERE location_id = ?"
+                " AND checkpoint_id < ? ORDER BY checkpoint_id DESC LIMIT 1",
+                (key, first),
+            ).fetchone()
+            changes = dict(
+                self._conn.execute(
+                    "SELECT checkpoint_id, live_bytes FROM heap_site_samples"
+                    " WHERE location_id = ? AND checkpoint_id BETWEEN ? AND ?",
+                    (key, first, last),
+                ).fetchall()
+            )
+            live = before[0] if before else 0
+            values = []
+            for i in range(lo, hi):
+                live = changes.get(self._cp_ids[i], live)
+                values.append((self._cp_ts[i], float(live)))
+            return Series(
+                start_ms, end_ms, bucket_ms, self._bucketize(start_ms, end_ms, bucket_ms, values)
+            )
+
+    def timestamp_range(self) -> tuple[int, int] | None:
+        """(first, last) checkpoint timestamps read so far."""
+        with self._lock:
+            if not self._cp_ts:
+                return None
+            return self._cp_ts[0], self._cp_ts[-1]

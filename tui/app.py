@@ -1,0 +1,74 @@
+"""The rsprof TUI application and its entry point `run_tui`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from textual.app import App
+
+from storage.live import LiveProfile
+
+from .main_screen import MainScreen
+from .model import DataSource
+from .target import TargetMonitor
+
+
+class RsprofApp(App[int]):
+    """Live (`live=True`: RECORDING / PAUSED) or VIEW mode over one profile file.
+
+    `source` is what the UI reads (a `storage.live.LiveProfile`, or a fake in tests);
+    `clock` returns Unix seconds and drives the elapsed time shown while recording.
+    """
+
+    CSS_PATH = "rsprof.tcss"
+    TITLE = "rsprof"
+    ENABLE_COMMAND_PALETTE = False
+
+    def __init__(
+        self,
+        source: DataSource,
+        *,
+        live: bool = False,
+        target_pid: int | None = None,
+        clock: Callable[[], float] = time.time,
+        refresh_interval: float = 0.5,
+        monitor: TargetMonitor | None = None,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.live = live
+        self.clock = clock
+        self.refresh_interval = refresh_interval
+        self.monitor = monitor
+        if monitor is None and live and target_pid is not None:
+            self.monitor = TargetMonitor(target_pid)
+
+    def on_mount(self) -> None:
+        self.push_screen(MainScreen())
+
+    @property
+    def main(self) -> MainScreen:
+        """The main screen (also while a modal screen is on top of it)."""
+        return next(s for s in self.screen_stack if isinstance(s, MainScreen))
+
+
+def run_tui(db_path: str, *, live: bool, target_pid: int | None = None) -> int:
+    """Runs the TUI on `db_path` until the user quits; returns the exit code (0).
+
+    `live=True`: a recorder is writing the file now (RECORDING / PAUSED modes, follows new
+    checkpoints, shows the target's CPU and RSS). `live=False`: VIEW mode, which still
+    follows new checkpoints while the file's meta state is `recording`.
+    """
+    path = Path(db_path)
+    deadline = time.monotonic() + 10
+    while live and not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the recorder may not have created the file yet
+    source = LiveProfile(path)
+    try:
+        app = RsprofApp(source, live=live, target_pid=target_pid)
+        result = app.run()
+    finally:
+        source.close()
+    return result or 0

@@ -1,0 +1,108 @@
+"""Modal screens: the help page (`?`) and the thread picker (`t`)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
+
+from storage.live import ThreadInfo
+
+from .format import fmt_count
+
+KEYS: tuple[tuple[str, str], ...] = (
+    ("q", "quit"),
+    ("1 / 2", "CPU view / Memory view"),
+    ("m", "toggle between the two views"),
+    ("c / Enter", "open or close the chart of the selected row"),
+    ("j / k, ↓ / ↑", "next / previous row"),
+    ("Ctrl-d / Ctrl-u", "half a page down / up"),
+    ("g / G", "first / last row"),
+    ("h / l", "pan the chart back / forward in time"),
+    ("+ / -", "zoom the chart in / out (5s … 1d)"),
+    ("b", "bar or line chart"),
+    ("z", "chart's y axis from zero, or fitted to the data"),
+    ("Tab", "move focus between table and chart"),
+    ("/", "filter rows by function name (Esc clears)"),
+    ("s", "sort by the next column (or click a column header)"),
+    ("t", "show one thread, or all threads"),
+    ("p", "pause the display (live mode; recording goes on)"),
+    ("Esc", "clear the filter, or close the chart"),
+    ("?", "this help"),
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key, in a box; any of Esc, q, ? closes it."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,question_mark", "dismiss", "Close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        table = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+        table.add_column(style="bold cyan", no_wrap=True)
+        table.add_column()
+        for keys, action in KEYS:
+            table.add_row(keys, action)
+        with Vertical(id="help-box"):
+            yield Static("rsprof keys", id="help-title")
+            yield Static(table)
+            yield Static("Esc, q or ? closes this help", id="help-hint")
+
+
+ALL_THREADS = "all"
+
+
+class ThreadPicker(ModalScreen[str | None]):
+    """A small list: all threads, then each thread with its CPU samples. Returns the
+    option id (`all` or a tid) or None if cancelled."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q", "dismiss", "Cancel"),
+        Binding("j", "cursor(1)", show=False),
+        Binding("k", "cursor(-1)", show=False),
+    ]
+
+    def __init__(self, threads: list[ThreadInfo], current: int | None) -> None:
+        super().__init__()
+        self.threads = threads
+        self.current = current
+
+    def compose(self) -> ComposeResult:
+        options = [Option("All threads", id=ALL_THREADS)]
+        for t in sorted(self.threads, key=lambda t: (-t.samples, t.tid)):
+            exited = " (exited)" if t.exited else ""
+            label = f"{t.tid:>7}  {t.name or '?':<16} {fmt_count(t.samples):>9} samples{exited}"
+            options.append(Option(label, id=str(t.tid)))
+        with Vertical(id="thread-box"):
+            yield Static("Show samples of", id="thread-title")
+            yield OptionList(*options, id="thread-list")
+
+    def on_mount(self) -> None:
+        option_list = self.query_one(OptionList)
+        wanted = ALL_THREADS if self.current is None else str(self.current)
+        try:
+            option_list.highlighted = option_list.get_option_index(wanted)
+        except Exception:  # the thread is no longer listed
+            option_list.highlighted = 0
+        option_list.focus()
+
+    def action_cursor(self, delta: int) -> None:
+        option_list = self.query_one(OptionList)
+        if delta > 0:
+            option_list.action_cursor_down()
+        else:
+            option_list.action_cursor_up()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    async def action_dismiss(self, result: object = None) -> None:
+        self.dismiss(None)
