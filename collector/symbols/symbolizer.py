@@ -137,10 +137,10 @@ class Module:
 class Symbolizer:
     """Modules by path, each opened once (reopened if the file on disk changes)."""
 
-    def __init__(self, cache_dir: Path | None = None,
+    def __init__(self, cache_dir: Path | str | None = None,
                  debug_roots: Sequence[str | Path] | None = None,
                  disk_cache: bool = True) -> None:
-        self.cache_dir: Path | None = (cache_dir if cache_dir is not None
+        self.cache_dir: Path | None = (Path(cache_dir) if cache_dir is not None
                                        else default_cache_dir()) if disk_cache else None
         self.debug_roots = ([str(p) for p in debug_roots] if debug_roots is not None
                             else default_debug_roots())
