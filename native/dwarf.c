@@ -1034,7 +1034,7 @@ static PyObject *reader_line_table(DwarfReader *self, PyObject *arg) {
 
     /* Sequences come in object order; sort them by address and drop empty or overlapping ones
      * (the linker leaves discarded functions' sequences at address 0). */
-    qsort(b.seqs, b.nseq, sizeof *b.seqs, seq_cmp);
+    if (b.nseq > 1) qsort(b.seqs, b.nseq, sizeof *b.seqs, seq_cmp);
     size_t total = 0;
     uint64_t covered = 0;
     for (size_t i = 0; i < b.nseq; i++) {

@@ -21,7 +21,18 @@ from collector.symbols.demangle import demangle_rust_legacy, demangle_rust_v0
 
 TARGETS = Path(__file__).parent / "targets"
 BUILD_DIR = Path(os.environ.get("RSPROF_TEST_BUILD", "/tmp/rsprof-test-targets"))
-REPO = Path(__file__).resolve().parent.parent
+
+
+def child_env() -> dict[str, str]:
+    """Environment for helper processes: import the very packages this test process uses
+    (the installed ones in CI, the source tree with an in-place build locally)."""
+    import collector
+    import rsprof
+
+    roots = dict.fromkeys(str(Path(m.__file__ or "").resolve().parent.parent)
+                          for m in (collector, rsprof))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(roots)}
+
 
 pytestmark = pytest.mark.skipif(
     not dwarf_mod.native_available(),
@@ -351,7 +362,7 @@ def test_cache_hit_in_another_process(target_binary: Callable[..., Path],
             print([(f.function, f.file, f.line) for f in chain])
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         cwd=REPO, check=True).stdout.splitlines()
+                         cwd=tmp_path, env=child_env(), check=True).stdout.splitlines()
     assert out == [repr(c) for c in expected]
 
 
@@ -387,7 +398,8 @@ def test_concurrent_writers(target_binary: Callable[..., Path], tmp_path: Path) 
             m._memo.clear()
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "cache"),
-                               str(binary), ",".join(map(str, addrs[k::3]))], cwd=REPO)
+                               str(binary), ",".join(map(str, addrs[k::3]))],
+                              cwd=tmp_path, env=child_env())
              for k in range(3)]
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
     module = Symbolizer(cache_dir=tmp_path / "cache").module(str(binary))
