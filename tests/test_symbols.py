@@ -34,7 +34,7 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(roots)}
 
 
-pytestmark = pytest.mark.skipif(
+needs_native = pytest.mark.skipif(
     not dwarf_mod.native_available(),
     reason="rsprof._native is not built (python setup.py build_ext --inplace)",
 )
@@ -96,6 +96,7 @@ def sym(tmp_path: Path) -> Symbolizer:
     return Symbolizer(cache_dir=tmp_path / "cache", debug_roots=[str(tmp_path / "no-debug")])
 
 
+@needs_native
 def test_c_target_matches_addr2line(target_binary: Callable[..., Path], sym: Symbolizer) -> None:
     binary = target_binary("sym_basic.c")
     addrs = function_addrs(binary, "outer_work") + function_addrs(binary, "leaf_sum")
@@ -105,6 +106,7 @@ def test_c_target_matches_addr2line(target_binary: Callable[..., Path], sym: Sym
     assert ours == addr2line(binary, addrs)
 
 
+@needs_native
 def test_inlined_function_is_its_own_frame(target_binary: Callable[..., Path],
                                            sym: Symbolizer) -> None:
     binary = target_binary("sym_basic.c")
@@ -191,6 +193,7 @@ def _split_debug(binary: Path, work: Path) -> tuple[Path, Path]:
     return stripped, debug
 
 
+@needs_native
 @pytest.mark.parametrize("where", ["same-dir", "dot-debug", "debug-root"])
 def test_gnu_debuglink(target_binary: Callable[..., Path], tmp_path: Path, where: str) -> None:
     binary = target_binary("sym_basic.c")
@@ -212,6 +215,7 @@ def test_gnu_debuglink(target_binary: Callable[..., Path], tmp_path: Path, where
     assert [as_tuples(f) for f in module.symbolize(addrs)] == addr2line(binary, addrs)
 
 
+@needs_native
 def test_build_id_debug_file(target_binary: Callable[..., Path], tmp_path: Path) -> None:
     binary = target_binary("sym_basic.c")
     stripped, debug = _split_debug(binary, tmp_path / "bin")
@@ -233,6 +237,7 @@ def test_build_id_debug_file(target_binary: Callable[..., Path], tmp_path: Path)
     assert [as_tuples(f) for f in module.symbolize(addrs)] == addr2line(binary, addrs)
 
 
+@needs_native
 def test_cpp_demangling(target_binary: Callable[..., Path], sym: Symbolizer) -> None:
     binary = target_binary("sym_cpp.cc")
     funcs = nm_functions(binary)
@@ -271,6 +276,7 @@ def build_rust(mangling: str) -> Path:
 
 
 # Legacy mangling writes an inherent method as a plain path; v0 keeps the impl: `<Type>::fn`.
+@needs_native
 @pytest.mark.parametrize("mangling,prefix,expected", [
     ("legacy", "_ZN", "sym_rust::engine::Counter::crunch"),
     ("v0", "_R", "<sym_rust::engine::Counter>::crunch"),
@@ -324,6 +330,7 @@ def test_demangle_strings() -> None:
     assert demangle("_RNvC") == "_RNvC"  # truncated: left alone
 
 
+@needs_native
 def test_cache_hit_skips_dwarf(target_binary: Callable[..., Path], tmp_path: Path,
                                monkeypatch: pytest.MonkeyPatch) -> None:
     binary = target_binary("sym_basic.c")
@@ -344,6 +351,7 @@ def test_cache_hit_skips_dwarf(target_binary: Callable[..., Path], tmp_path: Pat
     assert second.symbolize(addrs) == expected
 
 
+@needs_native
 def test_cache_hit_in_another_process(target_binary: Callable[..., Path],
                                       tmp_path: Path) -> None:
     binary = target_binary("sym_basic.c")
@@ -366,6 +374,7 @@ def test_cache_hit_in_another_process(target_binary: Callable[..., Path],
     assert out == [repr(c) for c in expected]
 
 
+@needs_native
 def test_corrupt_cache_is_rebuilt(target_binary: Callable[..., Path], tmp_path: Path) -> None:
     binary = target_binary("sym_basic.c")
     addrs = function_addrs(binary, "leaf_sum")[:8]
@@ -385,6 +394,7 @@ def test_corrupt_cache_is_rebuilt(target_binary: Callable[..., Path], tmp_path: 
     assert again is not None and again.symbolize(addrs) == expected
 
 
+@needs_native
 def test_concurrent_writers(target_binary: Callable[..., Path], tmp_path: Path) -> None:
     binary = target_binary("sym_basic.c")
     addrs = function_addrs(binary, "outer_work") + function_addrs(binary, "leaf_sum")
