@@ -18,6 +18,8 @@ from collector.symbols import SourceFrame, Symbolizer, demangle
 from collector.symbols import dwarf as dwarf_mod
 from collector.symbols import symbolizer as symbolizer_mod
 from collector.symbols.demangle import demangle_rust_legacy, demangle_rust_v0
+from collector.symbols.dwarf import DwarfIndex
+from collector.symbols.elf import ElfFile
 
 TARGETS = Path(__file__).parent / "targets"
 BUILD_DIR = Path(os.environ.get("RSPROF_TEST_BUILD", "/tmp/rsprof-test-targets"))
@@ -418,3 +420,17 @@ def test_concurrent_writers(target_binary: Callable[..., Path], tmp_path: Path) 
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT count(*) FROM frames").fetchone()[0] == len(set(addrs))
     assert [as_tuples(c) for c in module.symbolize(addrs)] == addr2line(binary, addrs)
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["sym_basic.c", "sym_cpp.cc"])
+def test_pure_python_fallback_agrees(target_binary: Callable[..., Path], name: str) -> None:
+    """The pyelftools reader used when the extension is missing gives the same answers."""
+    binary = target_binary(name)
+    elf = ElfFile(str(binary))
+    addrs = [a for start, size in nm_functions(binary).values() for a in range(start, start + size)]
+    native = DwarfIndex(elf, native=True).lookup(addrs)
+    pure = DwarfIndex(elf, native=False).lookup(addrs)
+    assert native.keys() == pure.keys() and len(native) > 100
+    assert {a: (r.line, r.scopes) for a, r in native.items()} == \
+        {a: (r.line, r.scopes) for a, r in pure.items()}

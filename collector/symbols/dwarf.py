@@ -1,8 +1,9 @@
 """DWARF lookups for one ELF file: address -> compile unit -> (file:line, inline chain).
 
-The decoding itself is in C (native/dwarf.c, `rsprof._native.DwarfReader`); this module picks
-which compile units a query needs, keeps their decoded line tables, and turns results into
-plain tuples. Only the units that contain queried addresses are ever decoded.
+The decoding itself is in C (native/dwarf.c, `rsprof._native.DwarfReader`), or, if the extension
+is not built, in the much slower pyelftools-based dwarf_py.PyDwarfReader with the same methods.
+This module picks which compile units a query needs, keeps their decoded line tables, and turns
+results into plain tuples. Only the units that contain queried addresses are ever decoded.
 """
 
 from __future__ import annotations
@@ -67,17 +68,23 @@ def native_available() -> bool:
 class DwarfIndex:
     """Lazily decoded DWARF of one file. `parse_units` is the only place that decodes DIEs."""
 
-    def __init__(self, elf: ElfFile) -> None:
-        if not native_available() or not elf.little_endian:
-            raise ValueError("DWARF decoding needs the native extension and a little-endian file")
-        assert _NativeReader is not None
+    def __init__(self, elf: ElfFile, native: bool | None = None) -> None:
+        if native is None:
+            native = native_available() and elf.little_endian
         self._elf = elf  # keeps the mapping alive while the reader holds views of it
-        sections: dict[str, Any] = {}
-        for key, name in _SECTIONS.items():
-            data = elf.data_of(name)
-            if data is not None:
-                sections[key] = data
-        self._reader = _NativeReader(sections)
+        self._reader: Any
+        if native:
+            assert _NativeReader is not None
+            sections: dict[str, Any] = {}
+            for key, name in _SECTIONS.items():
+                data = elf.data_of(name)
+                if data is not None:
+                    sections[key] = data
+            self._reader = _NativeReader(sections)
+        else:
+            from .dwarf_py import PyDwarfReader  # imports pyelftools: only when needed
+
+            self._reader = PyDwarfReader(elf.path)
         self._lines: dict[int, LineTable | None] = {}
         self._unit_lo: list[int] = []
         self._unit_hi: list[int] = []

@@ -10,7 +10,7 @@ from pathlib import Path
 from .cache import FrameCache
 from .debuginfo import default_debug_roots, find_debug_file, open_debug_file
 from .demangle import demangle
-from .dwarf import DwarfIndex, DwarfResult, native_available
+from .dwarf import DwarfIndex, DwarfResult
 from .elf import ElfError, ElfFile
 from .model import SourceFrame
 from .symtab import SymbolTable
@@ -43,8 +43,6 @@ class Module:
             # installed later must not be hidden by results made without it.
             source = path if elf.has_dwarf() else (
                 find_debug_file(path, elf, self._debug_roots) or "")
-            if not native_available():
-                source = ""
             self._cache = FrameCache(cache_dir / "symbols" / f"{self.build_id}.db", source)
 
     def file_offset_to_vaddr(self, file_offset: int) -> int:
@@ -79,8 +77,6 @@ class Module:
         if self._dwarf_loaded:
             return self._dwarf
         self._dwarf_loaded = True
-        if not native_available():
-            return None
         source: ElfFile | None = self._elf
         if not self._elf.has_dwarf():
             source = open_debug_file(self.path, self._elf, self._debug_roots)
@@ -89,7 +85,9 @@ class Module:
         try:
             self._dwarf = DwarfIndex(source)
             self._dwarf_elf = source
-        except (ValueError, KeyError):
+        except Exception:
+            # Undecodable DWARF (or pyelftools failing on it in the fallback): keep going on
+            # symbol tables alone rather than failing the profile.
             self._dwarf = None
         return self._dwarf
 
