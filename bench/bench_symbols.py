@@ -123,9 +123,10 @@ def main() -> int:
         for _k, i in enumerate(differ[:10]):
             print(f"  {addrs[i]:#x}: addr2line {reference[i][0]}  ours {ours[i][0]}")
         if second is not None:
-            agree = sum(second[k][0] == ours[i][0] for k, i in enumerate(differ))
-            print(f"  of the {len(differ)} differences, llvm-addr2line agrees with ours on "
-                  f"{agree}")
+            # llvm names GCC clones `foo.constprop.0`: compare its file:line only.
+            agree = sum(second[k][0][1:] == ours[i][0][1:] for k, i in enumerate(differ))
+            print(f"  of the {len(differ)} differences, llvm-addr2line's file:line agrees "
+                  f"with ours on {agree}")
     ok = cold <= 2 * a2l_time and cached <= 0.2 * a2l_time and inner >= 0.95 * len(addrs)
     print("goals        " + ("met" if ok else "NOT met"))
     return 0
