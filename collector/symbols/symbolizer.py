@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -151,6 +152,8 @@ class Symbolizer:
             st = os.stat(path)
         except OSError:
             return None
+        if not stat.S_ISREG(st.st_mode):
+            return None  # a FIFO or device would block or lie when mapped
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         with self._lock:
             hit = self._modules.get(path)
