@@ -25,6 +25,8 @@ def read_executable_maps(pid: int) -> list[Mapping]:
             continue
         start_text, end_text = parts[0].split("-")
         path = parts[5].strip() if len(parts) == 6 else "[anon]"
+        if path == "[vsyscall]":
+            continue  # a fixed kernel page above 2**63: never user code, and not storable
         mappings.append(
             Mapping(int(start_text, 16), int(end_text, 16), int(parts[2], 16), path)
         )

@@ -6,6 +6,7 @@ Exit codes (rsprof's): 0 ok, 1 error, 2 usage, 3 process not found, 4 permission
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -282,6 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         click.echo("rsprof: interrupted", err=True)
         return 130
+    except Exception as error:  # a bug: still one line, the traceback only on request
+        if os.environ.get("RSPROF_DEBUG"):
+            raise
+        click.echo(
+            f"rsprof: internal error: {type(error).__name__}: {error}"
+            " (set RSPROF_DEBUG=1 for the traceback)",
+            err=True,
+        )
+        return EXIT_ERROR
     return 0
 
 

@@ -22,7 +22,10 @@ HEAP_KEYS = [
 
 
 def _console() -> Console:
-    return Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    # Piped output is read by programs and wide terminals alike: never wrap it at 80.
+    width = None if sys.stdout.isatty() else 200
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width,
+                   markup=False, emoji=False)
 
 
 def _location(file: str, line: int) -> str:

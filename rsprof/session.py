@@ -43,8 +43,8 @@ class SessionOutcome:
 def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int) -> subprocess.Popen[bytes]:
     """Starts CMD held just before its exec, so sampling covers its first instruction.
 
-    A small `sh` waits on a pipe, then execs CMD in the same process (perf events follow a
-    thread across exec). LD_PRELOAD is exported only for CMD, so the shell never creates a
+    A small bash (dash cannot name file descriptors above 9) waits on a pipe, then execs
+    CMD in the same process (perf events follow a thread across exec). LD_PRELOAD is exported only for CMD, so the shell never creates a
     heap ring of its own under CMD's PID.
     """
     if not argv:
@@ -61,12 +61,12 @@ def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int) -> subpro
     env.pop("LD_PRELOAD", None)
     env["RSPROF_LAUNCH_PRELOAD"] = preload
     script = (
-        f"read _ <&{read_fd} || exit 127; exec {read_fd}<&-;"
+        f"read -r _ <&{read_fd} || exit 127; exec {read_fd}<&-;"
         ' if [ -n "$RSPROF_LAUNCH_PRELOAD" ]; then export LD_PRELOAD="$RSPROF_LAUNCH_PRELOAD"; fi;'
         ' unset RSPROF_LAUNCH_PRELOAD; exec "$0" "$@"'
     )
     try:
-        child = subprocess.Popen(["/bin/sh", "-c", script, *argv], env=env, pass_fds=(read_fd,))
+        child = subprocess.Popen(["/bin/bash", "-c", script, *argv], env=env, pass_fds=(read_fd,))
     finally:
         os.close(read_fd)
     child.rsprof_release_fd = write_fd  # type: ignore[attr-defined]
@@ -76,7 +76,7 @@ def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int) -> subpro
 def release(child: subprocess.Popen[bytes]) -> None:
     fd = getattr(child, "rsprof_release_fd", None)
     if fd is not None:
-        os.write(fd, b"x")
+        os.write(fd, b"go\n")
         os.close(fd)
         child.rsprof_release_fd = None  # type: ignore[attr-defined]
 

@@ -84,7 +84,6 @@ class ProfileWriter:
         self._known_threads: set[int] = set()
         self._site_live: dict[int, int] = {}
         self._load_existing()
-        self.conn.execute("BEGIN")
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -244,7 +243,6 @@ class ProfileWriter:
         self._write_heap(cid, checkpoint)
         self._write_threads(cid, checkpoint)
         self.commit()
-        self._execute("BEGIN")
         return cid
 
     def _self_by_location(self, checkpoint: Checkpoint) -> dict[int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,8 @@ def test_process_name_with_several_matches() -> None:
     binary = build_target("split.c")
     procs = [subprocess.Popen([str(binary), "20"], stdout=subprocess.DEVNULL) for _ in range(2)]
     try:
-        result = run_rsprof("-P", binary.name[:15], "-q", "-d", "1s")
+        time.sleep(0.3)  # the targets name themselves split-main once started
+        result = run_rsprof("-P", "split-main", "-q", "-d", "1s")
         _one_line(result, 3, "2 processes match", str(procs[0].pid), str(procs[1].pid))
     finally:
         for proc in procs:

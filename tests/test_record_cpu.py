@@ -119,10 +119,10 @@ def test_query_is_tab_separated_and_read_only(split_profile: Path) -> None:
     assert refused.returncode == 6
     assert "read-only" in refused.stderr and len(refused.stderr.splitlines()) == 1
     assert split_profile.read_bytes() == before
-    as_json = run_rsprof("query", str(split_profile), "SELECT 1 AS one, NULL AS nothing", "--json")
-    assert json.loads(as_json.stdout) == [{"one": 1, "nothing": None}]
-    nulls = run_rsprof("query", str(split_profile), "SELECT NULL AS nothing")
-    assert nulls.stdout.splitlines() == ["nothing", "NULL"]
+    as_json = run_rsprof("query", str(split_profile), "SELECT 1 AS one, NULL AS empty", "--json")
+    assert json.loads(as_json.stdout) == [{"one": 1, "empty": None}]
+    nulls = run_rsprof("query", str(split_profile), "SELECT NULL AS empty")
+    assert nulls.stdout.splitlines() == ["empty", "NULL"]
 
 
 def test_list_shows_the_profile(split_profile: Path) -> None:
