@@ -7,8 +7,11 @@ written through the ProfileWriter, which hands back row ids.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from collector.maps import AddressSpace, Mapping
 from collector.symbols import Module, SourceFrame, Symbolizer
@@ -36,9 +39,32 @@ class FrameResolver:
     # -- mappings ------------------------------------------------------------------------
 
     def add_mapping(self, mapping: Mapping) -> None:
+        if mapping.path == "[vdso]":
+            self._save_vdso(mapping)
         self.space.add(mapping)
         module_id = self._module_id(mapping.path, mapping.build_id)
         self.writer.add_mapping(module_id, mapping.start, mapping.end, mapping.file_offset)
+
+    def _save_vdso(self, mapping: Mapping) -> None:
+        """The vDSO exists only in memory: copy its ELF image out of the target so
+        clock_gettime and friends get names instead of `[vdso]+0x...`."""
+        if "[vdso]" in self._modules:
+            return
+        folder = Path(self.symbolizer.cache_dir or tempfile.gettempdir()) / "vdso"
+        try:
+            with open(f"/proc/{self.pid}/mem", "rb") as mem:
+                mem.seek(mapping.start)
+                image = mem.read(mapping.end - mapping.start)
+            folder.mkdir(parents=True, exist_ok=True)
+            digest = hashlib.sha256(image).hexdigest()[:24]
+            copy = folder / f"vdso-{digest}.so"
+            if not copy.exists():
+                partial = copy.with_suffix(f".{os.getpid()}.tmp")
+                partial.write_bytes(image)
+                partial.replace(copy)
+            self._modules["[vdso]"] = self.symbolizer.module(str(copy))
+        except (OSError, ValueError, OverflowError):
+            self._modules["[vdso]"] = None
 
     def _open_module(self, path: str) -> Module | None:
         if path not in self._modules:

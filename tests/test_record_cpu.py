@@ -12,7 +12,7 @@ from conftest import build_target, run_rsprof, start_target
 
 @pytest.fixture(scope="module")
 def split_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """split.c recorded for 3 s at 999 Hz; its late thread starts 1.5 s after launch, after the attach."""
+    """split.c recorded 3 s at 999 Hz; its late thread starts 1.5 s in, after the attach."""
     out = tmp_path_factory.mktemp("split") / "split.db"
     target = start_target(build_target("split.c"), "6", "1500")
     try:
@@ -38,7 +38,7 @@ def _by_function(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
 
 def test_known_split_between_two_functions(split_profile: Path) -> None:
     rows = _by_function(_top(split_profile))
-    # spin_ns is the leaf that really burns; heavy/light are its callers, 3:1 by design.
+    # spin() is the leaf that really burns; heavy/light are its callers, 3:1 CPU work.
     heavy, light = rows["heavy"]["total"], rows["light"]["total"]
     assert isinstance(heavy, int) and isinstance(light, int)
     share = heavy / (heavy + light)
@@ -51,9 +51,9 @@ def test_caller_total_covers_callees(split_profile: Path) -> None:
     work = rows["work"]["total"]
     assert work >= rows["heavy"]["total"] + rows["light"]["total"]  # type: ignore[operator]
     assert rows["main"]["total"] >= work  # type: ignore[operator]
-    # spin_ns is called from four functions: its total is the sum of everyone's.
-    assert rows["spin_ns"]["self"] > 0
-    assert rows["spin_ns"]["total"] >= rows["spin_ns"]["self"]  # type: ignore[operator]
+    # spin is called from four functions: its total is the sum of everyone's.
+    assert rows["spin"]["self"] > 0
+    assert rows["spin"]["total"] >= rows["spin"]["self"]  # type: ignore[operator]
     for row in rows.values():
         assert row["total"] >= row["self"]  # type: ignore[operator]
         assert 0 <= row["self_pct"] <= row["total_pct"] <= 100  # type: ignore[operator]
@@ -95,7 +95,7 @@ def test_rsprof_compatible_tables_are_filled(split_profile: Path) -> None:
 
 def test_top_table_threshold_cum_and_csv(split_profile: Path) -> None:
     table = run_rsprof("top", "cpu", str(split_profile), "-n", "5")
-    assert table.returncode == 0 and "spin_ns" in table.stdout
+    assert table.returncode == 0 and "spin" in table.stdout
     rows = _top(split_profile, "--threshold", "10")
     assert rows and all(float(r["self_pct"]) >= 10 for r in rows)  # type: ignore[arg-type]
     cum = _top(split_profile, "--cum")
@@ -108,8 +108,8 @@ def test_top_table_threshold_cum_and_csv(split_profile: Path) -> None:
 
 
 def test_query_is_tab_separated_and_read_only(split_profile: Path) -> None:
-    result = run_rsprof("query", str(split_profile),
-                        "SELECT key, value FROM meta WHERE key IN ('pid', 'cpu_event') ORDER BY key")
+    sql = "SELECT key, value FROM meta WHERE key IN ('pid', 'cpu_event') ORDER BY key"
+    result = run_rsprof("query", str(split_profile), sql)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "key\tvalue"

@@ -24,21 +24,20 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Spins on CPU for `ns` nanoseconds of wall time. */
-static __attribute__((noinline)) void spin_ns(uint64_t ns) {
-    uint64_t end = now_ns() + ns;
-    uint64_t x = sink | 1;
-    while (now_ns() < end) {
-        for (int i = 0; i < 200; i++) x = x * 6364136223846793005ull + 1442695040888963407ull;
-    }
-    sink = x;
+/* Burns a fixed amount of CPU work, so shares do not depend on scheduling. The volatile
+ * local gives this leaf a stack frame: GCC 12 omits the frame pointer setup of leaf
+ * functions that need no stack, which would hide the caller from a frame-pointer walk. */
+static __attribute__((noinline)) void spin(uint64_t units) {
+    volatile uint64_t x[1] = {sink | 1};
+    for (uint64_t i = 0; i < units * 100000; i++) x[0] = x[0] * 6364136223846793005ull + i;
+    sink = x[0];
 }
 
-__attribute__((noinline)) void heavy(void) { spin_ns(3000000); }
-__attribute__((noinline)) void light(void) { spin_ns(1000000); }
+__attribute__((noinline)) void heavy(void) { spin(3); }
+__attribute__((noinline)) void light(void) { spin(1); }
 __attribute__((noinline)) void work(void) { heavy(); light(); }
-__attribute__((noinline)) void other_busy(void) { spin_ns(2000000); }
-__attribute__((noinline)) void late_worker(void) { spin_ns(2000000); }
+__attribute__((noinline)) void other_busy(void) { spin(2); }
+__attribute__((noinline)) void late_worker(void) { spin(2); }
 
 static void *busy_main(void *arg) {
     (void)arg;
