@@ -1,3 +1,886 @@
-/* Placeholder until this part lands: registers nothing. */
+/* heapreader.c: rsprof._native.HeapReader, the single consumer of a target's heap ring
+ * (written by the LD_PRELOAD shim, native/shim/heapshim.c; format in native/heapring.h).
+ *
+ * Design (Python-facing contract: docs/native.md, "HeapReader"):
+ *
+ * - All per-event work happens in C: the live-allocation map (address -> stack id, size)
+ *   so that every free is charged to the stack that allocated the block, the stack table
+ *   (de-duplicated call stacks, ids stable for the reader's lifetime) and per-stack
+ *   alloc/free aggregates.  Python sees one dict per take(), never an object per event.
+ * - poll() parses with the GIL released.  poll() may run on a background thread while
+ *   take() runs on the main thread: all reader state is guarded by `lock`, which is only
+ *   ever acquired with the GIL released, and the parser never touches Python, so the two
+ *   locks cannot deadlock.
+ * - The ring is untrusted input (any process of the same uid can write it): every record
+ *   is bounds-checked; a malformed one stops the reader with ValueError.
+ * - Memory is bounded by the target: the live map holds one entry per live block the
+ *   reader knows about, the stack table one entry per distinct stack.
+ * - Sampled mode (header sample_bytes = N > 0): an allocation of s bytes was recorded with
+ *   probability p = 1 - exp(-s/N); it stands for s/p bytes and 1/p blocks.  Those
+ *   estimates are accumulated in fixed point (16 fractional bits) so that a free subtracts
+ *   exactly what its allocation added, and rounded to integers in take().
+ */
+#define _GNU_SOURCE
+#define PY_SSIZE_T_CLEAN
 #include <Python.h>
-int rsprof_heap_register(PyObject *module) { (void)module; return 0; }
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "heapring.h"
+
+#define FP_SHIFT_SAMPLED 16
+/* After this many bytes the reader zeroes what it consumed and publishes read_pos, so
+ * writers regain space while a long drain is still going on. */
+#define PUBLISH_CHUNK (256u * 1024u)
+
+/* ------------------------------------------------------------------ live map */
+
+/* Open addressing, linear probing, backward-shift deletion (no tombstones, so lookups of
+ * absent addresses stay short however long the target runs).  addr 0 = empty slot; a
+ * block at address 0 does not exist. */
+typedef struct {
+    uint64_t addr;
+    uint64_t size;   /* requested size */
+    uint32_t stack;  /* allocating stack id */
+    uint32_t pad;
+} live_entry;
+
+typedef struct {
+    live_entry *slots;
+    size_t cap;   /* power of two */
+    size_t count;
+} live_map;
+
+static inline size_t live_home(const live_map *m, uint64_t addr) {
+    return (size_t)((addr * 0x9E3779B97F4A7C15ULL) >> 32) & (m->cap - 1);
+}
+
+static bool live_init(live_map *m) {
+    m->cap = 1u << 16;
+    m->count = 0;
+    m->slots = calloc(m->cap, sizeof(live_entry));
+    return m->slots != NULL;
+}
+
+static bool live_grow(live_map *m) {
+    size_t old_cap = m->cap;
+    live_entry *old = m->slots;
+    live_entry *slots = calloc(old_cap * 2, sizeof(live_entry));
+    if (slots == NULL) return false;
+    m->slots = slots;
+    m->cap = old_cap * 2;
+    for (size_t i = 0; i < old_cap; i++) {
+        if (old[i].addr == 0) continue;
+        size_t j = live_home(m, old[i].addr);
+        while (slots[j].addr != 0) j = (j + 1) & (m->cap - 1);
+        slots[j] = old[i];
+    }
+    free(old);
+    return true;
+}
+
+/* Inserts addr; if it was already live (its free was lost), *had_old is set and *old
+ * receives the previous entry, which the caller treats as freed. */
+static bool live_put(live_map *m, uint64_t addr, uint64_t size, uint32_t stack, bool *had_old,
+                     live_entry *old) {
+    if ((m->count + 1) * 2 > m->cap && !live_grow(m)) return false;
+    size_t j = live_home(m, addr);
+    for (;;) {
+        live_entry *e = &m->slots[j];
+        if (e->addr == 0) {
+            e->addr = addr;
+            e->size = size;
+            e->stack = stack;
+            m->count++;
+            *had_old = false;
+            return true;
+        }
+        if (e->addr == addr) {
+            *old = *e;
+            *had_old = true;
+            e->size = size;
+            e->stack = stack;
+            return true;
+        }
+        j = (j + 1) & (m->cap - 1);
+    }
+}
+
+static bool live_take(live_map *m, uint64_t addr, live_entry *out) {
+    size_t mask = m->cap - 1;
+    size_t j = live_home(m, addr);
+    for (;;) {
+        live_entry *e = &m->slots[j];
+        if (e->addr == 0) return false;
+        if (e->addr == addr) break;
+        j = (j + 1) & mask;
+    }
+    *out = m->slots[j];
+    /* Backward shift: pull later entries of the cluster into the hole when that does not
+     * move them before their home slot. */
+    size_t hole = j;
+    for (size_t k = (j + 1) & mask;; k = (k + 1) & mask) {
+        live_entry *e = &m->slots[k];
+        if (e->addr == 0) break;
+        size_t home = live_home(m, e->addr);
+        /* e may move to `hole` iff home is not in the cyclic range (hole, k]. */
+        bool stays = (hole <= k) ? (home > hole && home <= k) : (home > hole || home <= k);
+        if (!stays) {
+            m->slots[hole] = *e;
+            hole = k;
+        }
+    }
+    m->slots[hole].addr = 0;
+    m->count--;
+    return true;
+}
+
+/* ------------------------------------------------------------------ stack table */
+
+typedef struct {
+    uint64_t off;    /* index of the first ip in the ip pool */
+    uint32_t depth;
+    uint32_t dirty;  /* on the dirty list since the last take() */
+    int64_t alloc_bytes, alloc_count, free_bytes, free_count; /* since the last take(), in
+                                                                 units (see fp_shift) */
+} stack_info;
+
+typedef struct {
+    uint64_t hash;
+    uint32_t id1; /* stack id + 1; 0 = empty */
+    uint32_t pad;
+} stack_slot;
+
+typedef struct {
+    stack_slot *slots;
+    size_t cap;
+    stack_info *info;
+    size_t count, info_cap;
+    uint64_t *ips;
+    size_t nips, ips_cap;
+} stack_table;
+
+static uint64_t stack_hash(const uint64_t *ips, unsigned depth) {
+    uint64_t h = 0x84222325CBF29CE4ULL ^ depth;
+    for (unsigned i = 0; i < depth; i++) {
+        h = (h ^ ips[i]) * 0x100000001B3ULL;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+static bool stacks_init(stack_table *t) {
+    memset(t, 0, sizeof *t);
+    t->cap = 1u << 12;
+    t->slots = calloc(t->cap, sizeof(stack_slot));
+    t->info_cap = 1u << 10;
+    t->info = malloc(t->info_cap * sizeof(stack_info));
+    t->ips_cap = 1u << 14;
+    t->ips = malloc(t->ips_cap * sizeof(uint64_t));
+    return t->slots && t->info && t->ips;
+}
+
+static void stacks_free(stack_table *t) {
+    free(t->slots);
+    free(t->info);
+    free(t->ips);
+    memset(t, 0, sizeof *t);
+}
+
+static bool stacks_grow_slots(stack_table *t) {
+    size_t cap = t->cap * 2;
+    stack_slot *slots = calloc(cap, sizeof(stack_slot));
+    if (slots == NULL) return false;
+    for (size_t i = 0; i < t->cap; i++) {
+        if (t->slots[i].id1 == 0) continue;
+        size_t j = (size_t)(t->slots[i].hash >> 20) & (cap - 1);
+        while (slots[j].id1 != 0) j = (j + 1) & (cap - 1);
+        slots[j] = t->slots[i];
+    }
+    free(t->slots);
+    t->slots = slots;
+    t->cap = cap;
+    return true;
+}
+
+/* Returns the id of this stack, adding it if new; -1 when out of memory. */
+static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth) {
+    uint64_t h = stack_hash(ips, depth);
+    size_t mask = t->cap - 1;
+    size_t j = (size_t)(h >> 20) & mask;
+    for (;;) {
+        stack_slot *s = &t->slots[j];
+        if (s->id1 == 0) break;
+        if (s->hash == h) {
+            const stack_info *si = &t->info[s->id1 - 1];
+            if (si->depth == depth &&
+                memcmp(&t->ips[si->off], ips, depth * sizeof(uint64_t)) == 0)
+                return s->id1 - 1;
+        }
+        j = (j + 1) & mask;
+    }
+    if (t->count >= UINT32_MAX - 1) return -1;
+    if (t->count == t->info_cap) {
+        stack_info *info = realloc(t->info, t->info_cap * 2 * sizeof(stack_info));
+        if (info == NULL) return -1;
+        t->info = info;
+        t->info_cap *= 2;
+    }
+    if (t->nips + depth > t->ips_cap) {
+        size_t cap = t->ips_cap;
+        while (t->nips + depth > cap) cap *= 2;
+        uint64_t *ips_pool = realloc(t->ips, cap * sizeof(uint64_t));
+        if (ips_pool == NULL) return -1;
+        t->ips = ips_pool;
+        t->ips_cap = cap;
+    }
+    uint32_t id = (uint32_t)t->count++;
+    stack_info *si = &t->info[id];
+    memset(si, 0, sizeof *si);
+    si->off = t->nips;
+    si->depth = depth;
+    memcpy(&t->ips[t->nips], ips, depth * sizeof(uint64_t));
+    t->nips += depth;
+    t->slots[j].hash = h;
+    t->slots[j].id1 = id + 1;
+    if (t->count * 2 > t->cap && !stacks_grow_slots(t)) {
+        /* The stack is stored and findable (the table is at most half full before the
+         * insert); growing again later retries. */
+    }
+    return id;
+}
+
+/* ------------------------------------------------------------------ reader object */
+
+enum { RERR_NONE = 0, RERR_NOMEM, RERR_CORRUPT };
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t lock;
+    bool lock_ready;
+    bool closed;
+    int pid;
+    struct rsprof_heap_header *hdr;
+    uint64_t *data;
+    size_t map_len;
+    uint64_t ring_size;  /* copied at attach: the header is not trusted afterwards */
+    uint64_t mask;       /* word mask */
+    uint64_t read_pos;
+    uint64_t sample_bytes;
+    unsigned max_depth;
+    int fp_shift;        /* 0 in full mode, FP_SHIFT_SAMPLED in sampled mode */
+    uint64_t start_time;
+    live_map live;
+    stack_table stacks;
+    uint32_t *dirty;
+    size_t ndirty, dirty_cap;
+    uint32_t reported_stacks; /* stacks with id < this were returned by take() */
+    uint64_t events;          /* since the last take() */
+    uint64_t unknown_frees;   /* since the last take() */
+    uint64_t lost_seen;       /* header lost_events at the last take() */
+    int64_t live_bytes, live_blocks; /* units */
+    int error;                /* RERR_*: sticky */
+    uint64_t error_pos;
+} HeapReaderObject;
+
+static PyTypeObject HeapReaderType;
+
+/* Weight of one recorded allocation of `size` bytes, in units. */
+static inline void weigh(const HeapReaderObject *r, uint64_t size, int64_t *bytes,
+                         int64_t *count) {
+    if (r->fp_shift == 0) {
+        *bytes = (int64_t)size;
+        *count = 1;
+        return;
+    }
+    if (size == 0) {
+        *bytes = 0;
+        *count = 1 << FP_SHIFT_SAMPLED;
+        return;
+    }
+    double p = -expm1(-(double)size / (double)r->sample_bytes);
+    if (p < 1e-300) p = 1e-300;
+    double one = (double)(1 << FP_SHIFT_SAMPLED);
+    *bytes = (int64_t)llround((double)size / p * one);
+    *count = (int64_t)llround(one / p);
+}
+
+static inline bool mark_dirty(HeapReaderObject *r, uint32_t id) {
+    stack_info *si = &r->stacks.info[id];
+    if (si->dirty) return true;
+    if (r->ndirty == r->dirty_cap) {
+        size_t cap = r->dirty_cap ? r->dirty_cap * 2 : 1024;
+        uint32_t *d = realloc(r->dirty, cap * sizeof(uint32_t));
+        if (d == NULL) return false;
+        r->dirty = d;
+        r->dirty_cap = cap;
+    }
+    r->dirty[r->ndirty++] = id;
+    si->dirty = 1;
+    return true;
+}
+
+static inline bool charge_free(HeapReaderObject *r, const live_entry *e) {
+    int64_t b, c;
+    weigh(r, e->size, &b, &c);
+    stack_info *si = &r->stacks.info[e->stack];
+    si->free_bytes += b;
+    si->free_count += c;
+    r->live_bytes -= b;
+    r->live_blocks -= c;
+    return mark_dirty(r, e->stack);
+}
+
+static bool on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, const uint64_t *ips,
+                     unsigned depth) {
+    int64_t id = stacks_intern(&r->stacks, ips, depth);
+    if (id < 0) return false;
+    bool had_old;
+    live_entry old;
+    if (!live_put(&r->live, addr, size, (uint32_t)id, &had_old, &old)) return false;
+    /* The same address live twice: its free was lost (ring full).  It was certainly
+     * freed, so charge that free to the old block's stack. */
+    if (had_old && !charge_free(r, &old)) return false;
+    int64_t b, c;
+    weigh(r, size, &b, &c);
+    stack_info *si = &r->stacks.info[id];
+    si->alloc_bytes += b;
+    si->alloc_count += c;
+    r->live_bytes += b;
+    r->live_blocks += c;
+    return mark_dirty(r, (uint32_t)id);
+}
+
+static bool on_free(HeapReaderObject *r, uint64_t addr) {
+    live_entry e;
+    if (!live_take(&r->live, addr, &e)) {
+        r->unknown_frees++;
+        return true;
+    }
+    return charge_free(r, &e);
+}
+
+/* Zeroes ring bytes [from, to) (positions), wrapping around the end of the data area. */
+static void zero_range(HeapReaderObject *r, uint64_t from, uint64_t to) {
+    while (from < to) {
+        uint64_t off = from & (r->ring_size - 1);
+        uint64_t n = to - from;
+        if (n > r->ring_size - off) n = r->ring_size - off;
+        memset((char *)r->data + off, 0, n);
+        from += n;
+    }
+}
+
+/* Zeroes what was consumed since `published` and hands it back to the writers. */
+static void publish(HeapReaderObject *r, uint64_t *published) {
+    if (r->read_pos == *published) return;
+    zero_range(r, *published, r->read_pos);
+    __atomic_store_n(&r->hdr->read_pos, r->read_pos, __ATOMIC_RELEASE);
+    *published = r->read_pos;
+}
+
+/* Drains committed records, at most one lap.  Called with `lock` held and the GIL
+ * released.  Returns the number of events processed. */
+static uint64_t drain(HeapReaderObject *r) {
+    if (r->error != RERR_NONE) return 0;
+    uint64_t *d = r->data;
+    const uint64_t m = r->mask;
+    uint64_t pos = r->read_pos, published = pos, limit = pos + r->ring_size, n = 0;
+    uint64_t ips[RSPROF_HEAP_MAX_DEPTH];
+    while (pos < limit) {
+        uint64_t i = pos >> 3;
+        uint64_t head = __atomic_load_n(&d[i & m], __ATOMIC_ACQUIRE);
+        if (head == 0) break; /* not committed yet */
+        unsigned kind = RSPROF_HEAP_HEAD_KIND(head);
+        unsigned words;
+        bool ok;
+        if (kind == RSPROF_HEAP_REC_FREE) {
+            words = RSPROF_HEAP_FREE_WORDS;
+            ok = on_free(r, d[(i + 1) & m]);
+        } else if (kind == RSPROF_HEAP_REC_ALLOC) {
+            unsigned depth = RSPROF_HEAP_HEAD_DEPTH(head);
+            if (depth == 0 || depth > r->max_depth) {
+                r->error = RERR_CORRUPT;
+                break;
+            }
+            words = RSPROF_HEAP_ALLOC_WORDS(depth);
+            uint64_t addr = d[(i + 1) & m], size = d[(i + 2) & m];
+            for (unsigned k = 0; k < depth; k++) ips[k] = d[(i + 3 + k) & m];
+            ok = on_alloc(r, addr, size, ips, depth);
+        } else {
+            r->error = RERR_CORRUPT;
+            break;
+        }
+        if (!ok) { /* out of memory: leave this record for a later poll */
+            r->error = RERR_NOMEM;
+            break;
+        }
+        pos += (uint64_t)words * 8;
+        r->read_pos = pos;
+        n++;
+        if (pos - published >= PUBLISH_CHUNK) publish(r, &published);
+    }
+    if (r->error == RERR_CORRUPT) r->error_pos = pos;
+    publish(r, &published);
+    r->events += n;
+    return n;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+/* Field 22 of /proc/<pid>/stat (start time in clock ticks), 0 if there is no such process. */
+static uint64_t proc_start_time(int pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (p == NULL) return 0;
+    p++;
+    for (int field = 2; field < 22 && *p; p++)
+        if (*p == ' ') field++;
+    uint64_t v = 0;
+    while (*p >= '0' && *p <= '9') v = v * 10 + (uint64_t)(*p++ - '0');
+    return v;
+}
+
+static uint64_t self_pidns(void) {
+    struct stat st;
+    if (stat("/proc/self/ns/pid", &st) != 0) return 0;
+    return (uint64_t)st.st_ino;
+}
+
+static bool pid_alive(int pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+/* Locks `lock` without holding the GIL (see the design note at the top). */
+static void lock_nogil(HeapReaderObject *r) {
+    if (pthread_mutex_trylock(&r->lock) == 0) return;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&r->lock);
+    Py_END_ALLOW_THREADS
+}
+
+static void release_mapping(HeapReaderObject *r) {
+    if (r->hdr != NULL) {
+        int32_t me = (int32_t)getpid();
+        __atomic_compare_exchange_n(&r->hdr->reader_pid, &me, 0, 0, __ATOMIC_RELEASE,
+                                    __ATOMIC_RELAXED);
+        munmap(r->hdr, r->map_len);
+        r->hdr = NULL;
+        r->data = NULL;
+    }
+    live_entry *slots = r->live.slots;
+    r->live.slots = NULL;
+    free(slots);
+    stacks_free(&r->stacks);
+    free(r->dirty);
+    r->dirty = NULL;
+    r->ndirty = r->dirty_cap = 0;
+    r->closed = true;
+}
+
+/* ------------------------------------------------------------------ attach */
+
+/* Maps and validates the ring of `pid`; on failure sets a Python exception. */
+static int do_attach(HeapReaderObject *r, int pid) {
+    char path[96];
+    snprintf(path, sizeof path, RSPROF_HEAP_PATH_PREFIX "%d", pid);
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ELOOP) {
+            PyErr_Format(PyExc_ValueError, "%s is a symbolic link, not a heap ring", path);
+            return -1;
+        }
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path); /* ENOENT -> FileNotFoundError */
+        return -1;
+    }
+    struct stat st;
+    /* The shim creates the file, then sizes it, then fills the header and stores magic
+     * last: a ring caught while being created gets up to 200 ms to become complete. */
+    for (int i = 0;; i++) {
+        if (fstat(fd, &st) != 0) {
+            PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+            close(fd);
+            return -1;
+        }
+        if (!S_ISREG(st.st_mode) || st.st_size >= (off_t)RSPROF_HEAP_HEADER_SIZE || i == 200)
+            break;
+        Py_BEGIN_ALLOW_THREADS
+        usleep(1000);
+        Py_END_ALLOW_THREADS
+    }
+    if (!S_ISREG(st.st_mode) || st.st_size < (off_t)RSPROF_HEAP_HEADER_SIZE) {
+        close(fd);
+        PyErr_Format(PyExc_ValueError, "%s is not a heap ring", path);
+        return -1;
+    }
+    /* The ring must belong to the user the process runs as (a ring planted by someone
+     * else under that name is refused).  If the process is gone already, to us. */
+    struct stat pst;
+    char proc_path[64];
+    snprintf(proc_path, sizeof proc_path, "/proc/%d", pid);
+    uid_t want = stat(proc_path, &pst) == 0 ? pst.st_uid : geteuid();
+    if (st.st_uid != want) {
+        close(fd);
+        PyErr_Format(PyExc_ValueError, "%s is owned by uid %u, the process runs as uid %u",
+                     path, (unsigned)st.st_uid, (unsigned)want);
+        return -1;
+    }
+    struct rsprof_heap_header *h =
+        mmap(NULL, RSPROF_HEAP_HEADER_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+    if (h == MAP_FAILED) {
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+        close(fd);
+        return -1;
+    }
+    for (int i = 0; i < 200 && __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == 0; i++) {
+        Py_BEGIN_ALLOW_THREADS
+        usleep(1000);
+        Py_END_ALLOW_THREADS
+    }
+    struct rsprof_heap_header hc;
+    memcpy(&hc, h, sizeof hc);
+    munmap(h, RSPROF_HEAP_HEADER_SIZE);
+    const char *bad = NULL;
+    if (hc.magic != RSPROF_HEAP_MAGIC)
+        bad = "bad magic";
+    else if (hc.version != RSPROF_HEAP_VERSION)
+        bad = "unsupported ring version";
+    else if (hc.header_size != RSPROF_HEAP_HEADER_SIZE)
+        bad = "bad header size";
+    else if (hc.ring_size < RSPROF_HEAP_MIN_RING || hc.ring_size > RSPROF_HEAP_MAX_RING ||
+             (hc.ring_size & (hc.ring_size - 1)) != 0)
+        bad = "bad ring size";
+    else if ((uint64_t)st.st_size != RSPROF_HEAP_HEADER_SIZE + hc.ring_size)
+        bad = "file size does not match the ring size";
+    else if (hc.pid != pid)
+        bad = "ring belongs to another pid";
+    else if (hc.uid != st.st_uid)
+        bad = "ring uid does not match the file owner";
+    else if (hc.max_depth == 0 || hc.max_depth > RSPROF_HEAP_MAX_DEPTH)
+        bad = "bad max depth";
+    if (bad != NULL) {
+        close(fd);
+        PyErr_Format(PyExc_ValueError, "%s: %s", path, bad);
+        return -1;
+    }
+    size_t len = RSPROF_HEAP_HEADER_SIZE + hc.ring_size;
+    void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+        return -1;
+    }
+    struct rsprof_heap_header *hdr = base;
+    /* One reader per ring: two would each see half the events. */
+    int32_t me = (int32_t)getpid(), cur = 0;
+    while (!__atomic_compare_exchange_n(&hdr->reader_pid, &cur, me, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+        if (cur == me || pid_alive(cur)) {
+            munmap(base, len);
+            PyErr_Format(PyExc_ValueError, "%s already has a reader (pid %d)", path, (int)cur);
+            return -1;
+        }
+        /* the previous reader died: take over (cur holds its pid for the next CAS) */
+    }
+    r->hdr = hdr;
+    r->data = (uint64_t *)((char *)base + RSPROF_HEAP_HEADER_SIZE);
+    r->map_len = len;
+    r->ring_size = hc.ring_size;
+    r->mask = hc.ring_size / 8 - 1;
+    r->read_pos = __atomic_load_n(&hdr->read_pos, __ATOMIC_ACQUIRE);
+    r->sample_bytes = hc.sample_bytes;
+    r->fp_shift = hc.sample_bytes ? FP_SHIFT_SAMPLED : 0;
+    r->max_depth = hc.max_depth;
+    r->start_time = hc.start_time;
+    r->pid = pid;
+    return 0;
+}
+
+static PyObject *HeapReader_attach(PyObject *cls, PyObject *args) {
+    int pid;
+    if (!PyArg_ParseTuple(args, "i:attach", &pid)) return NULL;
+    if (pid <= 0) {
+        PyErr_SetString(PyExc_ValueError, "pid must be positive");
+        return NULL;
+    }
+    HeapReaderObject *r = PyObject_New(HeapReaderObject, &HeapReaderType);
+    if (r == NULL) return NULL;
+    /* Everything zero so that dealloc is safe whatever fails below. */
+    memset((char *)r + sizeof(PyObject), 0, sizeof *r - sizeof(PyObject));
+    r->closed = true;
+    if (pthread_mutex_init(&r->lock, NULL) != 0) {
+        Py_DECREF(r);
+        return PyErr_NoMemory();
+    }
+    r->lock_ready = true;
+    if (!live_init(&r->live) || !stacks_init(&r->stacks)) {
+        Py_DECREF(r);
+        return PyErr_NoMemory();
+    }
+    if (do_attach(r, pid) < 0) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    r->closed = false;
+    return (PyObject *)r;
+}
+
+static void HeapReader_dealloc(HeapReaderObject *r) {
+    release_mapping(r);
+    if (r->lock_ready) pthread_mutex_destroy(&r->lock);
+    PyObject_Free(r);
+}
+
+/* ------------------------------------------------------------------ methods */
+
+static PyObject *closed_error(void) {
+    PyErr_SetString(PyExc_ValueError, "HeapReader is closed");
+    return NULL;
+}
+
+static PyObject *raise_error(HeapReaderObject *r) {
+    if (r->error == RERR_NOMEM) {
+        r->error = RERR_NONE; /* transient: a later poll retries the record */
+        return PyErr_NoMemory();
+    }
+    PyErr_Format(PyExc_ValueError, "corrupt heap ring record at position %llu (pid %d)",
+                 (unsigned long long)r->error_pos, r->pid);
+    return NULL;
+}
+
+static PyObject *HeapReader_poll(HeapReaderObject *r, PyObject *noargs) {
+    uint64_t n = 0;
+    int error;
+    bool closed;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&r->lock);
+    closed = r->closed;
+    if (!closed) n = drain(r);
+    error = r->error;
+    pthread_mutex_unlock(&r->lock);
+    Py_END_ALLOW_THREADS
+    if (closed) return closed_error();
+    if (error != RERR_NONE) {
+        lock_nogil(r);
+        PyObject *e = raise_error(r);
+        pthread_mutex_unlock(&r->lock);
+        return e;
+    }
+    return PyLong_FromUnsignedLongLong(n);
+}
+
+static inline PyObject *units(const HeapReaderObject *r, int64_t v) {
+    if (r->fp_shift == 0) return PyLong_FromLongLong(v);
+    /* round half away from zero */
+    int64_t half = (int64_t)1 << (r->fp_shift - 1);
+    int64_t q = v >= 0 ? (v + half) >> r->fp_shift : -((-v + half) >> r->fp_shift);
+    return PyLong_FromLongLong(q);
+}
+
+static PyObject *build_take(HeapReaderObject *r) {
+    PyObject *result = NULL, *new_stacks = NULL, *sites = NULL;
+    new_stacks = PyList_New(0);
+    sites = PyList_New(0);
+    if (new_stacks == NULL || sites == NULL) goto fail;
+    stack_table *t = &r->stacks;
+    for (size_t id = r->reported_stacks; id < t->count; id++) {
+        const stack_info *si = &t->info[id];
+        PyObject *ips = PyTuple_New(si->depth);
+        if (ips == NULL) goto fail;
+        for (uint32_t k = 0; k < si->depth; k++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(t->ips[si->off + k]);
+            if (v == NULL) {
+                Py_DECREF(ips);
+                goto fail;
+            }
+            PyTuple_SET_ITEM(ips, k, v);
+        }
+        PyObject *item = Py_BuildValue("(nN)", (Py_ssize_t)id, ips);
+        if (item == NULL || PyList_Append(new_stacks, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
+    for (size_t k = 0; k < r->ndirty; k++) {
+        uint32_t id = r->dirty[k];
+        const stack_info *si = &t->info[id];
+        PyObject *item = Py_BuildValue("(nNNNN)", (Py_ssize_t)id, units(r, si->alloc_bytes),
+                                       units(r, si->alloc_count), units(r, si->free_bytes),
+                                       units(r, si->free_count));
+        if (item == NULL || PyList_Append(sites, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
+    uint64_t lost = __atomic_load_n(&r->hdr->lost_events, __ATOMIC_ACQUIRE);
+    uint32_t flags = __atomic_load_n(&r->hdr->flags, __ATOMIC_ACQUIRE);
+    /* Exited: the shim said so, or the process is gone (killed: no chance to say so). */
+    bool gone = r->start_time != 0 ? proc_start_time(r->pid) != r->start_time
+                                   : !pid_alive(r->pid);
+    bool exited = (flags & RSPROF_HEAP_HF_EXITED) || gone;
+    result = Py_BuildValue(
+        "{s:K,s:K,s:O,s:O,s:K,s:N,s:N,s:O,s:O,s:K}", "events", (unsigned long long)r->events,
+        "lost", (unsigned long long)(lost - r->lost_seen), "new_stacks", new_stacks, "sites",
+        sites, "unknown_frees", (unsigned long long)r->unknown_frees, "live_bytes",
+        units(r, r->live_bytes), "live_blocks", units(r, r->live_blocks), "exited",
+        exited ? Py_True : Py_False, "execed",
+        (flags & RSPROF_HEAP_HF_EXECED) ? Py_True : Py_False, "sample_bytes",
+        (unsigned long long)r->sample_bytes);
+    if (result == NULL) goto fail;
+    Py_DECREF(new_stacks);
+    Py_DECREF(sites);
+    /* Committed: reset the batch. */
+    r->reported_stacks = (uint32_t)t->count;
+    for (size_t k = 0; k < r->ndirty; k++) {
+        stack_info *si = &t->info[r->dirty[k]];
+        si->alloc_bytes = si->alloc_count = si->free_bytes = si->free_count = 0;
+        si->dirty = 0;
+    }
+    r->ndirty = 0;
+    r->events = 0;
+    r->unknown_frees = 0;
+    r->lost_seen = lost;
+    return result;
+fail:
+    Py_XDECREF(new_stacks);
+    Py_XDECREF(sites);
+    return NULL;
+}
+
+static PyObject *HeapReader_take(HeapReaderObject *r, PyObject *noargs) {
+    lock_nogil(r);
+    PyObject *result = r->closed ? closed_error() : build_take(r);
+    pthread_mutex_unlock(&r->lock);
+    return result;
+}
+
+static PyObject *HeapReader_close(HeapReaderObject *r, PyObject *noargs) {
+    lock_nogil(r);
+    if (!r->closed) release_mapping(r);
+    pthread_mutex_unlock(&r->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *HeapReader_enter(HeapReaderObject *r, PyObject *noargs) {
+    return Py_NewRef((PyObject *)r);
+}
+
+static PyObject *HeapReader_exit(HeapReaderObject *r, PyObject *args) {
+    return HeapReader_close(r, NULL);
+}
+
+/* Removes rings left behind by processes that died without exiting normally (SIGKILL,
+ * crash): regular files we own, with a valid header, in our pid namespace, whose process
+ * is gone (or whose pid now belongs to a process with another start time). */
+static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
+    PyObject *removed = PyList_New(0);
+    if (removed == NULL) return NULL;
+    DIR *dir = opendir("/dev/shm");
+    if (dir == NULL) return removed;
+    uint64_t my_ns = self_pidns();
+    const char *prefix = RSPROF_HEAP_PATH_PREFIX + sizeof "/dev/shm/" - 1;
+    size_t plen = strlen(prefix);
+    struct dirent *de;
+    while ((de = readdir(dir)) != NULL) {
+        if (strncmp(de->d_name, prefix, plen) != 0) continue;
+        char *end;
+        long pid = strtol(de->d_name + plen, &end, 10);
+        if (*end != 0 || pid <= 0 || pid > INT32_MAX) continue;
+        int fd = openat(dirfd(dir), de->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat st;
+        struct rsprof_heap_header hc;
+        bool stale = false;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+            pread(fd, &hc, sizeof hc, 0) == (ssize_t)sizeof hc && hc.magic == RSPROF_HEAP_MAGIC &&
+            hc.pid == (int32_t)pid && (hc.pidns == 0 || my_ns == 0 || hc.pidns == my_ns)) {
+            uint64_t now = proc_start_time((int)pid);
+            stale = hc.start_time != 0 ? now != hc.start_time : !pid_alive((int)pid);
+        }
+        close(fd);
+        if (stale && unlinkat(dirfd(dir), de->d_name, 0) == 0) {
+            PyObject *v = PyLong_FromLong(pid);
+            if (v == NULL || PyList_Append(removed, v) < 0) {
+                Py_XDECREF(v);
+                closedir(dir);
+                Py_DECREF(removed);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+    }
+    closedir(dir);
+    return removed;
+}
+
+static PyObject *HeapReader_get_pid(HeapReaderObject *r, void *c) {
+    return PyLong_FromLong(r->pid);
+}
+static PyObject *HeapReader_get_ring_bytes(HeapReaderObject *r, void *c) {
+    return PyLong_FromUnsignedLongLong(r->ring_size);
+}
+static PyObject *HeapReader_get_sample_bytes(HeapReaderObject *r, void *c) {
+    return PyLong_FromUnsignedLongLong(r->sample_bytes);
+}
+static PyObject *HeapReader_get_closed(HeapReaderObject *r, void *c) {
+    return PyBool_FromLong(r->closed);
+}
+
+static PyMethodDef HeapReader_methods[] = {
+    {"attach", (PyCFunction)HeapReader_attach, METH_VARARGS | METH_CLASS,
+     "attach(pid) -> HeapReader: map /dev/shm/rsprof-heap.<pid>."},
+    {"poll", (PyCFunction)HeapReader_poll, METH_NOARGS,
+     "poll() -> int: drain the events available now; returns how many."},
+    {"take", (PyCFunction)HeapReader_take, METH_NOARGS,
+     "take() -> dict: aggregates since the previous take(), then reset them."},
+    {"close", (PyCFunction)HeapReader_close, METH_NOARGS, "close(): unmap the ring."},
+    {"sweep_stale", (PyCFunction)HeapReader_sweep_stale, METH_NOARGS | METH_STATIC,
+     "sweep_stale() -> list[int]: remove rings of dead processes; returns their pids."},
+    {"__enter__", (PyCFunction)HeapReader_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)HeapReader_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef HeapReader_getset[] = {
+    {"pid", (getter)HeapReader_get_pid, NULL, "target pid", NULL},
+    {"ring_bytes", (getter)HeapReader_get_ring_bytes, NULL, "data area size in bytes", NULL},
+    {"sample_bytes", (getter)HeapReader_get_sample_bytes, NULL, "0 = full capture", NULL},
+    {"closed", (getter)HeapReader_get_closed, NULL, "close() was called", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject HeapReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rsprof._native.HeapReader",
+    .tp_doc = "Reader of a target's heap-shim ring (see docs/native.md).",
+    .tp_basicsize = sizeof(HeapReaderObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)HeapReader_dealloc,
+    .tp_methods = HeapReader_methods,
+    .tp_getset = HeapReader_getset,
+    /* no tp_new: instances come from HeapReader.attach() */
+};
+
+int rsprof_heap_register(PyObject *module) {
+    if (PyType_Ready(&HeapReaderType) < 0) return -1;
+    return PyModule_AddObjectRef(module, "HeapReader", (PyObject *)&HeapReaderType);
+}

@@ -1,0 +1,166 @@
+/* heapring.h: the shared-memory ring between the heap shim (native/shim/heapshim.c, inside
+ * the target) and its single reader (native/heapreader.c, inside the profiler).
+ * docs/heap-ring.md describes the format and the protocol in prose; this file is the truth.
+ *
+ * File: /dev/shm/rsprof-heap.<pid> = one header page followed by the data area.
+ *
+ *   [0, RSPROF_HEAP_HEADER_SIZE)                    struct rsprof_heap_header
+ *   [RSPROF_HEAP_HEADER_SIZE, + ring_size)          data area, ring_size a power of two
+ *
+ * Data area: a ring of 8-byte words.  Positions (write_pos, read_pos, a record's position)
+ * are byte offsets that only ever grow; word i of the ring lives at ((pos >> 3) + i) &
+ * (ring_size / 8 - 1), so a record may wrap around the end of the area, word by word.
+ *
+ * Record = one commit word followed by its body:
+ *
+ *   word 0  commit word: kind (bits 0-7) | depth (8-15) | flags (16-31) | tid (32-63).
+ *           Zero means "reserved but not written yet".  The writer stores it last, with
+ *           release ordering; the reader loads it with acquire ordering.
+ *   word 1  address of the block
+ *   ALLOC only:
+ *   word 2  size in bytes as requested by the caller (pvalloc: rounded up to a page)
+ *   word 3+ depth return addresses, leaf first (word 3 is the return address in the
+ *           function that called malloc & co.)
+ *
+ *   FREE records are 2 words (16 bytes); ALLOC records 3 + depth words.
+ *
+ * Protocol (multi-producer, single consumer, lossy):
+ *   writer: CAS write_pos from w to w + len as long as w + len - read_pos <= ring_size,
+ *           otherwise drop the event and add it to lost_events / lost_bytes.  Then write
+ *           the body, then the commit word (release).
+ *   reader: at read position r, acquire-load the commit word; zero = stop (not written
+ *           yet); otherwise parse the record, zero all its words, advance r, and from time
+ *           to time store read_pos = r (release).  Zeroing is what makes "commit word != 0"
+ *           an exact test: every reserved byte was zeroed by the reader before read_pos
+ *           moved past it (or is fresh, zero-filled shared memory).
+ *   Order: the shim reserves a FREE record before it hands the block back to the real
+ *           free (or realloc), and an ALLOC record after the real allocator returned the
+ *           block, so for any one address the ring order is the true alloc/free order,
+ *           even across threads.
+ *
+ * The numeric values below are part of the format: a change bumps RSPROF_HEAP_VERSION.
+ */
+#ifndef RSPROF_HEAPRING_H
+#define RSPROF_HEAPRING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RSPROF_HEAP_MAGIC 0x3150414548505352ULL /* "RSPHEAP1", little-endian */
+#define RSPROF_HEAP_VERSION 1u
+#define RSPROF_HEAP_HEADER_SIZE 4096u
+#define RSPROF_HEAP_MAX_DEPTH 64u
+/* shm_open() name prefix; the file is /dev/shm/rsprof-heap.<pid>. */
+#define RSPROF_HEAP_SHM_PREFIX "/rsprof-heap."
+#define RSPROF_HEAP_PATH_PREFIX "/dev/shm/rsprof-heap."
+/* Ring size bounds (bytes).  The shim rounds the configured size up to a power of two. */
+#define RSPROF_HEAP_MIN_RING (64u * 1024u)
+#define RSPROF_HEAP_MAX_RING (1024ull * 1024u * 1024u)
+#define RSPROF_HEAP_DEFAULT_RING_MB 16u
+
+/* Record kinds (commit word bits 0-7). */
+enum {
+    RSPROF_HEAP_REC_ALLOC = 1,
+    RSPROF_HEAP_REC_FREE = 2,
+};
+
+/* Record flags (commit word bits 16-31): informational, the reader needs none of them. */
+enum {
+    RSPROF_HEAP_RF_REALLOC = 1u << 0,   /* half of a realloc (FREE of old / ALLOC of new) */
+    RSPROF_HEAP_RF_CALLOC = 1u << 1,
+    RSPROF_HEAP_RF_ALIGNED = 1u << 2,   /* posix_memalign, aligned_alloc, memalign, valloc */
+    RSPROF_HEAP_RF_TRUNCATED = 1u << 3, /* the stack had more frames than max_depth */
+    RSPROF_HEAP_RF_FAILED_REALLOC = 1u << 4, /* realloc failed: old block re-announced */
+};
+
+/* Header flags (rsprof_heap_header.flags). */
+enum {
+    RSPROF_HEAP_HF_EXITED = 1u << 0,    /* the process left (exit, _exit or exec) */
+    RSPROF_HEAP_HF_EXECED = 1u << 1,    /* ...by exec: a new ring with the same pid follows */
+    RSPROF_HEAP_HF_SAMPLED = 1u << 2,   /* sample_bytes > 0 */
+    RSPROF_HEAP_HF_ALL_FREES = 1u << 3, /* sampled mode, the shim's set of sampled addresses
+                                           overflowed: from now on every free is recorded
+                                           (the reader ignores frees of unknown addresses) */
+};
+
+/* Commit word helpers. */
+#define RSPROF_HEAP_HEAD(kind, depth, flags, tid)                                            \
+    ((uint64_t)(uint8_t)(kind) | ((uint64_t)(uint8_t)(depth) << 8) |                         \
+     ((uint64_t)(uint16_t)(flags) << 16) | ((uint64_t)(uint32_t)(tid) << 32))
+#define RSPROF_HEAP_HEAD_KIND(h) ((unsigned)((h) & 0xffu))
+#define RSPROF_HEAP_HEAD_DEPTH(h) ((unsigned)(((h) >> 8) & 0xffu))
+#define RSPROF_HEAP_HEAD_FLAGS(h) ((unsigned)(((h) >> 16) & 0xffffu))
+#define RSPROF_HEAP_HEAD_TID(h) ((uint32_t)((h) >> 32))
+#define RSPROF_HEAP_FREE_WORDS 2u
+#define RSPROF_HEAP_ALLOC_WORDS(depth) (3u + (unsigned)(depth))
+
+/* The header.  Fields written once at creation come first; the fields that change are
+ * on cache lines of their own so that writers bumping write_pos do not also bounce the
+ * line the reader writes (read_pos).  Accessed with __atomic builtins on both sides
+ * (plain integer types keep the layout identical for C and for tests reading it from
+ * Python with struct).  Offsets are fixed by the static asserts below. */
+struct rsprof_heap_header {
+    /* 0: written once by the shim before `magic`, which is stored last (release). */
+    uint64_t magic;        /* RSPROF_HEAP_MAGIC; 0 while the shim is still filling this in */
+    uint32_t version;      /* RSPROF_HEAP_VERSION */
+    uint32_t header_size;  /* RSPROF_HEAP_HEADER_SIZE: the data area starts here */
+    uint64_t ring_size;    /* data area bytes, a power of two */
+    int32_t pid;           /* the process that created the ring (== the pid in the name) */
+    uint32_t uid;          /* its effective uid (must also own the file) */
+    uint64_t start_time;   /* field 22 of /proc/<pid>/stat (clock ticks after boot): tells
+                              a reused pid, and the same process after exec, apart */
+    uint64_t pidns;        /* inode of /proc/self/ns/pid, 0 if unknown */
+    uint64_t sample_bytes; /* 0 = every event; N = Poisson sampling, mean N bytes */
+    uint32_t max_depth;    /* stack depth limit in effect (<= RSPROF_HEAP_MAX_DEPTH) */
+    uint32_t reserved0;
+    uint64_t created_ns;   /* CLOCK_REALTIME at creation */
+    uint8_t pad0[56];      /* keep the next group on its own cache line (offset 128) */
+
+    /* 128: changing, rarely written. */
+    uint32_t flags;        /* RSPROF_HEAP_HF_* (atomic or) */
+    int32_t reader_pid;    /* pid of the attached reader, 0 if none (reader CASes it) */
+    uint64_t lost_events;  /* events dropped because the ring was full (atomic add) */
+    uint64_t lost_bytes;   /* their size in ring bytes */
+    uint8_t pad1[64 - 24];
+
+    /* 192: the writers' reservation cursor (CAS). */
+    uint64_t write_pos;
+    uint8_t pad2[64 - 8];
+
+    /* 256: the reader's cursor; only the reader stores it. */
+    uint64_t read_pos;
+    uint8_t pad3[64 - 8];
+};
+
+#define RSPROF_HEAP_OFF_FLAGS 128u
+#define RSPROF_HEAP_OFF_READER_PID 132u
+#define RSPROF_HEAP_OFF_LOST_EVENTS 136u
+#define RSPROF_HEAP_OFF_LOST_BYTES 144u
+#define RSPROF_HEAP_OFF_WRITE_POS 192u
+#define RSPROF_HEAP_OFF_READ_POS 256u
+
+_Static_assert(offsetof(struct rsprof_heap_header, magic) == 0, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, version) == 8, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, header_size) == 12, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, ring_size) == 16, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, pid) == 24, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, uid) == 28, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, start_time) == 32, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, pidns) == 40, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, sample_bytes) == 48, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, max_depth) == 56, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, created_ns) == 64, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, flags) == RSPROF_HEAP_OFF_FLAGS, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, reader_pid) == RSPROF_HEAP_OFF_READER_PID,
+               "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, lost_events) == RSPROF_HEAP_OFF_LOST_EVENTS,
+               "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, lost_bytes) == RSPROF_HEAP_OFF_LOST_BYTES,
+               "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, write_pos) == RSPROF_HEAP_OFF_WRITE_POS,
+               "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, read_pos) == RSPROF_HEAP_OFF_READ_POS,
+               "layout");
+_Static_assert(sizeof(struct rsprof_heap_header) <= RSPROF_HEAP_HEADER_SIZE, "layout");
+
+#endif /* RSPROF_HEAPRING_H */

@@ -1,0 +1,951 @@
+/* heapshim.c: rsprof's LD_PRELOAD heap shim (librsprof_heap.so).
+ *
+ * Wraps the glibc allocator entry points, and for every allocation writes an ALLOC record
+ * (address, size, frame-pointer call stack) and for every free a FREE record (address
+ * only) into a lock-free shared-memory ring, /dev/shm/rsprof-heap.<pid>, that the
+ * profiler drains (native/heapreader.c).  The ring format lives in native/heapring.h,
+ * the behaviour is described in docs/heap-ring.md.
+ *
+ * Constraints that shape this file:
+ * - No Python, no libc allocation on any recording path, no locks on the hot path: the
+ *   target's threads reserve ring space with one CAS and never wait for the reader.
+ *   A full ring drops the event and counts it in the header.
+ * - malloc can be called before our constructor (by libc or other constructors) and by
+ *   dlsym() while we are still resolving the real functions: initialisation is lazy,
+ *   and the thread doing it is served from a static bump arena until dlsym is done.
+ * - Anything we call that may allocate (dlsym, pthread_getattr_np, atexit-like
+ *   registration) runs with a thread-local re-entrancy guard set, so the nested calls go
+ *   straight to the real allocator and are not recorded.
+ * - Stack walking must never crash on garbage frame pointers (libraries built without
+ *   them): every frame pointer is checked against the thread's stack bounds.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "heapring.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define NOINLINE __attribute__((noinline))
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* Set by ld.so: the initial stack pointer of the main thread, i.e. just above the
+ * highest frame the main thread can have. */
+extern void *__libc_stack_end;
+
+/* ------------------------------------------------------------------ real functions */
+
+static void *(*real_malloc)(size_t);
+static void (*real_free)(void *);
+static void *(*real_calloc)(size_t, size_t);
+static void *(*real_realloc)(void *, size_t);
+static int (*real_posix_memalign)(void **, size_t, size_t);
+static void *(*real_aligned_alloc)(size_t, size_t);
+static void *(*real_memalign)(size_t, size_t);
+static void *(*real_valloc)(size_t);
+static void *(*real_pvalloc)(size_t);
+static size_t (*real_malloc_usable_size)(void *);
+static void (*real__exit)(int);
+
+/* ------------------------------------------------------------------ global state */
+
+enum { ST_UNINIT = 0, ST_INITING = 1, ST_READY = 2 };
+static int g_state; /* ST_*, atomic */
+
+/* Configuration, read once from the environment at init (a fork child inherits it). */
+static uint64_t g_ring_bytes;   /* power of two */
+static uint64_t g_ring_mask;    /* ring_bytes / 8 - 1: word index mask */
+static uint64_t g_sample_bytes; /* 0 = record every event */
+static unsigned g_max_depth;
+static unsigned g_exit_wait_ms;
+static int g_debug;
+static size_t g_page;
+
+/* The current ring: g_hdr is published (release) after everything else is set, and is
+ * NULL while there is no ring (tracking disabled, or a fork child that has not
+ * allocated yet).  g_ring_pid is the pid whose name the ring carries: only that process
+ * marks it exited and unlinks it. */
+static struct rsprof_heap_header *g_hdr;
+static uint64_t *g_data;
+static size_t g_map_len;
+static pid_t g_ring_pid;
+static int g_unlinked;
+static int g_disabled;  /* no ring in this process (image), for good */
+static int g_ring_lock; /* spin lock serialising ring creation (rare, never on hot path) */
+
+/* Sampled mode: set of sampled live addresses (see "sampled set" below). */
+static uint64_t *g_set;
+static uint8_t *g_filter;
+static int g_frees_all;
+
+/* ------------------------------------------------------------------ thread state */
+
+static TLS int t_guard;          /* > 0: inside the shim, do not record */
+static TLS int t_in_init;        /* this thread runs the one-time init */
+static TLS uint32_t t_tid;       /* 0 = thread state not initialised yet */
+static TLS uintptr_t t_stack_lo; /* frame pointers must stay within [lo, hi) */
+static TLS uintptr_t t_stack_hi;
+static TLS uint64_t t_read_pos;  /* last read_pos seen: it only grows, so stale is safe */
+static TLS int64_t t_countdown;  /* sampled mode: bytes left until the next sample */
+static TLS uint64_t t_rng;       /* xorshift64* state, 0 = not seeded */
+
+/* ------------------------------------------------------------------ small helpers */
+
+static void shim_log(const char *msg) {
+    if (!g_debug) return;
+    static const char prefix[] = "rsprof-heap: ";
+    ssize_t r = write(2, prefix, sizeof prefix - 1);
+    r = write(2, msg, strlen(msg));
+    r = write(2, "\n", 1);
+    (void)r;
+}
+
+/* Unsigned decimal into buf (no stdio: it may allocate). Returns the length. */
+static size_t fmt_u64(char *buf, uint64_t v) {
+    char tmp[24];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++) buf[i] = tmp[n - 1 - i];
+    buf[n] = 0;
+    return n;
+}
+
+static void shm_name(char *buf, pid_t pid) {
+    size_t n = sizeof RSPROF_HEAP_SHM_PREFIX - 1;
+    memcpy(buf, RSPROF_HEAP_SHM_PREFIX, n);
+    fmt_u64(buf + n, (uint64_t)pid);
+}
+
+static uint64_t env_u64(const char *name, uint64_t dflt) {
+    const char *s = getenv(name);
+    if (s == NULL || *s == 0) return dflt;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != 0) return dflt;
+    return (uint64_t)v;
+}
+
+/* Field 22 of /proc/self/stat: process start time in clock ticks after boot.  Equal for
+ * a process before and after exec, different for two processes that shared a pid. */
+static uint64_t self_start_time(void) {
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* comm may contain spaces and parentheses */
+    if (p == NULL) return 0;
+    p++;
+    for (int field = 2; field < 22 && *p; p++)
+        if (*p == ' ') field++;
+    uint64_t v = 0;
+    while (*p >= '0' && *p <= '9') v = v * 10 + (uint64_t)(*p++ - '0');
+    return v;
+}
+
+static uint64_t self_pidns(void) {
+    struct stat st;
+    if (stat("/proc/self/ns/pid", &st) != 0) return 0;
+    return (uint64_t)st.st_ino;
+}
+
+static void spin_lock(int *l) {
+    while (__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE)) sched_yield();
+}
+static void spin_unlock(int *l) { __atomic_store_n(l, 0, __ATOMIC_RELEASE); }
+
+/* ------------------------------------------------------------------ bootstrap arena */
+
+/* While the init thread is inside dlsym() the real allocator is unknown; dlsym (via
+ * dlerror bookkeeping) may call malloc/calloc.  Those calls are served from here.  Each
+ * block has a 16-byte prefix holding its size (for realloc); blocks are never reused. */
+#define BOOT_SIZE (64u * 1024u)
+static _Alignas(64) unsigned char g_boot[BOOT_SIZE];
+static size_t g_boot_used;
+
+static ALWAYS_INLINE int is_boot(const void *p) {
+    return (uintptr_t)p - (uintptr_t)g_boot < BOOT_SIZE;
+}
+
+static void *boot_alloc(size_t n, size_t align) {
+    if (align < 16) align = 16;
+    size_t used = __atomic_load_n(&g_boot_used, __ATOMIC_RELAXED);
+    for (;;) {
+        size_t start = (used + 16 + align - 1) & ~(align - 1);
+        if (start > BOOT_SIZE || n > BOOT_SIZE - start) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        if (__atomic_compare_exchange_n(&g_boot_used, &used, start + n, 0, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            ((size_t *)(g_boot + start))[-1] = n;
+            return g_boot + start; /* static storage: already zero (calloc) */
+        }
+    }
+}
+
+static size_t boot_size(const void *p) { return ((const size_t *)p)[-1]; }
+
+/* ------------------------------------------------------------------ sampled set */
+
+/* In sampled mode only frees of sampled addresses matter.  Recording all frees would
+ * cost a ring write per free (most of full capture's price), so the shim remembers the
+ * sampled live addresses:
+ *  - g_filter: 64 Ki saturating byte counters indexed by the address hash.  A free whose
+ *    counter is 0 (nearly all of them) costs one load from a 64 KiB table and returns.
+ *  - g_set: 1 Mi slots (8 MiB of lazily touched, never-reserved memory), lock-free open
+ *    addressing, CAS insert into the first empty or deleted slot within a window of
+ *    SET_WINDOW slots from the home slot, CAS delete to a tombstone.  An address is live
+ *    at most once at a time (it is removed before the real free), so reusing tombstones
+ *    cannot create duplicates; empty slots never come back, so a lookup stops at one.
+ * If an insert finds no slot in its window the shim stops trusting the set, records every
+ * free from then on (RSPROF_HEAP_HF_ALL_FREES) and the reader drops unknown addresses. */
+#define SET_BITS 20
+#define SET_WINDOW 32
+#define FILTER_BITS 16
+#define SET_TOMB UINT64_MAX
+
+static ALWAYS_INLINE uint64_t addr_hash(const void *p) {
+    return (uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ULL;
+}
+
+static void filter_add(uint64_t h, int delta) {
+    uint8_t *c = &g_filter[h >> (64 - FILTER_BITS)];
+    uint8_t v = __atomic_load_n(c, __ATOMIC_RELAXED);
+    for (;;) {
+        if (v == 255) return; /* saturated: stays "maybe" forever */
+        if (delta < 0 && v == 0) return;
+        uint8_t nv = (uint8_t)(v + delta);
+        if (__atomic_compare_exchange_n(c, &v, nv, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            return;
+    }
+}
+
+static int set_insert(const void *p) {
+    uint64_t h = addr_hash(p);
+    uint64_t key = (uint64_t)(uintptr_t)p;
+    size_t home = (size_t)(h >> (64 - SET_BITS));
+    filter_add(h, +1); /* before the address can be freed (malloc has not returned yet) */
+    for (unsigned i = 0; i < SET_WINDOW; i++) {
+        uint64_t *slot = &g_set[(home + i) & ((1u << SET_BITS) - 1)];
+        uint64_t v = __atomic_load_n(slot, __ATOMIC_RELAXED);
+        while (v == 0 || v == SET_TOMB) {
+            if (__atomic_compare_exchange_n(slot, &v, key, 0, __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED))
+                return 1;
+        }
+    }
+    filter_add(h, -1);
+    return 0;
+}
+
+/* Returns 1 when p was a sampled address (and removes it). */
+static ALWAYS_INLINE int set_remove(const void *p) {
+    uint64_t h = addr_hash(p);
+    if (LIKELY(__atomic_load_n(&g_filter[h >> (64 - FILTER_BITS)], __ATOMIC_RELAXED) == 0))
+        return 0;
+    uint64_t key = (uint64_t)(uintptr_t)p;
+    size_t home = (size_t)(h >> (64 - SET_BITS));
+    for (unsigned i = 0; i < SET_WINDOW; i++) {
+        uint64_t *slot = &g_set[(home + i) & ((1u << SET_BITS) - 1)];
+        uint64_t v = __atomic_load_n(slot, __ATOMIC_RELAXED);
+        if (v == 0) return 0;
+        if (v == key) {
+            /* Only the thread freeing p can remove p: a plain store would do, CAS keeps
+             * a double free from corrupting a slot that was reused meanwhile. */
+            if (!__atomic_compare_exchange_n(slot, &v, SET_TOMB, 0, __ATOMIC_RELAXED,
+                                             __ATOMIC_RELAXED))
+                return 0;
+            filter_add(h, -1);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void set_reset(void) {
+    /* Private anonymous memory: DONTNEED gives back zero pages. */
+    if (g_set) madvise(g_set, sizeof(uint64_t) << SET_BITS, MADV_DONTNEED);
+    if (g_filter) madvise(g_filter, (size_t)1 << FILTER_BITS, MADV_DONTNEED);
+    g_frees_all = 0;
+}
+
+static int set_create(void) {
+    size_t set_len = sizeof(uint64_t) << SET_BITS;
+    size_t filter_len = (size_t)1 << FILTER_BITS;
+    void *s = mmap(NULL, set_len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (s == MAP_FAILED) return 0;
+    void *f = mmap(NULL, filter_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (f == MAP_FAILED) {
+        munmap(s, set_len);
+        return 0;
+    }
+    g_set = s;
+    g_filter = f;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ sampling PRNG */
+
+static ALWAYS_INLINE uint64_t rng_next(void) {
+    uint64_t x = t_rng; /* xorshift64*: fast, plenty for exponential draws */
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    t_rng = x;
+    return x * 0x2545F4914F6CDD1DULL;
+}
+
+/* Natural log for u in (0, 1] without libm (the shim links only libc): u = m * 2^e with
+ * m in [sqrt(1/2), sqrt(2)), ln m = 2 atanh((m-1)/(m+1)) by its series; error < 1e-8. */
+static double shim_log_(double u) {
+    union { double d; uint64_t u; } b = {.d = u};
+    int e = (int)((b.u >> 52) & 0x7ff) - 1023;
+    b.u = (b.u & 0x000FFFFFFFFFFFFFULL) | 0x3FF0000000000000ULL; /* m in [1, 2) */
+    double m = b.d;
+    if (m > 1.4142135623730951) {
+        m *= 0.5;
+        e++;
+    }
+    double t = (m - 1.0) / (m + 1.0), t2 = t * t;
+    double s = 1.0 + t2 * (1.0 / 3 + t2 * (1.0 / 5 + t2 * (1.0 / 7 + t2 * (1.0 / 9 + t2 / 11))));
+    return 2.0 * t * s + (double)e * 0.6931471805599453;
+}
+
+/* Bytes until the next sample: exponential with mean g_sample_bytes (a Poisson process
+ * over allocated bytes, as in tcmalloc and memray). */
+static int64_t draw_countdown(void) {
+    double u = (double)((rng_next() >> 11) + 1) * 0x1.0p-53; /* (0, 1] */
+    double x = -shim_log_(u) * (double)g_sample_bytes;
+    if (x < 1.0) x = 1.0;
+    if (x > 4e18) x = 4e18;
+    return (int64_t)x;
+}
+
+/* ------------------------------------------------------------------ ring creation */
+
+/* A file already sits at our name.  Decide whether it is ours to replace:
+ *   - a regular file we own, with a valid header, whose pid is ours and whose start time
+ *     is ours: left by this very process before it exec'd -> mark it exited + execed (an
+ *     attached reader then knows to re-attach) and replace it;
+ *   - same, but another start time: left by a dead process that had our pid -> stale;
+ *   - a header naming another pid that no longer exists -> stale;
+ * anything else (a symlink, someone else's file, not a ring, another pid namespace, a
+ * live pid) is left alone and tracking is disabled.  Returns 1 if the name was unlinked. */
+static int take_over_existing(const char *name, pid_t pid, uint64_t start, uint64_t pidns) {
+    int fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+        shim_log(errno == ELOOP ? "ring name is a symlink: not following it, heap tracking off"
+                                : "cannot open existing ring file: heap tracking off");
+        return 0;
+    }
+    struct stat st;
+    int ok = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        st.st_size < (off_t)RSPROF_HEAP_HEADER_SIZE) {
+        shim_log("existing ring file is not ours: heap tracking off");
+        close(fd);
+        return 0;
+    }
+    struct rsprof_heap_header *h =
+        mmap(NULL, RSPROF_HEAP_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (h == MAP_FAILED) return 0;
+    if (h->magic == RSPROF_HEAP_MAGIC && h->version == RSPROF_HEAP_VERSION &&
+        (h->pidns == 0 || pidns == 0 || h->pidns == pidns)) {
+        if (h->pid == pid) {
+            if (start != 0 && h->start_time == start) /* our own pre-exec image */
+                __atomic_or_fetch(&h->flags, RSPROF_HEAP_HF_EXITED | RSPROF_HEAP_HF_EXECED,
+                                  __ATOMIC_RELEASE);
+            ok = 1; /* either way its creator is gone: only one live process has our pid */
+        } else if (h->pid > 0 && kill(h->pid, 0) != 0 && errno == ESRCH) {
+            ok = 1;
+        }
+    }
+    munmap(h, RSPROF_HEAP_HEADER_SIZE);
+    if (!ok) {
+        shim_log("ring name held by a live or foreign ring: heap tracking off");
+        return 0;
+    }
+    if (shm_unlink(name) != 0 && errno != ENOENT) return 0;
+    return 1;
+}
+
+/* Creates and maps this process's ring, publishes g_hdr.  Called with t_guard set and
+ * g_ring_lock held.  On any failure tracking is off for this process. */
+static void create_ring(void) {
+    char name[64];
+    pid_t pid = getpid();
+    uint64_t start = self_start_time();
+    uint64_t pidns = self_pidns();
+    shm_name(name, pid);
+
+    int fd = -1;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        /* O_EXCL: never opens (let alone follows) anything that already exists. */
+        fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0 || errno != EEXIST || attempt == 1) break;
+        if (!take_over_existing(name, pid, start, pidns)) break;
+    }
+    if (fd < 0) {
+        shim_log("shm_open failed: heap tracking off");
+        g_disabled = 1;
+        return;
+    }
+    size_t len = RSPROF_HEAP_HEADER_SIZE + g_ring_bytes;
+    /* Exactly 0600 whatever the umask (a reader of the same uid needs rw). */
+    int ok = fchmod(fd, 0600) == 0;
+    /* Allocate the tmpfs pages now: with plain ftruncate a full /dev/shm would SIGBUS
+     * the target on first touch of a ring page; this fails cleanly instead. */
+    if (ok) {
+        int r = posix_fallocate(fd, 0, (off_t)len);
+        if (r == EOPNOTSUPP || r == EINVAL) r = ftruncate(fd, (off_t)len) == 0 ? 0 : errno;
+        ok = r == 0;
+    }
+    void *base = MAP_FAILED;
+    if (ok) base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        shim_log("cannot size or map the ring: heap tracking off");
+        shm_unlink(name);
+        g_disabled = 1;
+        return;
+    }
+    struct rsprof_heap_header *h = base;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    h->version = RSPROF_HEAP_VERSION;
+    h->header_size = RSPROF_HEAP_HEADER_SIZE;
+    h->ring_size = g_ring_bytes;
+    h->pid = pid;
+    h->uid = geteuid();
+    h->start_time = start;
+    h->pidns = pidns;
+    h->sample_bytes = g_sample_bytes;
+    h->max_depth = g_max_depth;
+    h->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    h->flags = g_sample_bytes ? RSPROF_HEAP_HF_SAMPLED : 0;
+    __atomic_store_n(&h->magic, RSPROF_HEAP_MAGIC, __ATOMIC_RELEASE); /* header complete */
+
+    g_data = (uint64_t *)((char *)base + RSPROF_HEAP_HEADER_SIZE);
+    g_map_len = len;
+    g_ring_pid = pid;
+    g_unlinked = 0;
+    __atomic_store_n(&g_hdr, h, __ATOMIC_RELEASE);
+}
+
+/* g_hdr is NULL: either tracking is off, or this is a fork child that has not created its
+ * own ring yet (created on its first event, so fork+exec children that never allocate in
+ * between cost nothing).  Returns the ring or NULL. */
+static NOINLINE struct rsprof_heap_header *ring_slow(void) {
+    if (g_disabled || __atomic_load_n(&g_state, __ATOMIC_ACQUIRE) != ST_READY) return NULL;
+    t_guard++;
+    spin_lock(&g_ring_lock);
+    if (__atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE) == NULL && !g_disabled) create_ring();
+    spin_unlock(&g_ring_lock);
+    t_guard--;
+    return __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
+}
+
+static ALWAYS_INLINE struct rsprof_heap_header *ring(void) {
+    struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
+    if (LIKELY(h != NULL)) return h;
+    return ring_slow();
+}
+
+/* ------------------------------------------------------------------ thread state */
+
+static NOINLINE void thread_init(void) {
+    t_guard++;
+    t_tid = (uint32_t)syscall(SYS_gettid);
+    uintptr_t lo = 0, hi = 0;
+    /* Main thread: frames live below __libc_stack_end and the stack can grow down to
+     * RLIMIT_STACK (pthread_getattr_np would read /proc/self/maps for it, and allocate).
+     * Decided by where this frame is, not by tid == pid: in a child forked from another
+     * thread, that thread is the child's "main" thread but runs on its pthread stack. */
+    struct rlimit rl;
+    uint64_t span = 1ull << 30;
+    if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < span)
+        span = rl.rlim_cur;
+    uintptr_t main_hi = (uintptr_t)__libc_stack_end;
+    uintptr_t main_lo = main_hi > span ? main_hi - span : 0;
+    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+    if (here >= main_lo && here < main_hi) {
+        lo = main_lo;
+        hi = main_hi;
+    } else {
+        pthread_attr_t attr;
+        if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+            void *addr;
+            size_t size;
+            if (pthread_attr_getstack(&attr, &addr, &size) == 0) {
+                lo = (uintptr_t)addr;
+                hi = lo + size;
+            }
+            pthread_attr_destroy(&attr);
+        }
+    }
+    t_stack_lo = lo;
+    t_stack_hi = hi;
+    t_guard--;
+}
+
+/* ------------------------------------------------------------------ stack capture */
+
+/* Walks the frame-pointer chain starting at the wrapper's own frame `fp`.  ips[0] is the
+ * wrapper's return address (in the caller of malloc), always valid.  A saved frame
+ * pointer is followed only if it lies strictly above the current one, is 8-aligned and
+ * the whole 16-byte frame record lies inside this thread's stack; anything else (code
+ * without frame pointers leaves arbitrary values in rbp) ends the walk.  A frame
+ * outside the known stack (signal alternate stack, coroutine stack) yields 1 frame. */
+static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *flags) {
+    const uintptr_t lo = t_stack_lo, hi = t_stack_hi;
+    const unsigned max = g_max_depth;
+    unsigned n = 0;
+    ips[n++] = ((const uintptr_t *)fp)[1];
+    if (fp < lo || fp + 16 > hi) return n;
+    for (;;) {
+        uintptr_t next = ((const uintptr_t *)fp)[0];
+        if (next <= fp || (next & 7) || next + 16 > hi) break;
+        uintptr_t ret = ((const uintptr_t *)next)[1];
+        if (ret < 4096) break; /* end of chain (0) or garbage */
+        if (n == max) {
+            *flags |= RSPROF_HEAP_RF_TRUNCATED;
+            break;
+        }
+        ips[n++] = ret;
+        fp = next;
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------------ ring writes */
+
+/* The CAS in reserve() is a full barrier: it waits for this thread's earlier stores to
+ * reach L1, i.e. for the previous record's cache lines to be owned.  Those lines were last
+ * touched a lap ago by the reader (which zeroed them), so each is an L3 or cross-core miss,
+ * and without help every event would pay one miss latency at the CAS.  Prefetching the
+ * line PREFETCH_AHEAD bytes past the reservation for ownership (PREFETCHW where the CPU has
+ * it) starts those misses early so they overlap with the target's own work. */
+#define PREFETCH_AHEAD 1024u
+static int g_prefetchw; /* CPU has PREFETCHW (CPUID 0x80000001 ECX bit 8) */
+
+static ALWAYS_INLINE void prefetch_ahead(uint64_t pos) {
+    const void *a = &g_data[((pos + PREFETCH_AHEAD) >> 3) & g_ring_mask];
+#if defined(__x86_64__)
+    if (LIKELY(g_prefetchw))
+        __asm__ volatile("prefetchw %0" : : "m"(*(const char *)a));
+    else
+        __builtin_prefetch(a, 1, 3);
+#else
+    __builtin_prefetch(a, 1, 3);
+#endif
+}
+
+/* Reserves len bytes; returns 0 (and counts the loss) when the ring has no room. */
+static ALWAYS_INLINE int reserve(struct rsprof_heap_header *h, uint64_t len, uint64_t *pos) {
+    uint64_t w = __atomic_load_n(&h->write_pos, __ATOMIC_RELAXED);
+    uint64_t r = t_read_pos;
+    for (;;) {
+        if (UNLIKELY(w + len - r > g_ring_bytes)) {
+            /* Acquire: the reader zeroed the space before it published read_pos. */
+            r = __atomic_load_n(&h->read_pos, __ATOMIC_ACQUIRE);
+            t_read_pos = r;
+            if (w + len - r > g_ring_bytes) {
+                __atomic_fetch_add(&h->lost_events, 1, __ATOMIC_RELAXED);
+                __atomic_fetch_add(&h->lost_bytes, len, __ATOMIC_RELAXED);
+                return 0;
+            }
+        }
+        if (LIKELY(__atomic_compare_exchange_n(&h->write_pos, &w, w + len, 1, __ATOMIC_RELAXED,
+                                               __ATOMIC_RELAXED))) {
+            *pos = w;
+            prefetch_ahead(w);
+            return 1;
+        }
+    }
+}
+
+static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp) {
+    struct rsprof_heap_header *h = ring();
+    if (UNLIKELY(h == NULL)) return 0;
+    if (UNLIKELY(t_tid == 0)) thread_init();
+    uint64_t ips[RSPROF_HEAP_MAX_DEPTH];
+    unsigned depth = capture(ips, fp, &flags);
+    uint64_t pos;
+    if (!reserve(h, (uint64_t)RSPROF_HEAP_ALLOC_WORDS(depth) * 8, &pos)) return 0;
+    uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
+    d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
+    d[(i + 2) & m] = (uint64_t)n;
+    for (unsigned k = 0; k < depth; k++) d[(i + 3 + k) & m] = ips[k];
+    __atomic_store_n(&d[i & m], RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_ALLOC, depth, flags, t_tid),
+                     __ATOMIC_RELEASE);
+    return 1;
+}
+
+static NOINLINE void record_free(void *p, unsigned flags) {
+    struct rsprof_heap_header *h = ring();
+    if (UNLIKELY(h == NULL)) return;
+    if (UNLIKELY(t_tid == 0)) thread_init();
+    uint64_t pos;
+    if (!reserve(h, RSPROF_HEAP_FREE_WORDS * 8, &pos)) return;
+    uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
+    d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
+    __atomic_store_n(&d[i & m], RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_FREE, 0, flags, t_tid),
+                     __ATOMIC_RELEASE);
+}
+
+/* Sampled mode, countdown crossed zero (or a new thread): decide and record. */
+static NOINLINE void sampled_alloc_slow(void *p, size_t n, unsigned flags, uintptr_t fp) {
+    if (t_rng == 0) { /* first allocation of this thread: seed and draw */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        if (t_tid == 0) thread_init();
+        uint64_t seed = ((uint64_t)t_tid << 32) ^ (uint64_t)ts.tv_nsec ^
+                        ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)&seed;
+        t_rng = seed ? seed : 0x9E3779B97F4A7C15ULL;
+        t_countdown = draw_countdown();
+        int64_t c = t_countdown - (int64_t)n;
+        if (c > 0) {
+            t_countdown = c;
+            return;
+        }
+    }
+    /* Memoryless: the distance from the end of this block to the next sample point is
+     * again exponential, so a fresh draw is exact. */
+    t_countdown = draw_countdown();
+    if (!record_alloc(p, n, flags, fp)) return;
+    if (!__atomic_load_n(&g_frees_all, __ATOMIC_RELAXED) && !set_insert(p)) {
+        __atomic_store_n(&g_frees_all, 1, __ATOMIC_RELAXED);
+        struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
+        if (h) __atomic_or_fetch(&h->flags, RSPROF_HEAP_HF_ALL_FREES, __ATOMIC_RELAXED);
+    }
+}
+
+static ALWAYS_INLINE void on_alloc(void *p, size_t n, unsigned flags, uintptr_t fp) {
+    if (UNLIKELY(t_guard)) return;
+    if (g_sample_bytes) {
+        int64_t c = t_countdown - (int64_t)n;
+        if (LIKELY(c > 0)) {
+            t_countdown = c;
+            return;
+        }
+        sampled_alloc_slow(p, n, flags, fp);
+        return;
+    }
+    record_alloc(p, n, flags, fp);
+}
+
+/* Must run BEFORE the block is handed back to the real allocator (see heapring.h). */
+static ALWAYS_INLINE void on_free(void *p, unsigned flags) {
+    if (UNLIKELY(t_guard)) return;
+    if (g_sample_bytes && !__atomic_load_n(&g_frees_all, __ATOMIC_RELAXED) && !set_remove(p))
+        return;
+    record_free(p, flags);
+}
+
+/* ------------------------------------------------------------------ exit, fork */
+
+/* Marks the ring exited, optionally waits for the reader, unlinks the name.  Only the
+ * process the ring is named after does this (not a fork child that inherited our state
+ * before its own ring exists, nor a vfork child running in our address space). */
+static void finish_ring(void) {
+    struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
+    if (h == NULL || g_unlinked || g_ring_pid != getpid()) return;
+    g_unlinked = 1;
+    __atomic_or_fetch(&h->flags, RSPROF_HEAP_HF_EXITED, __ATOMIC_RELEASE);
+    if (g_exit_wait_ms) {
+        /* RSPROF_HEAP_EXIT_WAIT_MS: give a reader time to attach and drain before the
+         * name goes away (a reader that has the ring mapped keeps it after unlink). */
+        struct timespec nap = {0, 1000000};
+        for (unsigned waited = 0; waited < g_exit_wait_ms; waited++) {
+            if (__atomic_load_n(&h->reader_pid, __ATOMIC_ACQUIRE) != 0 &&
+                __atomic_load_n(&h->read_pos, __ATOMIC_ACQUIRE) >=
+                    __atomic_load_n(&h->write_pos, __ATOMIC_ACQUIRE))
+                break;
+            nanosleep(&nap, NULL);
+        }
+    }
+    char name[64];
+    shm_name(name, g_ring_pid);
+    shm_unlink(name);
+    /* The mapping stays: late frees (other destructors) still land in the ring. */
+}
+
+__attribute__((destructor)) static void shim_fini(void) { finish_ring(); }
+
+EXPORT void _exit(int status) {
+    finish_ring();
+    if (real__exit) real__exit(status);
+    for (;;) syscall(SYS_exit_group, status);
+}
+
+EXPORT void _Exit(int status) { _exit(status); }
+
+/* Fork child: never write into the parent's ring, never unlink its name.  Drop the
+ * mapping; the child's own ring (named after its pid) is created on its first event. */
+static void atfork_child(void) {
+    struct rsprof_heap_header *h = g_hdr;
+    __atomic_store_n(&g_hdr, NULL, __ATOMIC_RELEASE);
+    if (h) munmap(h, g_map_len);
+    g_data = NULL;
+    g_ring_pid = 0;
+    g_unlinked = 0;
+    g_ring_lock = 0;
+    t_read_pos = 0;
+    /* The forking thread is the child's only thread, on the same stack: new tid, same
+     * bounds (if it never recorded, thread_init runs on its first event as usual). */
+    if (t_tid != 0) t_tid = (uint32_t)syscall(SYS_gettid);
+    if (g_sample_bytes) set_reset(); /* inherited sampled blocks are unknown to its reader */
+}
+
+/* ------------------------------------------------------------------ initialisation */
+
+static int g_resolved; /* all real_* pointers set (atomic) */
+
+/* dlsym may allocate: while it runs, nested calls see g_resolved == 0 and use the
+ * arena.  The pointers are published together so no nested call ever sees a real malloc
+ * without the matching real free. */
+static void resolve_real(void) {
+    void *m = dlsym(RTLD_NEXT, "malloc");
+    void *f = dlsym(RTLD_NEXT, "free");
+    void *c = dlsym(RTLD_NEXT, "calloc");
+    void *r = dlsym(RTLD_NEXT, "realloc");
+    void *pm = dlsym(RTLD_NEXT, "posix_memalign");
+    void *aa = dlsym(RTLD_NEXT, "aligned_alloc");
+    void *ma = dlsym(RTLD_NEXT, "memalign");
+    void *va = dlsym(RTLD_NEXT, "valloc");
+    void *pv = dlsym(RTLD_NEXT, "pvalloc");
+    void *us = dlsym(RTLD_NEXT, "malloc_usable_size");
+    void *ex = dlsym(RTLD_NEXT, "_exit");
+    if (!m || !f || !c || !r || !pm || !aa || !ma || !va || !pv) {
+        static const char msg[] = "rsprof-heap: cannot resolve the real allocator\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        abort();
+    }
+    real_malloc = (void *(*)(size_t))m;
+    real_free = (void (*)(void *))f;
+    real_calloc = (void *(*)(size_t, size_t))c;
+    real_realloc = (void *(*)(void *, size_t))r;
+    real_posix_memalign = (int (*)(void **, size_t, size_t))pm;
+    real_aligned_alloc = (void *(*)(size_t, size_t))aa;
+    real_memalign = (void *(*)(size_t, size_t))ma;
+    real_valloc = (void *(*)(size_t))va;
+    real_pvalloc = (void *(*)(size_t))pv;
+    real_malloc_usable_size = (size_t(*)(void *))us;
+    real__exit = (void (*)(int))ex;
+    __atomic_store_n(&g_resolved, 1, __ATOMIC_RELEASE);
+}
+
+static void detect_cpu(void) {
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x80000000u), "c"(0));
+    if (a >= 0x80000001u) {
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0x80000001u), "c"(0));
+        g_prefetchw = (c >> 8) & 1;
+    }
+#endif
+}
+
+static void read_config(void) {
+    detect_cpu();
+    g_debug = env_u64("RSPROF_HEAP_DEBUG", 0) != 0;
+    long page = sysconf(_SC_PAGESIZE);
+    g_page = page > 0 ? (size_t)page : 4096;
+    /* Ring size: RSPROF_HEAP_RING_KB wins over RSPROF_HEAP_RING_MB (tests use KB). */
+    uint64_t bytes = env_u64("RSPROF_HEAP_RING_KB", 0) * 1024;
+    if (bytes == 0) bytes = env_u64("RSPROF_HEAP_RING_MB", RSPROF_HEAP_DEFAULT_RING_MB) << 20;
+    if (bytes < RSPROF_HEAP_MIN_RING) bytes = RSPROF_HEAP_MIN_RING;
+    if (bytes > RSPROF_HEAP_MAX_RING) bytes = RSPROF_HEAP_MAX_RING;
+    uint64_t pow2 = RSPROF_HEAP_MIN_RING;
+    while (pow2 < bytes) pow2 <<= 1;
+    g_ring_bytes = pow2;
+    g_ring_mask = pow2 / 8 - 1;
+    g_max_depth = (unsigned)env_u64("RSPROF_HEAP_MAX_DEPTH", RSPROF_HEAP_MAX_DEPTH);
+    if (g_max_depth < 1) g_max_depth = 1;
+    if (g_max_depth > RSPROF_HEAP_MAX_DEPTH) g_max_depth = RSPROF_HEAP_MAX_DEPTH;
+    g_exit_wait_ms = (unsigned)env_u64("RSPROF_HEAP_EXIT_WAIT_MS", 0);
+    if (g_exit_wait_ms > 60000) g_exit_wait_ms = 60000;
+    g_sample_bytes = env_u64("RSPROF_HEAP_SAMPLE_BYTES", 0);
+    if (g_sample_bytes && !set_create()) {
+        shim_log("cannot map the sampled-address set: heap tracking off");
+        g_disabled = 1;
+    }
+    if (env_u64("RSPROF_HEAP_DISABLE", 0)) g_disabled = 1;
+}
+
+/* Returns 1 when the real functions can be called, 0 when the caller must use the
+ * bootstrap arena (a nested call from dlsym during our own initialisation). */
+static NOINLINE int slow_init(void) {
+    if (t_in_init) return __atomic_load_n(&g_resolved, __ATOMIC_ACQUIRE);
+    int expected = ST_UNINIT;
+    if (__atomic_compare_exchange_n(&g_state, &expected, ST_INITING, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        t_in_init = 1;
+        t_guard++;
+        resolve_real();
+        read_config();
+        pthread_atfork(NULL, NULL, atfork_child);
+        thread_init();
+        if (!g_disabled) create_ring();
+        t_guard--;
+        t_in_init = 0;
+        __atomic_store_n(&g_state, ST_READY, __ATOMIC_RELEASE);
+        return 1;
+    }
+    /* Another thread is initialising (only possible if threads start before our
+     * constructor): wait for it, it does not take long. */
+    while (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) != ST_READY) sched_yield();
+    return 1;
+}
+
+static ALWAYS_INLINE int ready(void) {
+    return LIKELY(__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_READY) || slow_init();
+}
+
+__attribute__((constructor)) static void shim_init(void) { ready(); }
+
+/* ------------------------------------------------------------------ wrappers */
+
+EXPORT void *malloc(size_t n) {
+    if (UNLIKELY(!ready())) return boot_alloc(n, 16);
+    void *p = real_malloc(n);
+    if (LIKELY(p != NULL)) on_alloc(p, n, 0, (uintptr_t)__builtin_frame_address(0));
+    return p;
+}
+
+EXPORT void free(void *p) {
+    if (p == NULL || UNLIKELY(is_boot(p))) return;
+    if (UNLIKELY(!ready())) return; /* unreachable: only the arena exists before init */
+    on_free(p, 0);
+    real_free(p);
+}
+
+EXPORT void *calloc(size_t nmemb, size_t size) {
+    if (UNLIKELY(!ready())) {
+        size_t total;
+        if (__builtin_mul_overflow(nmemb, size, &total)) {
+            errno = ENOMEM;
+            return NULL;
+        }
+        return boot_alloc(total, 16);
+    }
+    void *p = real_calloc(nmemb, size);
+    if (LIKELY(p != NULL))
+        on_alloc(p, nmemb * size, RSPROF_HEAP_RF_CALLOC, (uintptr_t)__builtin_frame_address(0));
+    return p;
+}
+
+EXPORT void *realloc(void *old, size_t n) {
+    uintptr_t fp = (uintptr_t)__builtin_frame_address(0);
+    if (UNLIKELY(!ready())) {
+        void *p = boot_alloc(n, 16);
+        if (p && old) memcpy(p, old, boot_size(old) < n ? boot_size(old) : n);
+        return p;
+    }
+    if (UNLIKELY(is_boot(old))) { /* grow an arena block into a real one */
+        void *p = real_malloc(n ? n : 1);
+        if (p) {
+            memcpy(p, old, boot_size(old) < n ? boot_size(old) : n);
+            on_alloc(p, n, RSPROF_HEAP_RF_REALLOC, fp);
+        }
+        return p;
+    }
+    if (old == NULL) {
+        void *p = real_realloc(NULL, n);
+        if (p) on_alloc(p, n, RSPROF_HEAP_RF_REALLOC, fp);
+        return p;
+    }
+    /* free half first: once realloc returns, another thread may get `old` back */
+    on_free(old, RSPROF_HEAP_RF_REALLOC);
+    void *p = real_realloc(old, n);
+    if (p != NULL) {
+        on_alloc(p, n, RSPROF_HEAP_RF_REALLOC, fp);
+    } else if (n != 0) {
+        /* Failed: `old` is still live.  Announce it again (from this call site, with its
+         * usable size: the original request size is not known here). */
+        size_t usable = real_malloc_usable_size ? real_malloc_usable_size(old) : 0;
+        on_alloc(old, usable, RSPROF_HEAP_RF_REALLOC | RSPROF_HEAP_RF_FAILED_REALLOC, fp);
+    } /* n == 0: glibc freed `old` and returned NULL: the FREE stands */
+    return p;
+}
+
+EXPORT int posix_memalign(void **memptr, size_t align, size_t n) {
+    if (UNLIKELY(!ready())) {
+        void *p = boot_alloc(n, align);
+        if (p == NULL) return ENOMEM;
+        *memptr = p;
+        return 0;
+    }
+    int r = real_posix_memalign(memptr, align, n);
+    if (r == 0 && *memptr != NULL)
+        on_alloc(*memptr, n, RSPROF_HEAP_RF_ALIGNED, (uintptr_t)__builtin_frame_address(0));
+    return r;
+}
+
+EXPORT void *aligned_alloc(size_t align, size_t n) {
+    if (UNLIKELY(!ready())) return boot_alloc(n, align);
+    void *p = real_aligned_alloc(align, n);
+    if (LIKELY(p != NULL))
+        on_alloc(p, n, RSPROF_HEAP_RF_ALIGNED, (uintptr_t)__builtin_frame_address(0));
+    return p;
+}
+
+EXPORT void *memalign(size_t align, size_t n) {
+    if (UNLIKELY(!ready())) return boot_alloc(n, align);
+    void *p = real_memalign(align, n);
+    if (LIKELY(p != NULL))
+        on_alloc(p, n, RSPROF_HEAP_RF_ALIGNED, (uintptr_t)__builtin_frame_address(0));
+    return p;
+}
+
+EXPORT void *valloc(size_t n) {
+    if (UNLIKELY(!ready())) return boot_alloc(n, 4096);
+    void *p = real_valloc(n);
+    if (LIKELY(p != NULL))
+        on_alloc(p, n, RSPROF_HEAP_RF_ALIGNED, (uintptr_t)__builtin_frame_address(0));
+    return p;
+}
+
+EXPORT void *pvalloc(size_t n) {
+    if (UNLIKELY(!ready())) return boot_alloc((n + 4095) & ~(size_t)4095, 4096);
+    void *p = real_pvalloc(n);
+    /* pvalloc rounds the request up to whole pages and hands out all of it. */
+    size_t rounded = n == 0 ? g_page : (n + g_page - 1) & ~(g_page - 1);
+    if (LIKELY(p != NULL))
+        on_alloc(p, rounded, RSPROF_HEAP_RF_ALIGNED, (uintptr_t)__builtin_frame_address(0));
+    return p;
+}
+
+EXPORT size_t malloc_usable_size(void *p) {
+    if (p == NULL) return 0;
+    if (is_boot(p)) return boot_size(p);
+    if (UNLIKELY(!ready()) || real_malloc_usable_size == NULL) return 0;
+    return real_malloc_usable_size(p);
+}

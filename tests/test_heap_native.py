@@ -1,0 +1,675 @@
+"""The heap shim (librsprof_heap.so) and HeapReader, on real processes.
+
+Each target is a small C (or C++) program from tests/targets/heap_*.c run with
+LD_PRELOAD=<repo>/rsprof/lib/librsprof_heap.so.  Targets print "ready <pid>" and then
+wait for flag files the test creates, so the reader is attached before the workload runs
+and the process stays alive until the test has read everything.  Stacks are attributed
+by resolving their first frame with `nm` of the target and /proc/PID/maps.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import stat
+import struct
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rsprof._native import HeapReader
+
+REPO = Path(__file__).resolve().parents[1]
+SHIM = REPO / "rsprof" / "lib" / "librsprof_heap.so"
+SHM = Path("/dev/shm")
+
+pytestmark = pytest.mark.skipif(not SHIM.exists(), reason="heap shim not built")
+
+# native/heapring.h
+MAGIC = 0x3150414548505352
+VERSION = 1
+HEADER_SIZE = 4096
+
+
+def ring_path(pid: int) -> Path:
+    return SHM / f"rsprof-heap.{pid}"
+
+
+def shim_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = str(SHIM)
+    for key in list(env):
+        if key.startswith("RSPROF_HEAP_"):
+            del env[key]
+    env.update(extra)
+    return env
+
+
+class Symbols:
+    """Function of an address in the target executable (nm + /proc/PID/maps)."""
+
+    def __init__(self, binary: Path, pid: int) -> None:
+        real = os.path.realpath(binary)
+        with open(real, "rb") as f:
+            pie = struct.unpack_from("<H", f.read(18), 16)[0] == 3  # ET_DYN
+        base = 0
+        with open(f"/proc/{pid}/maps") as maps:
+            for line in maps:
+                parts = line.split()
+                if len(parts) >= 6 and parts[5] == real and int(parts[2], 16) == 0:
+                    base = int(parts[0].split("-")[0], 16)
+                    break
+        assert base, f"{real} not mapped in {pid}"
+        self.base = base if pie else 0
+        self.funcs: list[tuple[int, int, str]] = []
+        out = subprocess.run(
+            ["nm", "-S", "--defined-only", real], capture_output=True, text=True, check=True
+        ).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 4 and parts[2] in "tTwW":
+                self.funcs.append((int(parts[0], 16), int(parts[1], 16), parts[3]))
+
+    def name(self, ip: int) -> str | None:
+        rel = ip - 1 - self.base  # a return address: look at the call instruction
+        for start, size, name in self.funcs:
+            if start <= rel < start + size:
+                return name
+        return None
+
+
+class Totals:
+    """Everything a reader reported, accumulated over take() calls."""
+
+    def __init__(self) -> None:
+        self.stacks: dict[int, tuple[int, ...]] = {}
+        self.sites: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        self.events = self.lost = self.unknown_frees = 0
+        self.live_bytes = self.live_blocks = 0
+        self.exited = self.execed = False
+        self.sample_bytes = 0
+
+    def add(self, batch: dict) -> None:
+        for stack_id, ips in batch["new_stacks"]:
+            assert stack_id not in self.stacks
+            assert len(ips) >= 1
+            self.stacks[stack_id] = ips
+        for stack_id, ab, ac, fb, fc in batch["sites"]:
+            assert stack_id in self.stacks
+            site = self.sites[stack_id]
+            site[0] += ab
+            site[1] += ac
+            site[2] += fb
+            site[3] += fc
+        self.events += batch["events"]
+        self.lost += batch["lost"]
+        self.unknown_frees += batch["unknown_frees"]
+        self.live_bytes = batch["live_bytes"]
+        self.live_blocks = batch["live_blocks"]
+        self.exited = batch["exited"]
+        self.execed = batch["execed"]
+        self.sample_bytes = batch["sample_bytes"]
+
+    def by_function(self, symbols: Symbols) -> dict[str | None, list[int]]:
+        """Sites summed by the function of their first frame."""
+        out: dict[str | None, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        for stack_id, site in self.sites.items():
+            fn = symbols.name(self.stacks[stack_id][0])
+            for k in range(4):
+                out[fn][k] += site[k]
+        return out
+
+
+class Target:
+    """A target process under the shim, driven through stdout lines and flag files."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        flags: Path,
+        env: dict[str, str] | None = None,
+        preexec: Callable[[], None] | None = None,
+    ) -> None:
+        self.flags = flags
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, env=env if env is not None else shim_env(),
+            preexec_fn=preexec,
+        )
+
+    def line(self, timeout: float = 30.0) -> str:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, "target said nothing"
+        line = self.proc.stdout.readline().decode()
+        assert line, f"target closed stdout (exit {self.proc.poll()})"
+        return line.strip()
+
+    def expect(self, word: str) -> list[str]:
+        parts = self.line().split()
+        assert parts and parts[0] == word, parts
+        return parts[1:]
+
+    def signal(self, name: str) -> None:
+        (self.flags / name).touch()
+
+    def finish(self, flag: str = "exit", timeout: float = 30.0) -> int:
+        self.signal(flag)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def flags(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+@pytest.fixture
+def targets() -> Iterator[list[Target]]:
+    started: list[Target] = []
+    yield started
+    for t in started:
+        killed = t.proc.poll() is None
+        t.kill()
+        if killed:  # SIGKILL leaves the ring behind: remove it
+            ring_path(t.proc.pid).unlink(missing_ok=True)
+        if t.proc.stdout is not None:
+            t.proc.stdout.close()
+
+
+def start(targets: list[Target], argv: list[str], flags: Path, **kw) -> Target:
+    t = Target(argv, flags, **kw)
+    targets.append(t)
+    return t
+
+
+def attach(pid: int, timeout: float = 10.0) -> HeapReader:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return HeapReader.attach(pid)
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def drain_until(reader: HeapReader, totals: Totals, target: Target, word: str) -> list[str]:
+    """Polls continuously while waiting for the target's next line."""
+    result: list[str] = []
+    done = threading.Event()
+
+    def wait_line() -> None:
+        result.extend(target.expect(word))
+        done.set()
+
+    waiter = threading.Thread(target=wait_line)
+    waiter.start()
+    while not done.is_set():
+        if reader.poll() == 0:
+            time.sleep(0.001)
+        if not waiter.is_alive():
+            break
+    waiter.join()
+    reader.poll()
+    totals.add(reader.take())
+    return result
+
+
+# ------------------------------------------------------------------ exact numbers
+
+
+def test_sites_exact_and_ring_lifecycle(target_binary, flags, targets) -> None:
+    binary = target_binary("heap_sites.c")
+    ticks = 20000
+    t = start(targets, [str(binary), str(ticks), str(flags)], flags,
+              preexec=lambda: os.umask(0))
+    pid = int(t.expect("ready")[0])
+    path = ring_path(pid)
+    st = path.lstat()
+    assert stat.S_ISREG(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o600  # even with umask 0
+    assert st.st_uid == os.geteuid()
+
+    reader = attach(pid)
+    assert reader.pid == pid and reader.sample_bytes == 0
+    symbols = Symbols(binary, pid)
+    totals = Totals()
+    t.signal("go")
+    drain_until(reader, totals, t, "done")
+
+    fn = totals.by_function(symbols)
+    assert fn["leak_site"] == [ticks * 1000, ticks, 0, 0]
+    assert fn["churn_site"] == [ticks * 777, ticks, ticks * 777, ticks]
+    assert fn["keep_site"] == [123457, 1, 0, 0]
+    assert totals.lost == 0 and totals.unknown_frees == 0
+    # the leak stack goes on to main (frame pointers walked past the leaf)
+    leak_stacks = [s for s in totals.stacks.values() if symbols.name(s[0]) == "leak_site"]
+    assert len(leak_stacks) == 1 and symbols.name(leak_stacks[0][1]) == "main"
+    live_before_exit = totals.live_bytes
+    assert live_before_exit >= ticks * 1000 + 123457
+
+    # normal exit: exited flag, name unlinked, the mapped ring still readable
+    assert t.finish() == 0
+    assert not path.exists()
+    reader.poll()
+    totals.add(reader.take())
+    assert totals.exited and not totals.execed
+    reader.close()
+    with pytest.raises(ValueError):
+        reader.poll()
+
+
+def test_allocator_entry_points(target_binary, flags, targets) -> None:
+    binary = target_binary("heap_apis.c")
+    t = start(targets, [str(binary), str(flags)], flags)
+    pid = int(t.expect("ready")[0])
+    reader = attach(pid)
+    symbols = Symbols(binary, pid)
+    totals = Totals()
+    t.signal("go")
+    page = int(drain_until(reader, totals, t, "done")[0])
+    fn = totals.by_function(symbols)
+    assert fn["do_calloc"] == [1000, 1, 0, 0]
+    # malloc 100, realloc -> 5000, realloc -> 50: 3 allocs; frees charged to the first two
+    assert fn["do_realloc"] == [100 + 5000 + 50, 3, 100 + 5000, 2]
+    # realloc(NULL, 64) allocates, realloc(p, 0) frees
+    assert fn["do_realloc_edges"] == [64, 1, 64, 1]
+    # posix_memalign and aligned_alloc blocks were freed with free()
+    assert fn["do_posix_memalign"] == [3000, 1, 3000, 1]
+    assert fn["do_aligned_alloc"] == [4096, 1, 4096, 1]
+    assert fn["do_memalign"] == [999, 1, 0, 0]
+    assert fn["do_valloc"] == [12345, 1, 0, 0]
+    assert fn["do_pvalloc"] == [-(-5000 // page) * page, 1, 0, 0]  # rounded up to pages
+    assert totals.lost == 0 and totals.unknown_frees == 0
+    assert t.finish() == 0
+    reader.close()
+
+
+def test_threads_totals_exact(target_binary, flags, targets) -> None:
+    """8 threads, cross-thread frees and producer/consumer hand-off; poll() runs on a
+    background thread while take() runs here, as the recorder does."""
+    binary = target_binary("heap_threads.c")
+    t = start(targets, [str(binary), str(flags)], flags,
+              env=shim_env(RSPROF_HEAP_RING_MB="32"))
+    pid = int(t.expect("ready")[0])
+    reader = attach(pid)
+    symbols = Symbols(binary, pid)
+    totals = Totals()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def drain() -> None:
+        try:
+            while not stop.is_set():
+                if reader.poll() == 0:
+                    time.sleep(0.0005)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    drainer = threading.Thread(target=drain)
+    drainer.start()
+    t.signal("go")
+    done = threading.Event()
+    threading.Thread(target=lambda: (t.expect("done"), done.set())).start()
+    while not done.wait(0.01):
+        totals.add(reader.take())
+    stop.set()
+    drainer.join()
+    assert not errors
+    reader.poll()
+    totals.add(reader.take())
+
+    threads, per_thread = 8, 20000
+    sizes = [((i * 7 + th) % 97 + 1) * 8 for th in range(threads) for i in range(per_thread)]
+    odd = [((i * 7 + th) % 97 + 1) * 8 for th in range(threads)
+           for i in range(1, per_thread, 2)]
+    fn = totals.by_function(symbols)
+    assert fn["thread_alloc_site"] == [sum(sizes), len(sizes), sum(odd), len(odd)]
+    items = 4 * 50000
+    assert fn["pc_site"] == [items * 48, items, items * 48, items]
+    assert totals.lost == 0 and totals.unknown_frees == 0
+    assert t.finish() == 0
+    reader.close()
+
+
+def test_cpp_new_delete(target_binary, flags, targets) -> None:
+    binary = target_binary("heap_cpp.cc")
+    t = start(targets, [str(binary), str(flags)], flags)
+    pid = int(t.expect("ready")[0])
+    reader = attach(pid)
+    totals = Totals()
+    t.signal("go")
+    drain_until(reader, totals, t, "done")
+    by_size: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for site in totals.sites.values():
+        if site[1] and site[0] % site[1] == 0:
+            by_size[site[0] // site[1]][0] += site[1]
+            by_size[site[0] // site[1]][1] += site[3]
+    assert by_size[200] == [500, 0]  # new Widget, kept
+    assert by_size[3000] == [700, 700]  # new char[3000] / delete[]
+    assert totals.lost == 0 and totals.unknown_frees == 0
+    assert t.finish() == 0
+    reader.close()
+
+
+# ------------------------------------------------------------------ fork / exec
+
+
+def test_fork_and_exec(target_binary, flags, targets) -> None:
+    binary = target_binary("heap_fork.c")
+    t = start(targets, [str(binary), str(flags)], flags)
+    parent = int(t.expect("parent")[0])
+    rp = attach(parent)
+    parent_syms = Symbols(binary, parent)
+    child = int(t.expect("child")[0])
+    assert child != parent
+    rc = attach(child)  # the child has a ring of its own, named after its pid
+    child_syms = Symbols(binary, child)
+    t.signal("fork-quick")
+    quick = int(t.expect("quick")[0])
+
+    ptot, ctot = Totals(), Totals()
+    rp.poll()
+    ptot.add(rp.take())
+    rc.poll()
+    ctot.add(rc.take())
+    pfn, cfn = ptot.by_function(parent_syms), ctot.by_function(child_syms)
+    assert pfn["parent_site"] == [11111, 1, 0, 0]
+    assert "child_site" not in pfn and "quick_site" not in pfn
+    assert cfn["child_site"] == [22222, 1, 0, 0]
+    assert "parent_site" not in cfn  # the child's ring starts empty at fork
+
+    # exec: the old ring says exited+execed, the new image has a fresh ring, same pid
+    t.signal("child-go")
+    assert int(t.expect("exec")[0]) == child
+    rc.poll()
+    ctot.add(rc.take())
+    assert ctot.exited and ctot.execed
+    rc.close()
+    rx = attach(child)
+    xtot = Totals()
+    rx.poll()
+    xtot.add(rx.take())
+    xfn = xtot.by_function(Symbols(binary, child))
+    assert xfn["exec_site"] == [33333, 1, 0, 0]
+    assert "child_site" not in xfn
+
+    t.signal("exec-go")
+    assert t.expect("children-done") == []
+    # children gone (one by exit, one by _exit): their rings too; the parent's remains
+    assert not ring_path(child).exists()
+    assert not ring_path(quick).exists()
+    assert ring_path(parent).exists()
+    rx.poll()
+    xtot.add(rx.take())
+    assert xtot.exited and not xtot.execed
+    rx.close()
+
+    rp.poll()
+    ptot.add(rp.take())
+    pfn = ptot.by_function(parent_syms)
+    assert pfn["parent_site"] == [11111, 1, 0, 0]
+    assert not ptot.exited
+    assert t.finish("parent-go") == 0
+    assert not ring_path(parent).exists()
+    rp.close()
+
+
+# ------------------------------------------------------------------ overflow
+
+
+def test_overflow_counts_lost(target_binary, flags, targets) -> None:
+    binary = target_binary("heap_sites.c")
+    ticks = 50000  # ~100 k events, far more than 64 KiB holds
+    t = start(targets, [str(binary), str(ticks), str(flags)], flags,
+              env=shim_env(RSPROF_HEAP_RING_KB="64"))
+    pid = int(t.expect("ready")[0])
+    t.signal("go")
+    assert t.expect("done") == []  # the target never blocks on a full ring
+    reader = attach(pid)
+    assert reader.ring_bytes == 64 * 1024
+    totals = Totals()
+    reader.poll()
+    totals.add(reader.take())
+    assert totals.lost > 0
+    assert totals.events > 0
+    # the ring has room again once drained: later events are delivered
+    assert t.finish() == 0
+    reader.poll()
+    totals.add(reader.take())
+    assert totals.exited
+    reader.close()
+
+
+# ------------------------------------------------------------------ shm security
+
+
+class ShellTarget(Target):
+    def __init__(self, binary: Path, args: list[str], flags: Path) -> None:
+        self.flags = flags
+        env = shim_env()
+        del env["LD_PRELOAD"]
+        script = f'read go; LD_PRELOAD={SHIM} exec "$0" "$@"'
+        self.proc = subprocess.Popen(
+            ["/bin/sh", "-c", script, str(binary), *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        )
+
+    def release(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.close()
+
+
+def shell_target(targets: list[Target], binary: Path, args: list[str], flags: Path) -> ShellTarget:
+    t = ShellTarget(binary, args, flags)
+    targets.append(t)
+    return t
+
+
+@pytest.mark.parametrize("victim_exists", [True, False])
+def test_symlink_at_ring_name_not_followed(target_binary, flags, targets, victim_exists) -> None:
+    binary = target_binary("heap_sites.c")
+    t = shell_target(targets, binary, ["100", str(flags)], flags)
+    pid = t.proc.pid
+    victim = flags / "victim"
+    if victim_exists:
+        victim.write_bytes(b"precious")
+    link = ring_path(pid)
+    link.symlink_to(victim)
+    try:
+        t.release()
+        assert int(t.expect("ready")[0]) == pid
+        t.signal("go")
+        assert t.expect("done") == []
+        with pytest.raises(ValueError):
+            HeapReader.attach(pid)
+        assert t.finish() == 0
+        assert link.is_symlink()  # left alone
+        if victim_exists:
+            assert victim.read_bytes() == b"precious"
+        else:
+            assert not victim.exists()
+    finally:
+        link.unlink(missing_ok=True)
+
+
+def fake_header(pid: int, start_time: int, ring_size: int = 65536) -> bytes:
+    pidns = os.stat("/proc/self/ns/pid").st_ino
+    head = struct.pack("<QIIQiIQQQII", MAGIC, VERSION, HEADER_SIZE, ring_size, pid,
+                       os.geteuid(), start_time, pidns, 0, 64, 0)
+    return head.ljust(HEADER_SIZE, b"\0") + b"\0" * ring_size
+
+
+def test_stale_ring_of_dead_process_replaced(target_binary, flags, targets) -> None:
+    binary = target_binary("heap_sites.c")
+    t = shell_target(targets, binary, ["1000", str(flags)], flags)
+    pid = t.proc.pid
+    stale = ring_path(pid)
+    # a ring left by an earlier process that had this pid (another start time)
+    fd = os.open(stale, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.write(fd, fake_header(pid, start_time=1))
+    os.close(fd)
+    old_ino = stale.stat().st_ino
+    try:
+        t.release()
+        assert int(t.expect("ready")[0]) == pid
+        reader = attach(pid)
+        assert stale.stat().st_ino != old_ino
+        assert reader.ring_bytes != 65536  # the shim's own ring, default size
+        symbols = Symbols(binary, pid)
+        totals = Totals()
+        t.signal("go")
+        drain_until(reader, totals, t, "done")
+        assert totals.by_function(symbols)["leak_site"] == [1000 * 1000, 1000, 0, 0]
+        assert t.finish() == 0
+        reader.close()
+    finally:
+        stale.unlink(missing_ok=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create another user's file")
+def test_foreign_file_at_ring_name_refused(target_binary, flags, targets) -> None:
+    binary = target_binary("heap_sites.c")
+    t = shell_target(targets, binary, ["100", str(flags)], flags)
+    pid = t.proc.pid
+    path = ring_path(pid)
+    content = fake_header(pid, start_time=1)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.write(fd, content)
+    os.close(fd)
+    os.chown(path, 65534, 65534)
+    try:
+        t.release()
+        assert int(t.expect("ready")[0]) == pid
+        t.signal("go")
+        assert t.expect("done") == []
+        with pytest.raises(ValueError):
+            HeapReader.attach(pid)
+        assert t.finish() == 0
+        assert path.stat().st_uid == 65534 and path.read_bytes() == content
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_killed_target_leaves_ring_for_sweep(target_binary, flags, targets) -> None:
+    binary = target_binary("heap_sites.c")
+    t = start(targets, [str(binary), "10", str(flags)], flags)
+    pid = int(t.expect("ready")[0])
+    reader = attach(pid)
+    assert ring_path(pid).exists()
+    t.proc.send_signal(signal.SIGKILL)
+    t.proc.wait()
+    reader.poll()
+    assert reader.take()["exited"]  # no flag, but the process is gone
+    reader.close()
+    assert ring_path(pid).exists()  # nobody could remove it...
+    assert pid in HeapReader.sweep_stale()  # ...until a sweep
+    assert not ring_path(pid).exists()
+
+
+def test_attach_errors(target_binary, flags, targets) -> None:
+    with pytest.raises(FileNotFoundError):
+        HeapReader.attach(os.getpid())  # no shim in this process
+    binary = target_binary("heap_sites.c")
+    t = start(targets, [str(binary), "10", str(flags)], flags)
+    pid = int(t.expect("ready")[0])
+    first = attach(pid)
+    with pytest.raises(ValueError):
+        HeapReader.attach(pid)  # one reader per ring
+    first.close()
+    second = HeapReader.attach(pid)  # free again after close()
+    t.signal("go")
+    assert t.expect("done") == []
+    assert t.finish() == 0
+    second.close()
+
+
+# ------------------------------------------------------------------ sampling
+
+
+def test_sampled_estimates_within_ten_percent(target_binary, flags, targets) -> None:
+    binary = target_binary("heap_sampled.c")
+    n = 8192
+    t = start(targets, [str(binary), str(flags)], flags,
+              env=shim_env(RSPROF_HEAP_SAMPLE_BYTES=str(n)))
+    pid = int(t.expect("ready")[0])
+    reader = attach(pid)
+    assert reader.sample_bytes == n
+    symbols = Symbols(binary, pid)
+    totals = Totals()
+    t.signal("go")
+    alloc_bytes, alloc_count, live_bytes, live_count = map(
+        int, drain_until(reader, totals, t, "done"))
+    assert totals.sample_bytes == n
+    fn = totals.by_function(symbols)
+    est_alloc_bytes = fn["churn_site"][0] + fn["keep_site"][0]
+    est_alloc_count = fn["churn_site"][1] + fn["keep_site"][1]
+    keep = fn["keep_site"]
+    churn = fn["churn_site"]
+    # far fewer events than allocations: that is the point
+    assert totals.events < alloc_count * 0.6
+    assert est_alloc_bytes == pytest.approx(alloc_bytes, rel=0.10)
+    assert est_alloc_count == pytest.approx(alloc_count, rel=0.10)
+    assert keep[0] - keep[2] == pytest.approx(live_bytes, rel=0.10)
+    assert keep[1] - keep[3] == pytest.approx(live_count, rel=0.10)
+    # churned blocks are all freed: only sampled addresses are reported freed, exactly
+    assert churn[2] == churn[0] and churn[3] == churn[1]
+    assert totals.lost == 0 and totals.unknown_frees == 0
+    assert t.finish() == 0
+    reader.close()
+
+
+# ------------------------------------------------------------------ robustness
+
+
+def test_python_runs_under_shim(tmp_path: Path) -> None:
+    """A real, large program (dlopen, threads, fork+exec via subprocess) under the shim."""
+    code = (
+        "import threading, subprocess, json, os\n"
+        "def work():\n"
+        "    data = [dict(a=i, b=str(i) * 10) for i in range(20000)]\n"
+        "    json.dumps(data)\n"
+        "ts = [threading.Thread(target=work) for _ in range(4)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "out = subprocess.run(['/bin/echo', 'hi'], capture_output=True).stdout\n"
+        "assert out == b'hi\\n'\n"
+        "print(os.getpid())\n"
+    )
+    proc = subprocess.run(["python3", "-c", code], capture_output=True, text=True,
+                          env=shim_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    pid = int(proc.stdout.strip())
+    assert not ring_path(pid).exists()
+
+
+def test_exit_wait_lets_late_reader_attach(target_binary, flags, targets) -> None:
+    """RSPROF_HEAP_EXIT_WAIT_MS keeps the name at exit until a reader has drained it."""
+    binary = target_binary("heap_sites.c")
+    t = start(targets, [str(binary), "100", str(flags)], flags,
+              env=shim_env(RSPROF_HEAP_EXIT_WAIT_MS="5000"))
+    pid = int(t.expect("ready")[0])
+    t.signal("go")
+    assert t.expect("done") == []
+    t.signal("exit")
+    time.sleep(0.3)  # the target is now waiting in its exit path
+    assert t.proc.poll() is None
+    reader = HeapReader.attach(pid)
+    totals = Totals()
+    reader.poll()
+    totals.add(reader.take())
+    assert totals.exited
+    assert t.proc.wait(timeout=10) == 0
+    assert not ring_path(pid).exists()
+    assert [1000 * 100, 100, 0, 0] in totals.sites.values()  # leak_site's stack
+    reader.close()
