@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 TREND_LEN = 12
 """Checkpoints kept per function for the Trend sparkline."""
@@ -60,9 +61,10 @@ class CheckpointSummary:
     target_rss_bytes: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CpuRow:
-    """One function: self samples over the run and in the last interval."""
+class CpuRow(NamedTuple):
+    """One function: self samples over the run and in the last interval.
+
+    (A NamedTuple: the table may hold 10 000 of them, rebuilt at every refresh.)"""
 
     key: int
     function: str
@@ -74,8 +76,7 @@ class CpuRow:
     trend: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class HeapRow:
+class HeapRow(NamedTuple):
     """One allocation call site."""
 
     key: int
@@ -140,6 +141,7 @@ class LiveProfile:
         self.info = ProfileInfo()
         self.thread: int | None = None
         self._loc: dict[int, tuple[str, str, int]] = {}
+        self._loc_text: dict[int, str] = {}
         self._max_loc_id = 0
         # checkpoints
         self._cp_ids = array("q")
@@ -309,6 +311,13 @@ class LiveProfile:
                     "SELECT function, file, line FROM locations WHERE id = ?", (lid,)
                 ).fetchone()
                 self._loc[lid] = (row[0], row[1] or "", row[2] or 0) if row else (f"#{lid}", "", 0)
+
+    def _location_text(self, lid: int) -> str:
+        text = self._loc_text.get(lid)
+        if text is None:
+            _fn, file, line = self._loc[lid]
+            text = self._loc_text[lid] = _location_text(file, line)
+        return text
 
     def _fid(self, lid: int) -> int:
         fid = self._loc_fid.get(lid)
@@ -503,13 +512,12 @@ class LiveProfile:
                 if not samples:
                     continue
                 live = last.get(fid, 0)
-                _fn, file, line = self._loc[self._fn_best_loc[fid]]
                 trend = trends.get(fid)
                 rows.append(
                     CpuRow(
                         fid,
                         self._fn_name[fid],
-                        _location_text(file, line),
+                        self._location_text(self._fn_best_loc[fid]),
                         samples,
                         live,
                         100.0 * samples / total,
@@ -526,13 +534,13 @@ class LiveProfile:
             pad = self.trend_len - len(self._heap_ring)
             rows = []
             for lid, (ab, ac, fb, fc, live) in self._heap.items():
-                fn, file, line = self._loc[lid]
+                fn = self._loc[lid][0]
                 trend = trends.get(lid)
                 if trend is None:
                     base = self._heap_base.get(lid, live)
                     trend = [0] * pad + [base] * (self.trend_len - pad)
                 rows.append(
-                    HeapRow(lid, fn, _location_text(file, line), live, ab, ac, fb, fc, tuple(trend))
+                    HeapRow(lid, fn, self._location_text(lid), live, ab, ac, fb, fc, tuple(trend))
                 )
             return rows
 

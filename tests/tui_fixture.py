@@ -18,8 +18,14 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from storage.schema import create_schema
+
+if TYPE_CHECKING:
+    from textual.pilot import Pilot
+
+    from tui.app import RsprofApp
 
 START_MS = 1_700_000_000_000
 PID = 4242
@@ -206,3 +212,30 @@ def finish(path: str | Path, stop_reason: str = "duration") -> None:
     )
     conn.commit()
     conn.close()
+
+
+# -- app helpers for the TUI tests --------------------------------------------------------
+
+FAKE_NOW = START_MS / 1000 + 125.5  # the fake clock: 2 min 5 s after the recording began
+
+
+def make_app(path: str | Path, *, live: bool = False, **kwargs: Any) -> RsprofApp:
+    """The app over `path` with a fixed clock, so the header's elapsed time is stable."""
+    from storage.live import LiveProfile
+    from tui.app import RsprofApp
+
+    kwargs.setdefault("clock", lambda: FAKE_NOW)
+    return RsprofApp(LiveProfile(path), live=live, **kwargs)
+
+
+async def settle(pilot: Pilot[Any]) -> None:
+    """Waits until the snapshot worker is idle and the screen is drawn."""
+    app = pilot.app
+    for _ in range(500):
+        await pilot.pause()
+        main = next((s for s in app.screen_stack if type(s).__name__ == "MainScreen"), None)
+        if main is not None and not getattr(main, "busy", True):
+            break
+        await pilot.pause(0.01)
+    await app.workers.wait_for_complete()
+    await pilot.pause()

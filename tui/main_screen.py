@@ -9,7 +9,7 @@ coalesced into one more run.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+import time
 from typing import TYPE_CHECKING, ClassVar
 
 from textual import on, work
@@ -69,7 +69,7 @@ class MainScreen(Screen[None]):
         Binding("l", "pan(-1)", "Pan forward", show=False),
         Binding("z", "from_zero", "Y from 0", show=False),
         Binding("tab", "switch_focus", "Focus", show=False),
-        Binding("escape", "escape", "Close", show=False),
+        Binding("escape", "escape", "Close"),
         Binding("question_mark", "help", "Help"),
     ]
     CHART_ACTIONS: ClassVar[set[str]] = {"bar", "zoom", "pan", "from_zero"}
@@ -79,6 +79,7 @@ class MainScreen(Screen[None]):
         self.view = View.CPU
         self.sorts: dict[View, tuple[str, bool]] = {v: (DEFAULT_SORT[v], True) for v in View}
         self.filter_text = ""
+        self._filter_shown = False
         self.thread: int | None = None
         self.chart_open = False
         self.zoom = DEFAULT_ZOOM
@@ -90,6 +91,8 @@ class MainScreen(Screen[None]):
         self._job_running = False
         self._job_pending: bool | None = None  # None: nothing pending, else "refresh" flag
         self._target = TargetStatus()
+        self._job_started = 0.0
+        self.last_update_s = 0.0  # request to drawn widgets, for the benchmark
 
     @property
     def rsprof(self) -> RsprofApp:
@@ -131,6 +134,7 @@ class MainScreen(Screen[None]):
             self._job_pending = bool(self._job_pending) or refresh
             return
         self._job_running = True
+        self._job_started = time.perf_counter()
         self._build(self.current_query(), refresh)
 
     @work(thread=True, group="snapshot")
@@ -171,8 +175,7 @@ class MainScreen(Screen[None]):
         self._job_running = False
         if snapshot.query != self.current_query() and self._job_pending is None:
             self._job_pending = False  # the UI changed meanwhile: build once more
-        if not self.paused or self.snapshot is None:
-            self._draw(snapshot)
+        self._draw(snapshot)  # while paused the data is frozen (no refresh), not the keys
         self._run_pending()
 
     def _draw(self, snapshot: Snapshot) -> None:
@@ -195,6 +198,7 @@ class MainScreen(Screen[None]):
             chart.show(self._chart_state(snapshot))
         self._show_header()
         self._announce_exit(previous, snapshot)
+        self.last_update_s = time.perf_counter() - self._job_started
 
     def _chart_state(self, snapshot: Snapshot) -> ChartState:
         q = snapshot.query
@@ -245,9 +249,6 @@ class MainScreen(Screen[None]):
         if snap is None:
             header.show(HeaderState("LOADING", name, 0, 0, 0, "", None, self.view))
             return
-        if self.paused and header.state is not None:
-            header.show(replace(header.state, mode="PAUSED"))
-            return
         info, summary = snap.info, snap.summary
         notice = self._exit_notice(snap)
         recording = info.state == "recording" and not notice
@@ -269,11 +270,14 @@ class MainScreen(Screen[None]):
         if snap.query.thread is not None:
             names = {t.tid: t.name for t in snap.threads}
             thread = f"{snap.query.thread} {names.get(snap.query.thread, '')}".strip()
+        elapsed = max(0.0, end - start)
+        if self.paused and header.state is not None:
+            elapsed = header.state.elapsed_ms  # frozen with the data
         header.show(
             HeaderState(
                 mode=mode,
                 file_name=name,
-                elapsed_ms=max(0.0, end - start),
+                elapsed_ms=elapsed,
                 samples=summary.samples,
                 lost_samples=summary.lost_samples,
                 process_name=info.process_name,
@@ -295,6 +299,8 @@ class MainScreen(Screen[None]):
             return self.chart_open
         if action == "pause":
             return self.rsprof.live
+        if action == "escape":
+            return self.chart_open or bool(self.filter_text) or self._filter_shown
         return True
 
     def action_view(self, view: str) -> None:
@@ -364,8 +370,9 @@ class MainScreen(Screen[None]):
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
-        box.display = True
+        box.display = self._filter_shown = True
         box.focus()
+        self.refresh_bindings()
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -377,15 +384,16 @@ class MainScreen(Screen[None]):
     def _filter_done(self) -> None:
         box = self.query_one("#filter", Input)
         if not box.value:
-            box.display = False
+            box.display = self._filter_shown = False
         self.query_one(ProfileTable).focus()
 
     def _clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.value = ""
-        box.display = False
+        box.display = self._filter_shown = False
         self.filter_text = ""
         self.query_one(ProfileTable).focus()
+        self.refresh_bindings()
         self._show_header()
         self.request_update()
 

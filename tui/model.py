@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any, Literal, Protocol
 
 from storage.live import (
@@ -97,13 +98,13 @@ _CELLS: dict[str, Callable[[Any], str]] = {
     "alloc_count": lambda r: fmt_count(r.alloc_count),
 }
 _SORT_KEYS: dict[str, Callable[[Any], Any]] = {
-    "total": lambda r: r.samples,
-    "live": lambda r: r.live_samples,
+    "total": attrgetter("samples"),
+    "live": attrgetter("live_samples"),
     "function": lambda r: r.function.lower(),
-    "location": lambda r: r.location,
-    "live_bytes": lambda r: r.live_bytes,
-    "alloc_bytes": lambda r: r.alloc_bytes,
-    "alloc_count": lambda r: r.alloc_count,
+    "location": attrgetter("location"),
+    "live_bytes": attrgetter("live_bytes"),
+    "alloc_bytes": attrgetter("alloc_bytes"),
+    "alloc_count": attrgetter("alloc_count"),
 }
 
 
@@ -122,8 +123,8 @@ def next_sort(view: View, key: str) -> str:
 
 
 def sort_rows(rows: list[Row], key: str, descending: bool) -> list[Row]:
-    """Sorts by column `key`; ties go by function name, then row key, so order is stable."""
-    rows.sort(key=lambda r: (r.function.lower(), r.key))
+    """Sorts by column `key`. The sort is stable and rows arrive in key order, so ties
+    keep a fixed order (by row key) between refreshes."""
     rows.sort(key=_SORT_KEYS[key], reverse=descending)
     return rows
 

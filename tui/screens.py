@@ -68,6 +68,8 @@ class ThreadPicker(ModalScreen[str | None]):
         Binding("escape,q", "dismiss", "Cancel"),
         Binding("j", "cursor(1)", show=False),
         Binding("k", "cursor(-1)", show=False),
+        Binding("g", "edge(0)", show=False),
+        Binding("G", "edge(1)", show=False),
     ]
 
     def __init__(self, threads: list[ThreadInfo], current: int | None) -> None:
@@ -100,6 +102,10 @@ class ThreadPicker(ModalScreen[str | None]):
             option_list.action_cursor_down()
         else:
             option_list.action_cursor_up()
+
+    def action_edge(self, last: int) -> None:
+        option_list = self.query_one(OptionList)
+        option_list.highlighted = option_list.option_count - 1 if last else 0
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(event.option.id)

@@ -1,0 +1,355 @@
+"""Every key of the TUI, driven with Textual's pilot (`App.run_test`), each checking its effect."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Input, OptionList, Static
+
+from tui.app import RsprofApp
+from tui.main_screen import MainScreen
+from tui.model import View
+from tui.screens import HelpScreen, ThreadPicker
+from tui.target import TargetMonitor
+from tui.widgets.chart import ProfileChart
+from tui.widgets.header import ProfileHeader
+from tui.widgets.table import ProfileTable
+
+# tests/ is not a package: make its helpers importable under plain `pytest` too.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tui_fixture import (
+    LONG_NAME,
+    append_checkpoints,
+    build_profile,
+    cpu_pattern,
+    finish,
+    make_app,
+    settle,
+)
+
+Scenario = Callable[[Pilot[Any], RsprofApp], Awaitable[None]]
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_profile(tmp_path_factory.mktemp("tui") / "fixture.db")
+
+
+def drive(app: RsprofApp, scenario: Scenario, size: tuple[int, int] = (80, 24)) -> None:
+    async def main() -> None:
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            await scenario(pilot, app)
+
+    asyncio.run(main())
+
+
+async def press(pilot: Pilot[Any], *keys: str) -> None:
+    for key in keys:
+        await pilot.press(key)
+        await settle(pilot)
+
+
+def parts(app: RsprofApp) -> tuple[MainScreen, ProfileTable, ProfileChart, str]:
+    main = app.main
+    header = main.query_one(ProfileHeader).plain
+    return main, main.query_one(ProfileTable), main.query_one(ProfileChart), header
+
+
+def names(table: ProfileTable) -> list[str]:
+    return [r.function for r in table.rows]
+
+
+def test_view_keys_1_2_m(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, header = parts(app)
+        assert main.view is View.CPU and names(table)[0] == "compute_hash"
+        assert "VIEW" in header and "8,940 samples" in header and "demo PID 4242" in header
+        await press(pilot, "2")
+        assert main.view is View.MEMORY and names(table)[0] == "leaky_cache_insert"
+        assert table.columns[0].label == "Live"
+        await press(pilot, "1")
+        assert main.view is View.CPU and table.columns[0].label == "Total %"
+        await press(pilot, "m")
+        assert main.view is View.MEMORY
+        await press(pilot, "m")
+        assert main.view is View.CPU
+
+    drive(make_app(profile), scenario)
+
+
+def test_row_navigation_j_k_g_G(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        _, table, _, _ = parts(app)
+        assert table.cursor == 0
+        await press(pilot, "j", "j")
+        assert table.cursor == 2 and table.selected and table.selected.function == "hash_round"
+        await press(pilot, "k")
+        assert table.selected and table.selected.function == "matrix_multiply"
+        await press(pilot, "G")
+        assert table.cursor == len(table.rows) - 1 and table.selected.function == "main"
+        await press(pilot, "g")
+        assert table.cursor == 0
+        await press(pilot, "down", "down", "up")
+        assert table.cursor == 1
+
+    drive(make_app(profile), scenario)
+
+
+def test_half_page_ctrl_d_ctrl_u(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        _, table, _, _ = parts(app)
+        half = table.page_rows // 2
+        assert 0 < half and 2 * half < len(table.rows)
+        await press(pilot, "ctrl+d")
+        assert table.cursor == half
+        await press(pilot, "ctrl+d")
+        assert table.cursor == 2 * half
+        await press(pilot, "ctrl+u")
+        assert table.cursor == half
+
+    drive(make_app(profile), scenario, size=(80, 10))
+
+
+def test_chart_c_enter_escape_b_z_tab(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, chart, _ = parts(app)
+        assert not chart.display
+        await press(pilot, "c")
+        assert main.chart_open and chart.display and chart.state is not None
+        assert chart.state.title.startswith("compute_hash · CPU % of samples · 1m window · line")
+        assert chart.state.series is not None and len(chart.state.series.points) == 60
+        await press(pilot, "j")  # the chart follows the selection
+        assert chart.state.title.startswith("matrix_multiply")
+        await press(pilot, "b")
+        assert chart.state.bar and "· bar" in chart.state.title
+        await press(pilot, "z")
+        assert chart.state.from_zero and "y from 0" in chart.state.title
+        await press(pilot, "tab")
+        assert chart.has_focus
+        await press(pilot, "tab")
+        assert table.has_focus
+        await press(pilot, "escape")
+        assert not main.chart_open and not chart.display
+        await press(pilot, "enter")
+        assert main.chart_open and chart.display
+        await press(pilot, "enter")
+        assert not main.chart_open
+
+    drive(make_app(profile), scenario)
+
+
+def test_zoom_and_pan(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        _, _, chart, _ = parts(app)
+        await press(pilot, "c")
+        assert chart.state and " 1m window" in chart.state.title
+        await press(pilot, "plus")
+        assert chart.state and " 30s window" in chart.state.title
+        assert chart.state.series and len(chart.state.series.points) == 30
+        await press(pilot, "minus", "minus")
+        assert chart.state and " 5m window" in chart.state.title
+        await press(pilot, "minus", "minus", "minus", "minus", "minus", "minus")
+        assert chart.state and " 1d window" in chart.state.title  # the widest level
+        await press(pilot, *["plus"] * 10)
+        assert chart.state and " 5s window" in chart.state.title  # the narrowest level
+        last = chart.state.series.points[-1][0] if chart.state.series else None
+        await press(pilot, "h")
+        assert chart.state and "2s back" in chart.state.title
+        assert chart.state.series and chart.state.series.points[-1][0] < (last or 0)
+        await press(pilot, "h", "l")
+        assert chart.state and "2s back" in chart.state.title
+        await press(pilot, "l", "l")  # cannot pan past the newest checkpoint
+        assert chart.state and "back" not in chart.state.title
+
+    drive(make_app(profile), scenario)
+
+
+def test_sort_s_and_header_click(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        assert table.sort_key == "total"
+        await press(pilot, "s")
+        assert table.sort_key == "live" and names(table)[0] == "compute_hash"
+        assert names(table)[1] == "parse_input"  # 15 samples in the last interval
+        await press(pilot, "s")
+        assert table.sort_key == "function" and not table.descending
+        assert names(table)[:2] == ["__memmove_avx_unaligned_erms", "compress_block"]
+        await press(pilot, "s", "s")
+        assert table.sort_key == "total"
+        # click the Location header (x beyond the Function column), then again to reverse
+        location_x = sum(w + 1 for w in table._widths()[:3]) + 2
+        await pilot.click(ProfileTable, offset=(location_x, 0))
+        await settle(pilot)
+        assert table.sort_key == "location" and not table.descending
+        await pilot.click(ProfileTable, offset=(location_x, 0))
+        await settle(pilot)
+        assert table.sort_key == "location" and table.descending
+        await pilot.click(ProfileTable, offset=(5, 3))  # a row: selects it
+        await settle(pilot)
+        assert table.cursor == 2
+        assert main.sorts[View.MEMORY] == ("live_bytes", True)
+
+    drive(make_app(profile), scenario)
+
+
+def test_filter_slash_and_escape(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        await press(pilot, "slash")
+        box = main.query_one("#filter", Input)
+        assert box.display and box.has_focus
+        await press(pilot, "h", "a", "s", "h")
+        assert names(table) == ["compute_hash", "hash_round"]
+        assert "filter hash" in main.query_one(ProfileHeader).plain
+        await press(pilot, "enter")  # keeps the filter, back to the table
+        assert table.has_focus and names(table) == ["compute_hash", "hash_round"]
+        await press(pilot, "j")
+        assert table.selected and table.selected.function == "hash_round"
+        await press(pilot, "escape")
+        assert len(table.rows) == 9 and not box.display and main.filter_text == ""
+        await press(pilot, "slash", "x", "y", "z")
+        assert table.rows == [] and "no function matches" in table.empty_text
+        await press(pilot, "escape")
+        assert len(table.rows) == 9
+
+    drive(make_app(profile), scenario)
+
+
+def test_thread_picker_t(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        await press(pilot, "t")
+        assert isinstance(app.screen, ThreadPicker)
+        options = app.screen.query_one(OptionList)
+        labels = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+        assert labels[0] == "All threads" and any("worker-2" in x for x in labels)
+        # order: most samples first: worker-1, worker-2, demo
+        await press(pilot, "j", "j", "enter")
+        assert isinstance(app.screen, MainScreen)
+        assert main.thread == 4244
+        assert set(names(table)) == {"matrix_multiply", "compress_block", LONG_NAME}
+        assert "thread 4244 worker-2" in main.query_one(ProfileHeader).plain
+        await press(pilot, "t", "escape")  # cancel keeps the choice
+        assert main.thread == 4244
+        await press(pilot, "t", "g", "enter")
+        assert main.thread is None and len(table.rows) == 9
+
+    drive(make_app(profile), scenario)
+
+
+def test_help_question_mark(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        await press(pilot, "question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await press(pilot, "1")  # main-screen keys do nothing behind the help
+        assert app.main.view is View.CPU
+        await press(pilot, "escape")
+        assert isinstance(app.screen, MainScreen)
+
+    drive(make_app(profile), scenario)
+
+
+def test_quit_q(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.return_code == 0 and not app.is_running
+
+    drive(make_app(profile), scenario)
+
+
+def test_no_heap_message(tmp_path: Path) -> None:
+    path = build_profile(tmp_path / "noheap.db", 20, heap_mode="none")
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        await press(pilot, "2")
+        message = main.query_one("#no-heap", Static)
+        assert message.display and not table.display
+        text = str(message.render())
+        assert "rsprof run -- CMD" in text and "LD_PRELOAD=$(rsprof preload) CMD" in text
+        assert "rsprof -p PID" in text
+        await press(pilot, "1")
+        assert table.display and not message.display
+
+    drive(make_app(path), scenario)
+
+
+def test_live_follow_pause_and_target_exit(tmp_path: Path) -> None:
+    path = build_profile(tmp_path / "live.db", 60, state="recording")
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, header = parts(app)
+        assert "RECORDING" in header and "00:02:05" in header  # from the fake clock
+        cpu = round(sum(c for _t, _f, c in cpu_pattern(60)) * 100 / 99, 1)
+        assert f"CPU {cpu:.1f}%" in header  # target_cpu_pct of checkpoint 60
+        samples = main.snapshot.summary.samples if main.snapshot else 0
+        append_checkpoints(path, 61)
+        await pilot.pause(0.2)  # the timer (every 0.05 s here) picks it up
+        await settle(pilot)
+        assert main.snapshot and main.snapshot.summary.count == 61
+        assert main.snapshot.summary.samples > samples
+        await press(pilot, "p")
+        assert "PAUSED" in main.query_one(ProfileHeader).plain
+        shown = list(table.rows)
+        append_checkpoints(path, 70)
+        await pilot.pause(0.2)
+        await settle(pilot)
+        assert table.rows == shown  # frozen display
+        assert main.snapshot and main.snapshot.summary.count == 61
+        await press(pilot, "2", "1")  # keys still work on the frozen data
+        assert main.snapshot and main.snapshot.summary.count == 61 and table.rows == shown
+        await press(pilot, "p")
+        await pilot.pause(0.2)
+        await settle(pilot)
+        assert "RECORDING" in main.query_one(ProfileHeader).plain
+        assert main.snapshot and main.snapshot.summary.count == 70  # recording went on
+        finish(path, "target-exited")
+        await pilot.pause(0.2)
+        await settle(pilot)
+        text = main.query_one(ProfileHeader).plain
+        assert "target exited" in text and "STOPPED" in text
+        assert main.snapshot and main.snapshot.summary.count == 70 and len(table.rows) == 9
+
+    drive(make_app(path, live=True, refresh_interval=0.05), scenario)
+
+
+def test_p_is_for_live_mode_only(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        await press(pilot, "p")
+        assert not app.main.paused and "VIEW" in app.main.query_one(ProfileHeader).plain
+
+    drive(make_app(profile), scenario)
+
+
+def test_target_pid_disappears(tmp_path: Path) -> None:
+    path = build_profile(tmp_path / "live.db", 30, state="recording")
+    proc = subprocess.Popen(["sleep", "30"])
+    monitor = TargetMonitor(proc.pid)
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main = app.main
+        assert "RECORDING" in main.query_one(ProfileHeader).plain
+        proc.kill()
+        proc.wait()
+        await pilot.pause(0.2)
+        await settle(pilot)
+        text = main.query_one(ProfileHeader).plain
+        assert "target exited" in text and "STOPPED" in text
+        samples = sum(c for i in range(1, 31) for _t, _f, c in cpu_pattern(i))
+        assert f"{samples:,} samples" in text
+        assert len(main.query_one(ProfileTable).rows) == 9  # numbers stay
+
+    try:
+        drive(make_app(path, live=True, refresh_interval=0.05, monitor=monitor), scenario)
+    finally:
+        proc.kill()
+        proc.wait()
