@@ -70,14 +70,25 @@ class FrameResolver:
         if path not in self._modules:
             module = None
             if path.startswith("/"):
-                # The target may live in another mount namespace (a container): prefer its view.
-                for candidate in (f"/proc/{self.pid}/root{path}", path):
-                    if os.path.isfile(candidate):
-                        module = self.symbolizer.module(candidate)
-                        if module is not None:
-                            break
+                module = self.symbolizer.module(self._host_path(path))
             self._modules[path] = module
         return self._modules[path]
+
+    def _host_path(self, path: str) -> str:
+        """The target's file as this process can open it. Inside another mount namespace
+        (a container) that is /proc/PID/root/...; otherwise the plain path, which keeps
+        working after the target exits."""
+        in_target = f"/proc/{self.pid}/root{path}"
+        try:
+            theirs = os.stat(in_target)
+        except OSError:
+            return path
+        try:
+            ours = os.stat(path)
+        except OSError:
+            return in_target
+        same = (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+        return path if same else in_target
 
     def _module_id(self, path: str, build_id: str | None = None) -> int:
         found = self._module_ids.get(path)

@@ -76,9 +76,15 @@ def open_debug_file(binary: str, elf: ElfFile, roots: Sequence[str],
     if link is None:
         return None
     name, crc = link
-    own = os.path.realpath(binary)
+    try:
+        own = os.path.realpath(binary)
+    except OSError:  # e.g. /proc/PID/root/... of a target that has exited meanwhile
+        own = binary
     for path in debuglink_candidates(binary, name, roots):
-        if not os.path.isfile(path) or os.path.realpath(path) == own:
+        try:
+            if not os.path.isfile(path) or os.path.realpath(path) == own:
+                continue
+        except OSError:
             continue
         debug = _open_debug(path)
         if debug is None:
