@@ -7,7 +7,7 @@ from typing import ClassVar
 from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
@@ -51,7 +51,7 @@ class HelpScreen(ModalScreen[None]):
         table.add_column()
         for keys, action in KEYS:
             table.add_row(keys, action)
-        with Vertical(id="help-box"):
+        with VerticalScroll(id="help-box"):
             yield Static("rsprof keys", id="help-title")
             yield Static(table)
             yield Static("Esc, q or ? closes this help", id="help-hint")
