@@ -713,7 +713,7 @@ static PyObject *build_take(HeapReaderObject *r) {
             }
             PyTuple_SET_ITEM(ips, k, v);
         }
-        PyObject *item = Py_BuildValue("(nN)", (Py_ssize_t)id, ips);
+        PyObject *item = Py_BuildValue("(nN)", (Py_ssize_t)id + 1, ips); /* ids from 1 */
         if (item == NULL || PyList_Append(new_stacks, item) < 0) {
             Py_XDECREF(item);
             goto fail;
@@ -723,7 +723,7 @@ static PyObject *build_take(HeapReaderObject *r) {
     for (size_t k = 0; k < r->ndirty; k++) {
         uint32_t id = r->dirty[k];
         const stack_info *si = &t->info[id];
-        PyObject *item = Py_BuildValue("(nNNNN)", (Py_ssize_t)id, units(r, si->alloc_bytes),
+        PyObject *item = Py_BuildValue("(nNNNN)", (Py_ssize_t)id + 1, units(r, si->alloc_bytes),
                                        units(r, si->alloc_count), units(r, si->free_bytes),
                                        units(r, si->free_count));
         if (item == NULL || PyList_Append(sites, item) < 0) {
