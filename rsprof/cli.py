@@ -166,7 +166,7 @@ def demo(**options: object) -> None:
     outcome = _record(target, child=child, **options)  # type: ignore[arg-type]
     if not interactive:
         with Profile(outcome.path) as profile:
-            rows, total = analysis.top_cpu(profile, limit=10)
+            rows, total = analysis.top_cpu(profile, limit=12, sort_by_total=True)
             render.cpu_table(rows, total, title="CPU: where time went (self and total)")
             if analysis.heap_mode(profile) != "none":
                 render.heap_table(

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-# tests/ is not a package: make its helpers importable under plain `pytest` too.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tui_fixture import build_profile
+from conftest import run_rsprof
 
 
 def _cli_available() -> bool:
@@ -42,8 +40,10 @@ def wait_for(check: Callable[[], bool], timeout: float = 30.0) -> bool:
 
 
 def test_view_in_tmux(tmp_path: Path) -> None:
-    # TODO(recorder): switch to a profile recorded from a real target once one is at hand.
-    profile = build_profile(tmp_path / "fixture.db")
+    # A profile recorded from a real target: the bundled demo, CPU and heap.
+    profile = tmp_path / "recorded.db"
+    recorded = run_rsprof("demo", "-q", "-d", "3s", "-o", str(profile), cwd=tmp_path)
+    assert recorded.returncode == 0, recorded.stderr
     exit_file = tmp_path / "exit"
     session = f"rsprof-tui-test-{os.getpid()}"
     # The rsprof this test imports: the installed one under plain `pytest`, the source tree
@@ -71,13 +71,13 @@ def test_view_in_tmux(tmp_path: Path) -> None:
         check=True,
     )
     try:
-        assert wait_for(lambda: "compute_hash" in screen()), screen()
+        assert wait_for(lambda: "spin_for" in screen()), screen()
         text = screen()
-        assert "VIEW" in text and "fixture.db" in text and "demo PID 4242" in text
-        assert "Total %" in text and "src/hash.c:42" in text
+        assert "VIEW" in text and "recorded.db" in text and "rsprof-demo" in text
+        assert "Total %" in text and "demo.c:" in text
         subprocess.run(["tmux", "send-keys", "-t", session, "2"], check=True)
-        assert wait_for(lambda: "leaky_cache_insert" in screen()), screen()
-        assert "Allocated" in screen()
+        assert wait_for(lambda: "remember_request" in screen()), screen()
+        assert "load_config" in screen() and "Allocated" in screen()
         subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
         assert wait_for(exit_file.exists), screen()
         assert wait_for(lambda: exit_file.read_text().strip() != "")

@@ -1,0 +1,149 @@
+"""CPU sampling benchmark: what attaching costs the target, what each sample costs us.
+
+Runs a fixed-work target (bench/targets/cpu_work.c) plainly, under `rsprof run` at 99,
+999 and 4999 Hz, and under `perf record -g` at 999 Hz, in the same run, and reports the
+target's own elapsed time as a ratio against the plain run (median of --repeat runs).
+Then: rsprof's own CPU time per sample, and the highest rate at which nothing was lost.
+
+    python bench/bench_cpu.py [--repeat 3] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+FLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-pthread"]
+THREADS = 1  # leaves the second core to the profiler, as perf's figure assumes
+
+
+def build(workdir: Path) -> Path:
+    binary = workdir / "cpu_work"
+    subprocess.run(["gcc", *FLAGS, "-o", str(binary), str(HERE / "targets" / "cpu_work.c")],
+                   check=True)
+    return binary
+
+
+def elapsed_ms(stderr: str) -> float:
+    match = re.search(r"elapsed_ms ([\d.]+)", stderr)
+    if not match:
+        raise RuntimeError(f"target printed no timing: {stderr[-400:]}")
+    return float(match.group(1))
+
+
+def run_plain(binary: Path, units: str) -> float:
+    done = subprocess.run([str(binary), str(THREADS), units], capture_output=True, text=True)
+    return elapsed_ms(done.stderr)
+
+
+def run_rsprof(binary: Path, units: str, hz: int, out: Path) -> tuple[float, float, int, int]:
+    """(target ms, rsprof CPU seconds, samples, lost)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        [sys.executable, "-m", "rsprof", "run", "-q", "--no-heap", "--cpu-freq", str(hz),
+         "-o", str(out), "--", str(binary), str(THREADS), units],
+        capture_output=True, text=True,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+    # Children's rusage includes the target's own CPU; subtract it via its thread count x time.
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    db = sqlite3.connect(out)
+    samples, lost = db.execute(
+        "SELECT COALESCE(SUM(samples),0), COALESCE(SUM(lost_samples),0) FROM checkpoints"
+    ).fetchone()
+    db.close()
+    return elapsed_ms(done.stderr), cpu, samples, lost
+
+
+def run_perf(binary: Path, units: str, hz: int, workdir: Path) -> float | None:
+    if shutil.which("perf") is None:
+        return None
+    done = subprocess.run(
+        ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(hz), "-g", "-o",
+         str(workdir / "perf.data"), "--", str(binary), str(THREADS), units],
+        capture_output=True, text=True,
+    )
+    try:
+        return elapsed_ms(done.stderr)
+    except RuntimeError:
+        return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--units", default="1200", help="work per thread (1200 ~ 2 s here)")
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="rsprof-bench-cpu-"))
+    binary = build(workdir)
+    units = args.units
+
+    plain = statistics.median(run_plain(binary, units) for _ in range(args.repeat))
+    lines = [f"target: {THREADS} threads of fixed work, plain run {plain:.0f} ms (median of"
+             f" {args.repeat})", "", "| run | target time | ratio vs plain |", "| --- | --- | --- |"]
+    per_sample = []
+    for hz in (99, 999, 4999):
+        results = [run_rsprof(binary, units, hz, workdir / f"r{hz}-{i}.db")
+                   for i in range(args.repeat)]
+        target_ms = statistics.median(r[0] for r in results)
+        lines.append(f"| rsprof {hz} Hz | {target_ms:.0f} ms | {target_ms / plain:.3f} |")
+        if hz == 4999:
+            per_sample = [(r[1], r[2]) for r in results]
+    perf_runs = [run_perf(binary, units, 999, workdir) for _ in range(args.repeat)]
+    if all(p is not None for p in perf_runs):
+        perf_ms = statistics.median(p for p in perf_runs if p is not None)
+        lines.append(f"| perf record -g 999 Hz | {perf_ms:.0f} ms | {perf_ms / plain:.3f} |")
+
+    # Collector CPU per sample: rsprof's whole process (including Python start-up,
+    # symbolization and SQLite), less the target's own CPU time, measured separately.
+    target_cpu = THREADS * plain / 1000
+    costs = [max(0.0, cpu - target_cpu) / samples for cpu, samples in per_sample if samples]
+    lines += ["", f"collector CPU per sample at 4999 Hz (whole rsprof process, start-up"
+              f" included): {statistics.median(costs) * 1e6:.1f} µs"]
+
+    # Highest rate with nothing lost.
+    best = None
+    for hz in (999, 4999, 9999, 19999, 49999):
+        target_ms, _, samples, lost = run_rsprof(binary, units, hz, workdir / f"rate{hz}.db")
+        achieved = samples / (target_ms / 1000) / THREADS
+        lines.append(f"rate {hz} Hz: {samples} samples in {target_ms:.0f} ms of target time"
+                     f" ({achieved:.0f} samples/s per thread), {lost} lost")
+        if lost == 0:
+            best = hz
+    lines.append(f"highest rate with no lost samples: {best} Hz")
+    report = "\n".join(lines)
+    print(report)
+    if args.write_docs:
+        write_docs("## CPU sampling", report)
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def write_docs(heading: str, body: str) -> None:
+    """Replaces (or appends) one section of docs/benchmarks.md."""
+    doc = HERE.parent / "docs" / "benchmarks.md"
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    section = f"{heading}\n\nMeasured {time.strftime('%Y-%m-%d')} with `python bench/"
+    section += f"{Path(sys.argv[0]).name} --write-docs` on {os.cpu_count()} cores.\n\n"
+    section += body + "\n"
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+    doc.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""`rsprof demo`, the README's first command, runs headless and tells the truth about the demo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import run_rsprof
+
+
+def test_demo_headless_summary(tmp_path: Path) -> None:
+    result = run_rsprof("demo", "-q", "-d", "3s", "-o", str(tmp_path / "demo.db"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for name in ("compute_hashes", "multiply_matrices", "parse_requests"):
+        assert name in result.stdout
+    assert "rsprof view" in result.stderr
+    rows = json.loads(run_rsprof("top", "cpu", str(tmp_path / "demo.db"), "--json", "-n", "0")
+                      .stdout)
+    by_name = {row["function"]: row for row in rows}
+    # demo-hash spends 3 units in compute_hashes for every 1 in checksum_block.
+    hashes, checksum = by_name["compute_hashes"]["total"], by_name["checksum_block"]["total"]
+    assert 0.65 <= hashes / (hashes + checksum) <= 0.85
+    threads = run_rsprof("query", str(tmp_path / "demo.db"), "SELECT name FROM threads")
+    assert {"demo-hash", "demo-matrix"} <= set(threads.stdout.split())
