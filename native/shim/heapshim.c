@@ -514,6 +514,153 @@ static NOINLINE void thread_init(void) {
     t_guard--;
 }
 
+/* ------------------------------------------------------------------ code ranges */
+
+/* Debian's libc, libstdc++, libgcc_s and libm are built without frame pointers.  When one
+ * of their functions calls malloc (operator new, strdup, fopen, ...), our saved %rbp is
+ * that of the nearest frame-pointer ancestor, so the walk skips the function that called
+ * into the library: `new T` in f() would read "operator new, <f's caller>".  To recover
+ * it, the words between our frame and that ancestor's frame record are scanned for return
+ * addresses (see scan_gap), but only when ips[0] is in one of those libraries.  A word
+ * counts as a return address if it points into the executable mapping of an object that
+ * was loaded at start-up (never unmapped, so the bytes before it can be read safely) and
+ * is preceded by a call instruction.  The ranges come from /proc/self/maps, read once
+ * with open/read (no allocation, no loader lock) on the first recorded allocation. */
+#define MAX_CODE_RANGES 96
+#define MAX_FPLESS_RANGES 8
+typedef struct {
+    uintptr_t start, end;
+} code_range;
+static code_range g_code[MAX_CODE_RANGES];
+static code_range g_fpless[MAX_FPLESS_RANGES];
+static unsigned g_ncode, g_nfpless;
+static int g_maps_state; /* 0 not read, 1 reading, 2 ready (atomic) */
+
+static int is_fpless_lib(const char *base) {
+    static const char *const names[] = {"libc.so", "libstdc++.so", "libgcc_s.so", "libm.so"};
+    for (unsigned i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strncmp(base, names[i], strlen(names[i])) == 0) return 1;
+    return 0;
+}
+
+static uintptr_t parse_hex(const char **p) {
+    uintptr_t v = 0;
+    for (;; (*p)++) {
+        char c = **p;
+        if (c >= '0' && c <= '9') v = v * 16 + (uintptr_t)(c - '0');
+        else if (c >= 'a' && c <= 'f') v = v * 16 + (uintptr_t)(c - 'a' + 10);
+        else return v;
+    }
+}
+
+/* One line of /proc/self/maps: "start-end perms offset dev inode   path". */
+static void maps_line(const char *line) {
+    const char *p = line;
+    uintptr_t start = parse_hex(&p);
+    if (*p++ != '-') return;
+    uintptr_t end = parse_hex(&p);
+    if (*p++ != ' ' || p[0] == 0 || p[1] == 0 || p[2] != 'x') return;
+    const char *path = strchr(p, '/');
+    if (path == NULL || end <= start) return; /* anonymous (JIT, vdso): not trusted */
+    const char *base = strrchr(path, '/') + 1;
+    if (g_ncode < MAX_CODE_RANGES) g_code[g_ncode++] = (code_range){start, end};
+    if (is_fpless_lib(base) && g_nfpless < MAX_FPLESS_RANGES)
+        g_fpless[g_nfpless++] = (code_range){start, end};
+}
+
+static NOINLINE void read_maps(void) {
+    int expected = 0;
+    if (!__atomic_compare_exchange_n(&g_maps_state, &expected, 1, 0, __ATOMIC_ACQUIRE,
+                                     __ATOMIC_RELAXED))
+        return; /* another thread reads them; until then no gap scans */
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[4096], line[512];
+        size_t len = 0;
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof buf)) > 0) {
+            for (ssize_t i = 0; i < n; i++) {
+                if (buf[i] == '\n') {
+                    line[len] = 0;
+                    maps_line(line);
+                    len = 0;
+                } else if (len < sizeof line - 1) {
+                    line[len++] = buf[i];
+                }
+            }
+        }
+        close(fd);
+    }
+    __atomic_store_n(&g_maps_state, 2, __ATOMIC_RELEASE);
+}
+
+static ALWAYS_INLINE int in_ranges(const code_range *r, unsigned n, uintptr_t v) {
+    for (unsigned i = 0; i < n; i++)
+        if (v - r[i].start < r[i].end - r[i].start) return 1;
+    return 0;
+}
+
+/* v is a return address: the bytes before it encode a call.  Reads v-7 .. v-1, inside
+ * the code range that holds v (checked by the caller via code_range_of). */
+static int after_call(uintptr_t v, uintptr_t range_start) {
+    if (v - range_start < 7) return 0;
+    const unsigned char *b = (const unsigned char *)v;
+    if (b[-5] == 0xE8) return 1;                                /* call rel32 */
+    if (b[-6] == 0xFF && b[-5] == 0x15) return 1;               /* call *disp32(%rip) */
+    if (b[-2] == 0xFF && (b[-1] & 0xF8) == 0xD0) return 1;      /* call *%reg */
+    if (b[-3] == 0xFF && (b[-2] & 0xF8) == 0x50) return 1;      /* call *disp8(%reg) */
+    if (b[-6] == 0xFF && (b[-5] & 0xF8) == 0x90) return 1;      /* call *disp32(%reg) */
+    if (b[-3] == 0xFF && b[-2] == 0x14) return 1;                 /* call *(sib) */
+    if (b[-4] == 0xFF && b[-3] == 0x54) return 1;                 /* call *disp8(sib) */
+    return 0;
+}
+
+static int code_return(uintptr_t v) {
+    for (unsigned i = 0; i < g_ncode; i++)
+        if (v - g_code[i].start < g_code[i].end - g_code[i].start)
+            return after_call(v, g_code[i].start);
+    return 0;
+}
+
+static ALWAYS_INLINE int frame_ok(uintptr_t next, uintptr_t fp, uintptr_t hi) {
+    return next > fp && !(next & 7) && next + 16 <= hi;
+}
+
+/* ips[0] is inside a frame-pointer-less library.  Scan the stack words between our frame
+ * record and the next frame record (at most 64 words, all inside [fp, hi)) for return
+ * addresses: those into the same kind of library are further hidden callers, the first
+ * one outside them belongs to the function whose frame record comes next, and ends the
+ * scan.  If our saved %rbp is no frame pointer at all (the library used %rbp as a plain
+ * register), the walk resumes at the first plausible frame record above that return
+ * address; *resume receives it (0: continue from our saved %rbp as usual). */
+static NOINLINE unsigned scan_gap(uint64_t *ips, unsigned n, uintptr_t fp, uintptr_t hi,
+                                  unsigned max, uintptr_t *resume) {
+    uintptr_t next = ((const uintptr_t *)fp)[0];
+    int chain_ok = frame_ok(next, fp, hi);
+    uintptr_t end = fp + 16 + 64 * 8;
+    if (chain_ok && next < end) end = next;
+    if (end > hi) end = hi;
+    *resume = 0;
+    for (uintptr_t slot = fp + 16; slot + 8 <= end && n < max; slot += 8) {
+        uintptr_t v = *(const uintptr_t *)slot;
+        if (!code_return(v)) continue;
+        ips[n++] = v;
+        if (in_ranges(g_fpless, g_nfpless, v)) continue;
+        if (!chain_ok) {
+            uintptr_t lim = slot + 8 + 64 * 8;
+            for (uintptr_t f = slot + 8; f + 16 <= hi && f < lim; f += 8) {
+                const uintptr_t *rec = (const uintptr_t *)f;
+                if (frame_ok(rec[0], f, hi) && code_return(rec[1])) {
+                    *resume = f;
+                    break;
+                }
+            }
+        }
+        break;
+    }
+    return n;
+}
+
 /* ------------------------------------------------------------------ stack capture */
 
 /* Walks the frame-pointer chain starting at the wrapper's own frame `fp`.  ips[0] is the
@@ -528,17 +675,22 @@ static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *fla
     unsigned n = 0;
     ips[n++] = ((const uintptr_t *)fp)[1];
     if (fp < lo || fp + 16 > hi) return n;
+    uintptr_t next = 0;
+    if (UNLIKELY(__atomic_load_n(&g_maps_state, __ATOMIC_ACQUIRE) != 2)) read_maps();
+    else if (UNLIKELY(in_ranges(g_fpless, g_nfpless, ips[0])))
+        n = scan_gap(ips, n, fp, hi, max, &next);
+    if (next == 0) next = ((const uintptr_t *)fp)[0];
     for (;;) {
-        uintptr_t next = ((const uintptr_t *)fp)[0];
-        if (next <= fp || (next & 7) || next + 16 > hi) break;
+        if (!frame_ok(next, fp, hi)) break;
         uintptr_t ret = ((const uintptr_t *)next)[1];
         if (ret < 4096) break; /* end of chain (0) or garbage */
-        if (n == max) {
+        if (n >= max) {
             *flags |= RSPROF_HEAP_RF_TRUNCATED;
             break;
         }
         ips[n++] = ret;
         fp = next;
+        next = ((const uintptr_t *)fp)[0];
     }
     return n;
 }

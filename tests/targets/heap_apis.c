@@ -40,6 +40,10 @@ __attribute__((noinline)) static void do_valloc(void) { keep[6] = valloc(12345);
 
 __attribute__((noinline)) static void do_pvalloc(void) { keep[7] = pvalloc(5000); }
 
+/* strdup allocates inside libc, which has no frame pointers here: the shim must still
+ * find do_strdup as the caller. */
+__attribute__((noinline)) static void do_strdup(void) { keep[8] = strdup("seventeen bytes!"); }
+
 __attribute__((noinline)) static void do_free_all_aligned(void) {
     /* memalign-family blocks go back through plain free */
     free(keep[3]);
@@ -59,6 +63,7 @@ int main(int argc, char **argv) {
     do_memalign();
     do_valloc();
     do_pvalloc();
+    do_strdup();
     do_free_all_aligned();
     say("done %zu\n", (size_t)sysconf(_SC_PAGESIZE));
     wait_for(dir, "exit");
