@@ -44,8 +44,8 @@ def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int) -> subpro
     """Starts CMD held just before its exec, so sampling covers its first instruction.
 
     A small bash (dash cannot name file descriptors above 9) waits on a pipe, then execs
-    CMD in the same process (perf events follow a thread across exec). LD_PRELOAD is exported only for CMD, so the shell never creates a
-    heap ring of its own under CMD's PID.
+    CMD in the same process (perf events follow a thread across exec). LD_PRELOAD is
+    exported only for CMD, so the shell never creates a heap ring of its own under CMD's PID.
     """
     if not argv:
         raise CollectorError("no command given after --")
