@@ -82,6 +82,7 @@ class Recorder:
         self._written_tids: set[int] = set()
         # Called once sampling is enabled; `rsprof run` releases the held child from here.
         self.on_attached: Callable[[], None] | None = None
+        self._heap_meta_written = False
 
     # -- control -------------------------------------------------------------------------
 
@@ -206,6 +207,10 @@ class Recorder:
         try:
             while not self._drain_stop.is_set():
                 self._sampler.poll(50)
+                if self._heap is None and self.options.heap:
+                    # A launched target creates its ring only after exec, and a short one
+                    # may be gone before the first checkpoint: look for it on every poll.
+                    self._heap = HeapTracker.attach(self.target.pid, self.resolver)
                 if self._heap:
                     self._heap.poll()
         except BaseException as error:  # surfaced to the main loop, never lost
@@ -248,10 +253,13 @@ class Recorder:
             threads={tid: self._thread_names.get(tid) for tid in seen_tids | set(self._new_tids())},
             exited_threads=batch["exited_threads"],
         )
-        if self._heap is None and self.options.heap and not final:
-            self._try_attach_heap()
         if self._heap:
             self._heap.fill_checkpoint(checkpoint)
+            if not self._heap_meta_written:
+                self._heap_meta_written = True
+                self.writer.set_meta(
+                    {"heap_mode": self._heap.mode, "heap_sample_bytes": self._heap.sample_bytes}
+                )
         self._measure_target(checkpoint)
         self.writer.write_checkpoint(checkpoint)
         totals = self._totals
@@ -265,15 +273,6 @@ class Recorder:
         fresh = [tid for tid in self._thread_names if tid not in self._written_tids]
         self._written_tids.update(fresh)
         return fresh
-
-    def _try_attach_heap(self) -> None:
-        """A launched target creates its shim ring only after exec; a PID without the shim
-        never does, and stays a CPU-only profile."""
-        self._heap = HeapTracker.attach(self.target.pid, self.resolver)
-        if self._heap is not None:
-            self.writer.set_meta(
-                {"heap_mode": self._heap.mode, "heap_sample_bytes": self._heap.sample_bytes}
-            )
 
     def _follow_missed_threads(self) -> None:
         """Catches threads the FORK records could not announce (created during attach)."""

@@ -58,6 +58,8 @@ def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int) -> subpro
         preload = f"{SHIM_PATH}:{preload}" if preload else str(SHIM_PATH)
         if heap_sample_bytes:
             env["RSPROF_HEAP_SAMPLE_BYTES"] = str(heap_sample_bytes)
+        # A target that exits within milliseconds waits (briefly) for us to drain its ring.
+        env.setdefault("RSPROF_HEAP_EXIT_WAIT_MS", "2000")
     env.pop("LD_PRELOAD", None)
     env["RSPROF_LAUNCH_PRELOAD"] = preload
     script = (
