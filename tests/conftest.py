@@ -59,7 +59,7 @@ def run_rsprof(*args: str, timeout: float = 120, cwd: Path | None = None,
     import sys
 
     return subprocess.run(
-        [sys.executable, "-m", "rsprof", *args],
+        [sys.executable, "-P", "-m", "rsprof", *args],
         capture_output=True, text=True, timeout=timeout, env=rsprof_env(), cwd=cwd,
         input=input_text, stdin=None if input_text is not None else subprocess.DEVNULL,
     )
@@ -69,7 +69,7 @@ def start_rsprof(*args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
     import sys
 
     return subprocess.Popen(
-        [sys.executable, "-m", "rsprof", *args], stdout=subprocess.PIPE,
+        [sys.executable, "-P", "-m", "rsprof", *args], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=rsprof_env(), cwd=cwd,
     )
 

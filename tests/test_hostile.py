@@ -30,7 +30,7 @@ def test_permission_denied_exit_code_and_hint() -> None:
         assert target.stdout is not None and target.stdout.readline().startswith("ready")
         # root with every capability dropped may not look into another user's process.
         result = subprocess.run(
-            ["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-m",
+            ["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-P", "-m",
              "rsprof", "-p", str(target.pid), "-q", "-d", "1s", "-o", "/tmp/rsprof-denied.db"],
             capture_output=True, text=True, env=rsprof_env(), timeout=60,
         )

@@ -54,7 +54,7 @@ def test_view_in_tmux(tmp_path: Path) -> None:
     command = (
         f"cd {shlex.quote(str(tmp_path))} && "
         f"PYTHONPATH={shlex.quote(pythonpath)} "
-        f"{shlex.quote(sys.executable)} -m rsprof view {shlex.quote(str(profile))}; "
+        f"{shlex.quote(sys.executable)} -P -m rsprof view {shlex.quote(str(profile))}; "
         f"echo EXIT:$? > {shlex.quote(str(exit_file))}"
     )
 
