@@ -84,8 +84,9 @@ def shim_env(**extra: str) -> dict[str, str]:
 
 def run_plain(exe: Path, pairs: int, env: dict[str, str] | None = None) -> Run:
     t0 = time.perf_counter()
-    out = subprocess.run([str(exe), str(pairs)], capture_output=True, text=True, env=env,
-                         check=True).stdout
+    out = subprocess.run(
+        [str(exe), str(pairs)], capture_output=True, text=True, env=env, check=True
+    ).stdout
     return Run(loop_time(out), time.perf_counter() - t0)
 
 
@@ -93,8 +94,13 @@ def run_with_reader(exe: Path, pairs: int, env: dict[str, str]) -> Run:
     """Starts the storm (waiting on stdin), attaches a reader, lets it go, and drains
     until it exits: the same loop the recorder's drain thread runs, without the rest."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([str(exe), str(pairs), "--wait"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [str(exe), str(pairs), "--wait"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     ring = Path(f"/dev/shm/rsprof-heap.{proc.pid}")
     deadline = time.monotonic() + 10
     while not ring.exists():
@@ -112,8 +118,11 @@ def run_with_reader(exe: Path, pairs: int, env: dict[str, str]) -> Run:
         n = reader.poll()
         busy += time.perf_counter() - a
         events += n
-        if n == 0:
-            time.sleep(0.0002)
+        # Poll again at once while the ring is busy (full capture moves ~20 M events/s,
+        # the 16 MiB ring holds ~10 ms of them); otherwise nap, so that a trickle of events
+        # (sampled mode) does not keep a reader spinning on the target's second core.
+        if n < 4096:
+            time.sleep(0.005)
     events += reader.poll()
     batch = reader.take()
     reader.close()
@@ -126,15 +135,20 @@ def run_with_reader(exe: Path, pairs: int, env: dict[str, str]) -> Run:
 
 def run_noreader(exe: Path, pairs: int, env: dict[str, str]) -> Run:
     t0 = time.perf_counter()
-    out = subprocess.run([str(exe), str(pairs)], capture_output=True, text=True, env=env,
-                         check=True).stdout
+    out = subprocess.run(
+        [str(exe), str(pairs)], capture_output=True, text=True, env=env, check=True
+    ).stdout
     return Run(loop_time(out), time.perf_counter() - t0)
 
 
 def run_heaptrack(exe: Path, pairs: int, tmp: Path) -> Run:
     t0 = time.perf_counter()
-    proc = subprocess.run(["heaptrack", "-o", str(tmp / "ht"), str(exe), str(pairs)],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        ["heaptrack", "-o", str(tmp / "ht"), str(exe), str(pairs)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     wall = time.perf_counter() - t0
     for f in tmp.glob("ht*"):
         f.unlink()
@@ -145,15 +159,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=20_000_000, help="malloc/free pairs")
     ap.add_argument("--repeat", type=int, default=3, help="runs per mode (median reported)")
-    ap.add_argument("--sample-bytes", type=int, default=512 * 1024,
-                    help="RSPROF_HEAP_SAMPLE_BYTES for the sampled mode")
-    ap.add_argument("--ring-mb", type=int, default=0,
-                    help="RSPROF_HEAP_RING_MB (0: the shim's default)")
+    ap.add_argument(
+        "--sample-bytes",
+        type=int,
+        default=512 * 1024,
+        help="RSPROF_HEAP_SAMPLE_BYTES for the sampled mode",
+    )
+    ap.add_argument(
+        "--ring-mb", type=int, default=0, help="RSPROF_HEAP_RING_MB (0: the shim's default)"
+    )
     ap.add_argument("--skip-heaptrack", action="store_true")
     args = ap.parse_args()
     if not SHIM.exists():
-        print(f"{SHIM} missing: run `python setup.py -q build_ext --inplace` first",
-              file=sys.stderr)
+        print(
+            f"{SHIM} missing: run `python setup.py -q build_ext --inplace` first", file=sys.stderr
+        )
         return 2
 
     ring = {"RSPROF_HEAP_RING_MB": str(args.ring_mb)} if args.ring_mb else {}
@@ -174,8 +194,10 @@ def main() -> int:
                     r = run_with_reader(exe, args.pairs, shim_env(**ring))
                 elif mode.name == "sampled":
                     r = run_with_reader(
-                        exe, args.pairs,
-                        shim_env(RSPROF_HEAP_SAMPLE_BYTES=str(args.sample_bytes), **ring))
+                        exe,
+                        args.pairs,
+                        shim_env(RSPROF_HEAP_SAMPLE_BYTES=str(args.sample_bytes), **ring),
+                    )
                 elif mode.name == "noreader":
                     r = run_noreader(exe, args.pairs, shim_env(**ring))
                 else:
@@ -183,25 +205,33 @@ def main() -> int:
                         continue
                     r = run_heaptrack(exe, args.pairs, tmp)
                 mode.runs.append(r)
-                print(f"  run {i + 1} {mode.name:9s} loop {r.loop_s:7.3f} s  wall "
-                      f"{r.wall_s:7.3f} s" + (f"  events {r.events}  lost {r.lost}"
-                                               if r.events else ""), flush=True)
+                print(
+                    f"  run {i + 1} {mode.name:9s} loop {r.loop_s:7.3f} s  wall "
+                    f"{r.wall_s:7.3f} s"
+                    + (f"  events {r.events}  lost {r.lost}" if r.events else ""),
+                    flush=True,
+                )
 
     base = modes[0].median("loop_s")
     print()
-    print(f"alloc_storm: {args.pairs:,} malloc/free pairs, median of {args.repeat} "
-          f"(heaptrack: 1 run)")
-    print(f"{'mode':10s} {'loop s':>8s} {'x plain':>8s} {'wall s':>8s} {'ns/pair':>8s} "
-          f"{'events':>11s} {'lost':>9s} {'reader s':>9s}")
+    print(
+        f"alloc_storm: {args.pairs:,} malloc/free pairs, median of {args.repeat} (heaptrack: 1 run)"
+    )
+    print(
+        f"{'mode':10s} {'loop s':>8s} {'x plain':>8s} {'wall s':>8s} {'ns/pair':>8s} "
+        f"{'events':>11s} {'lost':>9s} {'reader s':>9s}"
+    )
     for mode in modes:
         loop = mode.median("loop_s")
         events = int(mode.median("events"))
         lost = int(mode.median("lost"))
         busy = mode.median("reader_busy_s")
-        print(f"{mode.name:10s} {loop:8.3f} {loop / base:8.2f} {mode.median('wall_s'):8.3f} "
-              f"{loop / args.pairs * 1e9:8.1f} {events if events else '-':>11} "
-              f"{lost if mode.name in ('full', 'sampled') else '-':>9} "
-              f"{f'{busy:.3f}' if busy else '-':>9}")
+        print(
+            f"{mode.name:10s} {loop:8.3f} {loop / base:8.2f} {mode.median('wall_s'):8.3f} "
+            f"{loop / args.pairs * 1e9:8.1f} {events if events else '-':>11} "
+            f"{lost if mode.name in ('full', 'sampled') else '-':>9} "
+            f"{f'{busy:.3f}' if busy else '-':>9}"
+        )
     return 0
 
 

@@ -15,6 +15,7 @@ import signal
 import stat
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -22,7 +23,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from rsprof._native import HeapReader
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,7 +138,9 @@ class Target:
     ) -> None:
         self.flags = flags
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, env=env if env is not None else shim_env(),
+            argv,
+            stdout=subprocess.PIPE,
+            env=env if env is not None else shim_env(),
             preexec_fn=preexec,
         )
 
@@ -231,8 +233,7 @@ def drain_until(reader: HeapReader, totals: Totals, target: Target, word: str) -
 def test_sites_exact_and_ring_lifecycle(target_binary, flags, targets) -> None:
     binary = target_binary("heap_sites.c")
     ticks = 20000
-    t = start(targets, [str(binary), str(ticks), str(flags)], flags,
-              preexec=lambda: os.umask(0))
+    t = start(targets, [str(binary), str(ticks), str(flags)], flags, preexec=lambda: os.umask(0))
     pid = int(t.expect("ready")[0])
     path = ring_path(pid)
     st = path.lstat()
@@ -291,9 +292,11 @@ def test_allocator_entry_points(target_binary, flags, targets) -> None:
     assert fn["do_valloc"] == [12345, 1, 0, 0]
     assert fn["do_pvalloc"] == [-(-5000 // page) * page, 1, 0, 0]  # rounded up to pages
     # strdup's malloc call comes from libc (no frame pointers): its caller is still found
-    strdup_sites = [site for sid, site in totals.sites.items()
-                    if len(totals.stacks[sid]) > 1
-                    and symbols.name(totals.stacks[sid][1]) == "do_strdup"]
+    strdup_sites = [
+        site
+        for sid, site in totals.sites.items()
+        if len(totals.stacks[sid]) > 1 and symbols.name(totals.stacks[sid][1]) == "do_strdup"
+    ]
     assert strdup_sites == [[17, 1, 0, 0]]
     assert totals.lost == 0 and totals.unknown_frees == 0
     assert t.finish() == 0
@@ -304,8 +307,7 @@ def test_threads_totals_exact(target_binary, flags, targets) -> None:
     """8 threads, cross-thread frees and producer/consumer hand-off; poll() runs on a
     background thread while take() runs here, as the recorder does."""
     binary = target_binary("heap_threads.c")
-    t = start(targets, [str(binary), str(flags)], flags,
-              env=shim_env(RSPROF_HEAP_RING_MB="32"))
+    t = start(targets, [str(binary), str(flags)], flags, env=shim_env(RSPROF_HEAP_RING_MB="32"))
     pid = int(t.expect("ready")[0])
     reader = attach(pid)
     symbols = Symbols(binary, pid)
@@ -325,7 +327,12 @@ def test_threads_totals_exact(target_binary, flags, targets) -> None:
     drainer.start()
     t.signal("go")
     done = threading.Event()
-    threading.Thread(target=lambda: (t.expect("done"), done.set())).start()
+
+    def wait_done() -> None:
+        t.expect("done")
+        done.set()
+
+    threading.Thread(target=wait_done).start()
     while not done.wait(0.01):
         totals.add(reader.take())
     stop.set()
@@ -336,8 +343,7 @@ def test_threads_totals_exact(target_binary, flags, targets) -> None:
 
     threads, per_thread = 8, 20000
     sizes = [((i * 7 + th) % 97 + 1) * 8 for th in range(threads) for i in range(per_thread)]
-    odd = [((i * 7 + th) % 97 + 1) * 8 for th in range(threads)
-           for i in range(1, per_thread, 2)]
+    odd = [((i * 7 + th) % 97 + 1) * 8 for th in range(threads) for i in range(1, per_thread, 2)]
     fn = totals.by_function(symbols)
     assert fn["thread_alloc_site"] == [sum(sizes), len(sizes), sum(odd), len(odd)]
     items = 4 * 50000
@@ -443,8 +449,12 @@ def test_fork_and_exec(target_binary, flags, targets) -> None:
 def test_overflow_counts_lost(target_binary, flags, targets) -> None:
     binary = target_binary("heap_sites.c")
     ticks = 50000  # ~100 k events, far more than 64 KiB holds
-    t = start(targets, [str(binary), str(ticks), str(flags)], flags,
-              env=shim_env(RSPROF_HEAP_RING_KB="64"))
+    t = start(
+        targets,
+        [str(binary), str(ticks), str(flags)],
+        flags,
+        env=shim_env(RSPROF_HEAP_RING_KB="64"),
+    )
     pid = int(t.expect("ready")[0])
     t.signal("go")
     assert t.expect("done") == []  # the target never blocks on a full ring
@@ -474,7 +484,9 @@ class ShellTarget(Target):
         script = f'read go; LD_PRELOAD={SHIM} exec "$0" "$@"'
         self.proc = subprocess.Popen(
             ["/bin/sh", "-c", script, str(binary), *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
         )
 
     def release(self) -> None:
@@ -518,8 +530,20 @@ def test_symlink_at_ring_name_not_followed(target_binary, flags, targets, victim
 
 def fake_header(pid: int, start_time: int, ring_size: int = 65536) -> bytes:
     pidns = os.stat("/proc/self/ns/pid").st_ino
-    head = struct.pack("<QIIQiIQQQII", MAGIC, VERSION, HEADER_SIZE, ring_size, pid,
-                       os.geteuid(), start_time, pidns, 0, 64, 0)
+    head = struct.pack(
+        "<QIIQiIQQQII",
+        MAGIC,
+        VERSION,
+        HEADER_SIZE,
+        ring_size,
+        pid,
+        os.geteuid(),
+        start_time,
+        pidns,
+        0,
+        64,
+        0,
+    )
     return head.ljust(HEADER_SIZE, b"\0") + b"\0" * ring_size
 
 
@@ -613,8 +637,9 @@ def test_attach_errors(target_binary, flags, targets) -> None:
 def test_sampled_estimates_within_ten_percent(target_binary, flags, targets) -> None:
     binary = target_binary("heap_sampled.c")
     n = 8192
-    t = start(targets, [str(binary), str(flags)], flags,
-              env=shim_env(RSPROF_HEAP_SAMPLE_BYTES=str(n)))
+    t = start(
+        targets, [str(binary), str(flags)], flags, env=shim_env(RSPROF_HEAP_SAMPLE_BYTES=str(n))
+    )
     pid = int(t.expect("ready")[0])
     reader = attach(pid)
     assert reader.sample_bytes == n
@@ -622,7 +647,8 @@ def test_sampled_estimates_within_ten_percent(target_binary, flags, targets) -> 
     totals = Totals()
     t.signal("go")
     alloc_bytes, alloc_count, live_bytes, live_count = map(
-        int, drain_until(reader, totals, t, "done"))
+        int, drain_until(reader, totals, t, "done")
+    )
     assert totals.sample_bytes == n
     fn = totals.by_function(symbols)
     est_alloc_bytes = fn["churn_site"][0] + fn["keep_site"][0]
@@ -658,8 +684,9 @@ def test_python_runs_under_shim(tmp_path: Path) -> None:
         "assert out == b'hi\\n'\n"
         "print(os.getpid())\n"
     )
-    proc = subprocess.run(["python3", "-c", code], capture_output=True, text=True,
-                          env=shim_env(), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=shim_env(), timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     pid = int(proc.stdout.strip())
     assert not ring_path(pid).exists()
@@ -668,8 +695,12 @@ def test_python_runs_under_shim(tmp_path: Path) -> None:
 def test_exit_wait_lets_late_reader_attach(target_binary, flags, targets) -> None:
     """RSPROF_HEAP_EXIT_WAIT_MS keeps the name at exit until a reader has drained it."""
     binary = target_binary("heap_sites.c")
-    t = start(targets, [str(binary), "100", str(flags)], flags,
-              env=shim_env(RSPROF_HEAP_EXIT_WAIT_MS="5000"))
+    t = start(
+        targets,
+        [str(binary), "100", str(flags)],
+        flags,
+        env=shim_env(RSPROF_HEAP_EXIT_WAIT_MS="5000"),
+    )
     pid = int(t.expect("ready")[0])
     t.signal("go")
     assert t.expect("done") == []
