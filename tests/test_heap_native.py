@@ -25,8 +25,10 @@ from pathlib import Path
 import pytest
 from rsprof._native import HeapReader
 
-REPO = Path(__file__).resolve().parents[1]
-SHIM = REPO / "rsprof" / "lib" / "librsprof_heap.so"
+import rsprof
+
+# The shim next to the rsprof package under test (installed, or built in place).
+SHIM = Path(rsprof.__file__).resolve().parent / "lib" / "librsprof_heap.so"
 SHM = Path("/dev/shm")
 
 pytestmark = pytest.mark.skipif(not SHIM.exists(), reason="heap shim not built")
