@@ -14,7 +14,9 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).parent
 NATIVE = HERE / "native"
-COMMON_CFLAGS = ["-O2", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+COMMON_CFLAGS = [
+    "-O2", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Wno-unused-parameter",
+]
 
 
 class BuildNative(build_ext):

@@ -36,9 +36,18 @@ class HeapTracker:
             return None
         return cls(reader, resolver)
 
-    def poll(self) -> None:
+    def poll(self) -> int:
+        """Drains what the ring holds now; returns the number of events read."""
         with self._lock:
-            self.reader.poll()
+            return int(self.reader.poll())
+
+    @staticmethod
+    def sweep_stale() -> None:
+        """Removes rings that killed processes left in /dev/shm."""
+        try:
+            HeapReader.sweep_stale()
+        except OSError:
+            pass
 
     def fill_checkpoint(self, checkpoint: Checkpoint) -> None:
         with self._lock:

@@ -120,6 +120,7 @@ class Recorder:
         except psutil.Error:
             self._psutil = None
         if self.options.heap:
+            HeapTracker.sweep_stale()
             self._heap = HeapTracker.attach(pid, self.resolver)
         self._sampler.enable()
         if self.on_attached is not None:
@@ -206,13 +207,17 @@ class Recorder:
     def _drain_loop(self) -> None:
         try:
             while not self._drain_stop.is_set():
-                self._sampler.poll(50)
+                # The heap ring fills in milliseconds under an allocation storm: with a
+                # heap attached, wake often and drain it until it is empty.
+                self._sampler.poll(5 if self._heap else 50)
                 if self._heap is None and self.options.heap:
                     # A launched target creates its ring only after exec, and a short one
                     # may be gone before the first checkpoint: look for it on every poll.
                     self._heap = HeapTracker.attach(self.target.pid, self.resolver)
                 if self._heap:
-                    self._heap.poll()
+                    for _ in range(256):
+                        if self._heap.poll() == 0:
+                            break
         except BaseException as error:  # surfaced to the main loop, never lost
             self._drain_error = error
             self.stop_event.set()

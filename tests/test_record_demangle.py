@@ -48,4 +48,6 @@ def test_rust_function_is_demangled(tmp_path: Path, mangling: str) -> None:
     assert hot, sorted(functions)[:30]
     assert functions[hot[0]]["total_pct"] > 80  # type: ignore[operator]
     assert not any("17h" in name and name.endswith("E") for name in functions)
-    assert any(name.endswith("rustspin::main") for name in functions)
+    # Rust's standard library frames come out demangled too (a frameless leaf hides its
+    # direct caller from the frame-pointer walk, so main itself may not be on the stack).
+    assert "std::rt::lang_start_internal" in functions

@@ -102,7 +102,8 @@ def test_attach_later_with_preload(tmp_path: Path) -> None:
 
 def test_cpu_only_profile_says_how_to_enable_heap(tmp_path: Path) -> None:
     target = subprocess.Popen([str(build_target("leaky.c")), "200", "10"],
-                              stdout=subprocess.PIPE, text=True, env=rsprof_env() | {"LD_PRELOAD": ""})
+                              stdout=subprocess.PIPE, text=True,
+                              env=rsprof_env() | {"LD_PRELOAD": ""})
     try:
         assert target.stdout is not None and target.stdout.readline().startswith("ready")
         out = tmp_path / "cpu-only.db"
