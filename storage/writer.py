@@ -321,9 +321,12 @@ class ProfileWriter:
         self.set_meta(values)
         self.commit()
         try:
+            # WAL is for readers following a recording; a finished file is one plain file,
+            # which read-only openers (query, view, list) leave without -wal/-shm companions.
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self.conn.execute("PRAGMA journal_mode=DELETE")
         except sqlite3.Error:
-            pass  # a reader holds the WAL open; it will be folded in by the next writer
+            pass  # a reader still holds the file open: it stays in WAL mode, nothing lost
         self.conn.close()
 
     def commit(self) -> None:
