@@ -441,25 +441,6 @@ static uint64_t drain(HeapReaderObject *r) {
 
 /* ------------------------------------------------------------------ helpers */
 
-/* Field 22 of /proc/<pid>/stat (start time in clock ticks), 0 if there is no such process. */
-static uint64_t proc_start_time(int pid) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    if (p == NULL) return 0;
-    p++;
-    for (int field = 2; field < 22 && *p; p++)
-        if (*p == ' ') field++;
-    uint64_t v = 0;
-    while (*p >= '0' && *p <= '9') v = v * 10 + (uint64_t)(*p++ - '0');
-    return v;
-}
 
 static uint64_t self_pidns(void) {
     struct stat st;
@@ -735,7 +716,7 @@ static PyObject *build_take(HeapReaderObject *r) {
     uint64_t lost = __atomic_load_n(&r->hdr->lost_events, __ATOMIC_ACQUIRE);
     uint32_t flags = __atomic_load_n(&r->hdr->flags, __ATOMIC_ACQUIRE);
     /* Exited: the shim said so, or the process is gone (killed: no chance to say so). */
-    bool gone = r->start_time != 0 ? proc_start_time(r->pid) != r->start_time
+    bool gone = r->start_time != 0 ? heapring_start_time(r->pid) != r->start_time
                                    : !pid_alive(r->pid);
     bool exited = (flags & RSPROF_HEAP_HF_EXITED) || gone;
     result = Py_BuildValue(
@@ -814,7 +795,7 @@ static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
         if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
             pread(fd, &hc, sizeof hc, 0) == (ssize_t)sizeof hc && hc.magic == RSPROF_HEAP_MAGIC &&
             hc.pid == (int32_t)pid && (hc.pidns == 0 || my_ns == 0 || hc.pidns == my_ns)) {
-            uint64_t now = proc_start_time((int)pid);
+            uint64_t now = heapring_start_time((int)pid);
             stale = hc.start_time != 0 ? now != hc.start_time : !pid_alive((int)pid);
         }
         close(fd);

@@ -163,4 +163,36 @@ _Static_assert(offsetof(struct rsprof_heap_header, read_pos) == RSPROF_HEAP_OFF_
                "layout");
 _Static_assert(sizeof(struct rsprof_heap_header) <= RSPROF_HEAP_HEADER_SIZE, "layout");
 
+
+/* Shared by the shim and the reader: both must agree on a ring owner's identity. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Field 22 of /proc/<pid>/stat (start time in clock ticks after boot), 0 if there is no
+ * such process; pid 0 means this process. Equal for a process before and after exec,
+ * different for two processes that shared a pid. */
+static inline uint64_t heapring_start_time(int pid) {
+    char path[64], buf[1024];
+    if (pid > 0)
+        snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    else
+        snprintf(path, sizeof path, "/proc/self/stat");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* comm may contain spaces and parentheses */
+    if (p == NULL) return 0;
+    p++;
+    for (int field = 2; field < 22 && *p; p++)
+        if (*p == ' ') field++;
+    uint64_t v = 0;
+    while (*p >= '0' && *p <= '9') v = v * 10 + (uint64_t)(*p++ - '0');
+    return v;
+}
+
 #endif /* RSPROF_HEAPRING_H */

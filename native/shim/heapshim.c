@@ -146,25 +146,6 @@ static uint64_t env_u64(const char *name, uint64_t dflt) {
     return (uint64_t)v;
 }
 
-/* Field 22 of /proc/self/stat: process start time in clock ticks after boot.  Equal for
- * a process before and after exec, different for two processes that shared a pid. */
-static uint64_t self_start_time(void) {
-    char buf[1024];
-    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return 0;
-    buf[n] = 0;
-    char *p = strrchr(buf, ')'); /* comm may contain spaces and parentheses */
-    if (p == NULL) return 0;
-    p++;
-    for (int field = 2; field < 22 && *p; p++)
-        if (*p == ' ') field++;
-    uint64_t v = 0;
-    while (*p >= '0' && *p <= '9') v = v * 10 + (uint64_t)(*p++ - '0');
-    return v;
-}
 
 static uint64_t self_pidns(void) {
     struct stat st;
@@ -400,7 +381,7 @@ static int take_over_existing(const char *name, pid_t pid, uint64_t start, uint6
 static void create_ring(void) {
     char name[64];
     pid_t pid = getpid();
-    uint64_t start = self_start_time();
+    uint64_t start = heapring_start_time(0);
     uint64_t pidns = self_pidns();
     shm_name(name, pid);
 
