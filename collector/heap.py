@@ -23,7 +23,6 @@ class HeapTracker:
         self._site_of_stack: dict[int, int] = {}
         self.sample_bytes = 0
         self.mode = "full"
-        self.unknown_frees = 0
         # The drain thread polls while the main thread takes: the reader is not shared-safe.
         self._lock = threading.Lock()
 
@@ -36,10 +35,12 @@ class HeapTracker:
             return None
         return cls(reader, resolver)
 
-    def poll(self) -> int:
-        """Drains what the ring holds now; returns the number of events read."""
-        with self._lock:
-            return int(self.reader.poll())
+    def drain(self, max_laps: int = 256) -> None:
+        """Reads the ring until it is empty (one poll reads at most one lap of it)."""
+        for _ in range(max_laps):
+            with self._lock:
+                if self.reader.poll() == 0:
+                    return
 
     @staticmethod
     def sweep_stale() -> None:
@@ -54,7 +55,6 @@ class HeapTracker:
             batch = self.reader.take()
         self.sample_bytes = batch["sample_bytes"]
         self.mode = "sampled" if self.sample_bytes else "full"
-        self.unknown_frees += batch["unknown_frees"]
         stored = self.resolver.resolve_stacks(batch["new_stacks"])
         self._native_to_stored.update(stored)
         for stack_id in stored.values():

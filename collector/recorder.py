@@ -48,7 +48,6 @@ class RecordResult:
     lost_samples: int
     threads: int
     heap_mode: str
-    target_exit_code: int | None = None
 
 
 class Recorder:
@@ -164,7 +163,7 @@ class Recorder:
 
     # -- loop ----------------------------------------------------------------------------
 
-    def run(self, on_checkpoint: Callable[[int], None] | None = None) -> RecordResult:
+    def run(self) -> RecordResult:
         self._attach()
         self._write_start_meta()
         drain = threading.Thread(target=self._drain_loop, name="rsprof-drain", daemon=True)
@@ -183,10 +182,7 @@ class Recorder:
                 if deadline is not None and now >= deadline:
                     self.request_stop("duration")
                     break
-                exited = self._checkpoint()
-                if on_checkpoint:
-                    on_checkpoint(self._totals.checkpoints)
-                if exited:
+                if self._checkpoint():
                     self.request_stop("target-exited")
                     break
                 next_checkpoint += self.options.interval_s
@@ -215,9 +211,7 @@ class Recorder:
                     # may be gone before the first checkpoint: look for it on every poll.
                     self._heap = HeapTracker.attach(self.target.pid, self.resolver)
                 if self._heap:
-                    for _ in range(256):
-                        if self._heap.poll() == 0:
-                            break
+                    self._heap.drain()
         except BaseException as error:  # surfaced to the main loop, never lost
             self._drain_error = error
             self.stop_event.set()
@@ -227,7 +221,7 @@ class Recorder:
         drain.join()
         self._sampler.poll(0)
         if self._heap:
-            self._heap.poll()
+            self._heap.drain()
 
     def _checkpoint(self, final: bool = False) -> bool:
         """Writes one checkpoint; returns True when the target has exited."""
