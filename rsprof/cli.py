@@ -7,8 +7,11 @@ Exit codes (rsprof's): 0 ok, 1 error, 2 usage, 3 process not found, 4 permission
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -85,8 +88,16 @@ def cli(ctx: click.Context, pid: int | None, process_name: str | None, **options
         return
     if pid is not None and process_name is not None:
         raise click.UsageError("give -p PID or -P NAME, not both")
+    _check_record_options(options["cpu_freq"], options["interval"])  # type: ignore[arg-type]
     target = target_from_pid(pid) if pid is not None else target_from_name(str(process_name))
     _record(target, **options)  # type: ignore[arg-type]
+
+
+def _check_record_options(cpu_freq: int, interval: float) -> None:
+    """Bad options are refused before anything is attached or launched."""
+    _check_frequency(cpu_freq)
+    if interval <= 0:
+        raise click.BadParameter("must be more than 0", param_hint="'-i' / '--interval'")
 
 
 def _record(
@@ -98,20 +109,28 @@ def _record(
     cpu_freq: int,
     quiet: bool,
     append: bool,
-    child: object = None,
-    heap_sample_bytes: int = 0,
+    child: subprocess.Popen[bytes] | None = None,
 ) -> session.SessionOutcome:
-    _check_frequency(cpu_freq)
-    if interval <= 0:
-        raise click.BadParameter("must be more than 0", param_hint="'-i' / '--interval'")
     path = output or session.default_output(target.name)
     quiet = quiet or not (sys.stdin.isatty() and sys.stdout.isatty())
     options = RecordOptions(freq_hz=cpu_freq, interval_s=interval, duration_s=duration)
-    outcome = session.record(
-        target, path, options, append=append, quiet=quiet, child=child  # type: ignore[arg-type]
-    )
+    outcome = session.record(target, path, options, append=append, quiet=quiet, child=child)
     click.echo(session.describe(outcome), err=True)
     return outcome
+
+
+def _record_launched(
+    command: Sequence[str], *, heap: bool, heap_sample_bytes: int, **options: Any
+) -> session.SessionOutcome:
+    """`run` and `demo`: start COMMAND held before exec, then record it."""
+    _check_record_options(options["cpu_freq"], options["interval"])
+    child = session.launch(command, heap=heap, heap_sample_bytes=heap_sample_bytes)
+    try:
+        target = session.target_for_child(child, command)
+    except CollectorError:
+        session.stop_child(child)
+        raise
+    return _record(target, child=child, **options)
 
 
 def _check_frequency(freq: int) -> None:
@@ -138,13 +157,7 @@ def run(command: tuple[str, ...], heap_sample: int, no_heap: bool, **options: ob
 
     rsprof run [OPTIONS] -- CMD [ARGS]...
     """
-    child = session.launch(command, heap=not no_heap, heap_sample_bytes=heap_sample)
-    try:
-        target = session.target_for_child(child, command)
-    except CollectorError:
-        session.stop_child(child)
-        raise
-    _record(target, child=child, heap_sample_bytes=heap_sample, **options)  # type: ignore[arg-type]
+    _record_launched(command, heap=not no_heap, heap_sample_bytes=heap_sample, **options)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -160,10 +173,8 @@ def demo(**options: object) -> None:
     interactive = not options["quiet"] and sys.stdin.isatty() and sys.stdout.isatty()
     if options["duration"] is None and not interactive:
         options["duration"] = 5.0
-    command = (str(session.DEMO_PATH),)
-    child = session.launch(command, heap=True, heap_sample_bytes=0)
-    target = session.target_for_child(child, command)
-    outcome = _record(target, child=child, **options)  # type: ignore[arg-type]
+    outcome = _record_launched((str(session.DEMO_PATH),), heap=True, heap_sample_bytes=0,
+                               **options)
     if not interactive:
         with Profile(outcome.path) as profile:
             rows, total = analysis.top_cpu(profile, limit=12, sort_by_total=True)

@@ -20,7 +20,7 @@ from types import FrameType
 from collector.errors import CollectorError
 from collector.process import Target, target_from_pid
 from collector.recorder import Recorder, RecordOptions, RecordResult
-from storage.errors import ProfileError, StorageFullError
+from storage.errors import StorageFullError
 from storage.writer import ProfileWriter
 
 SHIM_PATH = Path(__file__).parent / "lib" / "librsprof_heap.so"
@@ -137,7 +137,7 @@ def record(
 def _finish_quietly(writer: ProfileWriter, reason: str) -> None:
     try:
         writer.finish(reason)
-    except (ProfileError, Exception):  # the original error is what the user must see
+    except Exception:  # the original error is what the user must see
         pass
 
 
