@@ -6,6 +6,7 @@ import csv
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 from datetime import datetime
 
 from rich.console import Console
@@ -14,11 +15,9 @@ from rich.table import Table
 from storage.analysis import FunctionRow, HeapSiteRow
 from storage.reader import ProfileSummary
 
-CPU_KEYS = ["function", "file", "line", "module", "self", "self_pct", "total", "total_pct"]
-HEAP_KEYS = [
-    "function", "file", "line", "module", "live_bytes", "total_alloc_bytes",
-    "total_free_bytes", "alloc_count", "free_count", "growing",
-]
+# JSON and CSV keys are the row dataclasses' fields, in order (the documented contract).
+CPU_KEYS = [f.name for f in fields(FunctionRow)]
+HEAP_KEYS = [f.name for f in fields(HeapSiteRow)]
 
 
 def _console() -> Console:
@@ -54,13 +53,19 @@ def _write_csv(keys: Sequence[str], objects: list[dict[str, object]]) -> None:
     writer.writerows(objects)
 
 
-def cpu_rows(rows: list[FunctionRow], total_samples: int, fmt: str) -> None:
+def _emit(keys: Sequence[str], rows: Sequence[FunctionRow | HeapSiteRow], fmt: str) -> None:
+    objects = [row.as_dict() for row in rows]
     if fmt == "json":
-        _write_json([{k: r.as_dict()[k] for k in CPU_KEYS} for r in rows])
-    elif fmt == "csv":
-        _write_csv(CPU_KEYS, [{k: r.as_dict()[k] for k in CPU_KEYS} for r in rows])
+        _write_json(objects)
     else:
+        _write_csv(keys, objects)
+
+
+def cpu_rows(rows: list[FunctionRow], total_samples: int, fmt: str) -> None:
+    if fmt == "table":
         cpu_table(rows, total_samples)
+    else:
+        _emit(CPU_KEYS, rows, fmt)
 
 
 def cpu_table(rows: list[FunctionRow], total_samples: int, title: str | None = None) -> None:
@@ -79,12 +84,10 @@ def cpu_table(rows: list[FunctionRow], total_samples: int, title: str | None = N
 
 
 def heap_rows(rows: list[HeapSiteRow], fmt: str) -> None:
-    if fmt == "json":
-        _write_json([{k: r.as_dict()[k] for k in HEAP_KEYS} for r in rows])
-    elif fmt == "csv":
-        _write_csv(HEAP_KEYS, [{k: r.as_dict()[k] for k in HEAP_KEYS} for r in rows])
-    else:
+    if fmt == "table":
         heap_table(rows)
+    else:
+        _emit(HEAP_KEYS, rows, fmt)
 
 
 def heap_table(rows: list[HeapSiteRow], title: str | None = None) -> None:
