@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import sqlite3
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,3 +89,33 @@ def start_target(binary: Path, *args: str) -> subprocess.Popen[str]:
 @pytest.fixture
 def rsprof() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run_rsprof
+
+
+def top_json(profile: Path, kind: str, *extra: str) -> list[dict[str, object]]:
+    """`rsprof top KIND FILE --json -n 0`: every row, parsed."""
+    result = run_rsprof("top", kind, str(profile), "--json", "-n", "0", *extra)
+    assert result.returncode == 0, result.stderr
+    rows: list[dict[str, object]] = json.loads(result.stdout)
+    return rows
+
+
+def checkpoint_count(profile: Path) -> int:
+    """Checkpoints committed so far (0 while the file does not exist or has no schema)."""
+    try:
+        db = sqlite3.connect(f"file:{profile}?mode=ro", uri=True)
+        try:
+            return int(db.execute("SELECT count(*) FROM checkpoints").fetchone()[0])
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return 0
+
+
+def wait_for_checkpoints(profile: Path, count: int, timeout: float = 20) -> None:
+    """Waits until a recording in progress has committed `count` checkpoints."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if profile.exists() and checkpoint_count(profile) >= count:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{profile} did not reach {count} checkpoints")

@@ -7,12 +7,11 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import build_target, rsprof_env, start_rsprof
+from conftest import build_target, rsprof_env, start_rsprof, wait_for_checkpoints
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop capabilities")
 
@@ -64,17 +63,7 @@ def test_full_disk_keeps_what_was_written(tiny_disk: Path) -> None:
                               stdout=subprocess.DEVNULL)
     try:
         recorder = start_rsprof("-p", str(target.pid), "-q", "-i", "200ms", "-o", str(out))
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                ro = sqlite3.connect(f"file:{out}?mode=ro", uri=True)
-                if ro.execute("SELECT count(*) FROM checkpoints").fetchone()[0] >= 3:
-                    ro.close()
-                    break
-                ro.close()
-            except sqlite3.Error:
-                pass
-            time.sleep(0.1)
+        wait_for_checkpoints(out, 3)
         # Fill the disk to the last byte.
         filler = os.open(tiny_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
         try:

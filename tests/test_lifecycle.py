@@ -7,24 +7,14 @@ import sqlite3
 import time
 from pathlib import Path
 
-from conftest import build_target, run_rsprof, start_rsprof, start_target
-
-
-def _checkpoints(path: Path) -> int:
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        return int(db.execute("SELECT count(*) FROM checkpoints").fetchone()[0])
-    except sqlite3.Error:
-        return 0
-
-
-def _wait_for_checkpoints(path: Path, count: int, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and _checkpoints(path) >= count:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{path} did not reach {count} checkpoints")
+from conftest import (
+    build_target,
+    checkpoint_count,
+    run_rsprof,
+    start_rsprof,
+    start_target,
+    wait_for_checkpoints,
+)
 
 
 def _meta(path: Path) -> dict[str, str]:
@@ -50,7 +40,7 @@ def test_sigterm_and_sigint_finalize(tmp_path: Path) -> None:
         for sig, reason in ((signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted")):
             out = tmp_path / f"{reason}.db"
             recorder = start_rsprof("-p", str(target.pid), "-q", "-o", str(out))
-            _wait_for_checkpoints(out, 2)
+            wait_for_checkpoints(out, 2)
             recorder.send_signal(sig)
             _, stderr = recorder.communicate(timeout=20)
             assert recorder.returncode == 0, stderr
@@ -66,13 +56,13 @@ def test_recorder_killed_with_sigkill_leaves_readable_checkpoints(tmp_path: Path
     target = start_target(build_target("split.c"), "30", "100000")
     try:
         recorder = start_rsprof("-p", str(target.pid), "-q", "-o", str(out), "-i", "500ms")
-        _wait_for_checkpoints(out, 3)
+        wait_for_checkpoints(out, 3)
         recorder.send_signal(signal.SIGKILL)
         recorder.wait(timeout=10)
     finally:
         target.kill()
         target.wait()
-    survived = _checkpoints(out)
+    survived = checkpoint_count(out)
     assert survived >= 3
     assert _meta(out)["state"] == "recording"  # never finalized, yet every checkpoint is there
     top = run_rsprof("top", "cpu", str(out), "--json")

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import build_target, run_rsprof, start_target
+from conftest import build_target, run_rsprof, start_target, top_json
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +27,7 @@ def split_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _top(path: Path, *extra: str) -> list[dict[str, object]]:
-    result = run_rsprof("top", "cpu", str(path), "--json", "-n", "0", *extra)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return top_json(path, "cpu", *extra)
 
 
 def _by_function(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:

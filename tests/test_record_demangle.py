@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import BUILD_DIR, build_target, run_rsprof
+from conftest import BUILD_DIR, build_target, run_rsprof, top_json
 
 
 def _functions(profile: Path) -> dict[str, dict[str, object]]:
-    result = run_rsprof("top", "cpu", str(profile), "--json", "-n", "0")
-    assert result.returncode == 0, result.stderr
-    return {str(row["function"]): row for row in json.loads(result.stdout)}
+    return {str(row["function"]): row for row in top_json(profile, "cpu")}
 
 
 def test_cpp_template_method_is_demangled(tmp_path: Path) -> None:

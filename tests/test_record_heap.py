@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import build_target, rsprof_env, run_rsprof
+from conftest import build_target, rsprof_env, run_rsprof, top_json
 
 README_LEAK_QUERY = """
   SELECT function, file, line,
@@ -33,9 +33,7 @@ def heap_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _sites(path: Path, *extra: str) -> list[dict[str, object]]:
-    result = run_rsprof("top", "heap", str(path), "--json", "-n", "0", *extra)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+    return top_json(path, "heap", *extra)
 
 
 def test_exact_bytes_per_call_site(heap_profile: Path) -> None:
