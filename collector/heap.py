@@ -7,7 +7,7 @@ from typing import Any
 
 from rsprof._native import HeapReader
 
-from collector.callsite import call_site
+from storage.callsite import call_site
 from collector.frames import FrameResolver
 from storage.writer import Checkpoint, HeapDelta
 

@@ -119,3 +119,43 @@ def wait_for_checkpoints(profile: Path, count: int, timeout: float = 20) -> None
             return
         time.sleep(0.1)
     raise AssertionError(f"{profile} did not reach {count} checkpoints")
+
+
+def _record_run(out: Path, *args: str) -> Path:
+    result = run_rsprof("run", "-q", "-o", str(out), *args, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "target exited with code 0" in result.stderr, result.stderr
+    return out
+
+
+# Profiles recorded once per test session and shared by the export and analysis tests.
+SPLIT_SECONDS = 3
+LEAKY_TICKS, LEAKY_THREADS = 60, 2
+
+
+@pytest.fixture(scope="session")
+def split_cpu_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """split.c run 3 s at 999 Hz (CPU only): heavy:light work 3:1 under work() on thread
+    split-main, other_busy() on split-busy, late_worker() on split-late from 1 s in."""
+    out = tmp_path_factory.mktemp("split-cpu") / "split.db"
+    return _record_run(out, "--no-heap", "--cpu-freq", "999", "-i", "250ms", "--",
+                       str(build_target("split.c")), str(SPLIT_SECONDS), "1000")
+
+
+@pytest.fixture(scope="session")
+def split_cpu_profile_1to1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same program built with heavy:light = 1:1, for diffs against split_cpu_profile."""
+    out = tmp_path_factory.mktemp("split-cpu-1to1") / "split11.db"
+    binary = build_target("split.c", ("-DHEAVY_UNITS=1",))
+    return _record_run(out, "--no-heap", "--cpu-freq", "999", "-i", "250ms", "--",
+                       str(binary), str(SPLIT_SECONDS), "1000")
+
+
+@pytest.fixture(scope="session")
+def leaky_heap_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """leaky.c with every allocation traced: per tick leak_site() leaks 4000 B, churn_site()
+    allocates and frees 777 B, each of 2 workers' thread_leak() leaks 64 B; keep_site()
+    holds 123457 B. 60 ticks of 25 ms."""
+    out = tmp_path_factory.mktemp("leaky-heap") / "leaky.db"
+    return _record_run(out, "-i", "200ms", "--", str(build_target("leaky.c")),
+                       str(LEAKY_TICKS), "25", str(LEAKY_THREADS))

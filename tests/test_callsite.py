@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collector.callsite import call_site, is_allocator_symbol, is_runtime_module
+from storage.callsite import call_site, is_allocator_symbol, is_runtime_module
 from storage.writer import LocationKey
 
 

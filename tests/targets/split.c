@@ -33,7 +33,10 @@ static __attribute__((noinline)) void spin(uint64_t units) {
     sink = x[0];
 }
 
-__attribute__((noinline)) void heavy(void) { spin(3); }
+#ifndef HEAVY_UNITS
+#define HEAVY_UNITS 3 /* -DHEAVY_UNITS=N builds a variant with another split, for diffs */
+#endif
+__attribute__((noinline)) void heavy(void) { spin(HEAVY_UNITS); }
 __attribute__((noinline)) void light(void) { spin(1); }
 __attribute__((noinline)) void work(void) { heavy(); light(); }
 __attribute__((noinline)) void other_busy(void) { spin(2); }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from typing import Protocol
 
 from storage.writer import LocationKey
 
@@ -50,14 +51,28 @@ def is_allocator_symbol(function: str) -> bool:
     return function in _ALLOCATOR_FUNCTIONS or function.startswith(_LIBRARY_PATHS)
 
 
-def call_site(frames: Sequence[tuple[str, Sequence[LocationKey]]]) -> LocationKey | None:
-    """The first user location of a stack given leaf first as (module path, inline chain)."""
-    last: LocationKey | None = None
-    for module_path, chain in frames:
+class _Named(Protocol):
+    @property
+    def function(self) -> str: ...
+
+
+def call_site_position(frames: Sequence[tuple[str, Sequence[_Named]]]) -> tuple[int, int] | None:
+    """(frame index, inline index) of the first user location of a stack given leaf first as
+    (module path, inline chain innermost first); the outermost runtime location if all are."""
+    last: tuple[int, int] | None = None
+    for frame_index, (module_path, chain) in enumerate(frames):
         if module_path and is_runtime_module(module_path):
             continue
-        for location in chain:
-            last = location
+        for inline_index, location in enumerate(chain):
+            last = (frame_index, inline_index)
             if not is_allocator_symbol(location.function):
-                return location
+                return last
     return last
+
+
+def call_site(frames: Sequence[tuple[str, Sequence[LocationKey]]]) -> LocationKey | None:
+    """The first user location of a stack given leaf first as (module path, inline chain)."""
+    position = call_site_position(frames)
+    if position is None:
+        return None
+    return frames[position[0]][1][position[1]]

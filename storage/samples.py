@@ -1,0 +1,319 @@
+"""A profile's samples in memory, as pprof models them: the one input every export and
+every pprof-style analysis (filters, granularity, peek, traces, diff) works on.
+
+A `Sample` is a call stack (leaf first) of `Frame`s with one value per sample type. A
+`Frame` is one instruction address (pprof's Location); its `lines` are the functions at
+that address, innermost inlined first (pprof's Location.line order). CPU samples keep their
+thread; heap samples are per allocating stack (the shim does not record threads).
+
+Heap stacks start at the call site: the shim's, allocator and C/C++/Rust runtime frames
+above the first user frame are dropped by the rules in `storage.callsite`, so a stack's
+leaf is the same call site `rsprof top heap` and `heap_samples` report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from storage.callsite import call_site_position
+from storage.reader import Profile
+
+CPU_SAMPLE_TYPES = (("samples", "count"), ("cpu", "nanoseconds"))
+HEAP_SAMPLE_TYPES = (
+    ("alloc_objects", "count"),
+    ("alloc_space", "bytes"),
+    ("inuse_objects", "count"),
+    ("inuse_space", "bytes"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One function at one source line (pprof's Line + Function)."""
+
+    location_id: int
+    function: str
+    system_name: str  # mangled name; equals `function` when there is none
+    file: str
+    line: int
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """One executable mapping of a module in the target (pprof's Mapping)."""
+
+    id: int
+    start: int
+    end: int
+    file_offset: int
+    path: str
+    build_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One instruction address of a stack (pprof's Location). Heap stacks trimmed inside an
+    inline chain get a frame with fewer lines: identity is the whole value, not `id`."""
+
+    id: int
+    address: int
+    module: str  # module path, '' when no mapping covers the address
+    module_offset: int
+    mapping: Mapping | None
+    lines: tuple[Line, ...]  # innermost inlined function first, never empty
+
+
+@dataclass(slots=True)
+class Sample:
+    frames: tuple[Frame, ...]  # leaf first
+    values: list[int]  # one per SampleSet.sample_types
+    tid: int | None = None  # CPU samples only
+    thread_name: str = ""
+
+
+@dataclass(slots=True)
+class SampleSet:
+    """Samples of one kind (cpu or heap) over a time range of one profile."""
+
+    kind: str
+    sample_types: tuple[tuple[str, str], ...]
+    default_index: int  # the value reports use unless told otherwise
+    samples: list[Sample]
+    start_ms: int  # absolute Unix ms the range starts at
+    end_ms: int  # absolute Unix ms the range ends at
+    period_ns: int = 0  # CPU: nanoseconds one sample stands for; heap: 0
+    meta: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ms - self.start_ms) * 1_000_000
+
+    def value_index(self, name: str | None) -> int:
+        """Index of a sample type given by name (`inuse_space`) or number; default if None."""
+        if name is None:
+            return self.default_index
+        names = [sample_type for sample_type, _ in self.sample_types]
+        if name in names:
+            return names.index(name)
+        if name.isdigit() and int(name) < len(names):
+            return int(name)
+        raise ValueError(f"unknown sample index {name!r} for a {self.kind} profile:"
+                         f" use one of {', '.join(names)}")
+
+    def total(self, index: int | None = None) -> int:
+        i = self.default_index if index is None else index
+        return sum(sample.values[i] for sample in self.samples)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeRange:
+    """Seconds from the start of the recording; None = open end. A checkpoint belongs to
+    the range when the middle of its interval does, so the resolution is the checkpoint
+    interval (`-i`, 1 s by default)."""
+
+    since_s: float | None = None
+    until_s: float | None = None
+
+
+def load_samples(
+    profile: Profile, kind: str, *, time_range: TimeRange = TimeRange(), tid: int | None = None
+) -> SampleSet:
+    """Every CPU (or heap) sample of `profile` in `time_range`, for one thread if `tid`."""
+    if kind not in ("cpu", "heap"):
+        raise ValueError(f"unknown kind {kind!r}: use cpu or heap")
+    meta = profile.meta()
+    checkpoints, start_ms, end_ms = _checkpoints_in_range(profile, meta, time_range)
+    frames = _FrameTable(profile)
+    if kind == "cpu":
+        freq = int(meta.get("cpu_freq_hz") or 99)
+        period_ns = 1_000_000_000 // max(1, freq)
+        samples = _cpu_samples(profile, frames, checkpoints, tid, period_ns)
+        return SampleSet("cpu", CPU_SAMPLE_TYPES, 0, samples, start_ms, end_ms,
+                         period_ns=period_ns, meta=meta)
+    samples = _heap_samples(profile, frames, checkpoints)
+    return SampleSet("heap", HEAP_SAMPLE_TYPES, 3, samples, start_ms, end_ms, meta=meta)
+
+
+def _checkpoints_in_range(
+    profile: Profile, meta: dict[str, str], time_range: TimeRange
+) -> tuple[list[tuple[int, bool]], int, int]:
+    """(checkpoint id, inside the range) for every checkpoint up to the range's end, and the
+    range's absolute start and end in Unix ms. Heap in-use numbers need the checkpoints
+    before the range too: what was live at its start is still live unless freed."""
+    rows = profile.rows("SELECT id, timestamp_ms FROM checkpoints ORDER BY id")
+    recording_start = int(meta.get("start_time_ms") or (rows[0][1] if rows else 0))
+    since = time_range.since_s
+    until = time_range.until_s
+    result: list[tuple[int, bool]] = []
+    previous_end = recording_start
+    range_start: int | None = None
+    range_end = recording_start
+    for checkpoint_id, end in rows:
+        middle_s = ((previous_end + end) / 2 - recording_start) / 1000
+        interval_start = previous_end
+        previous_end = end
+        if until is not None and middle_s >= until:
+            break
+        inside = since is None or middle_s >= since
+        result.append((checkpoint_id, inside))
+        if inside:
+            if range_start is None:
+                range_start = interval_start
+            range_end = end
+    return result, range_start if range_start is not None else range_end, range_end
+
+
+def _id_list(ids: Iterable[int]) -> str:
+    return ",".join(str(int(i)) for i in ids) or "NULL"
+
+
+def _cpu_samples(
+    profile: Profile,
+    frames: _FrameTable,
+    checkpoints: list[tuple[int, bool]],
+    tid: int | None,
+    period_ns: int,
+) -> list[Sample]:
+    inside = _id_list(cid for cid, within in checkpoints if within)
+    sql = (
+        "SELECT s.stack_id, s.tid, COALESCE(t.name, ''), SUM(s.count) FROM cpu_stack_samples s"
+        f" LEFT JOIN threads t ON t.tid = s.tid WHERE s.checkpoint_id IN ({inside})"
+    )
+    params: tuple[object, ...] = ()
+    if tid is not None:
+        sql += " AND s.tid = ?"
+        params = (tid,)
+    rows = profile.rows(sql + " GROUP BY s.stack_id, s.tid ORDER BY s.stack_id, s.tid", params)
+    stacks = frames.stacks({row[0] for row in rows})
+    samples = []
+    for stack_id, thread, name, count in rows:
+        stack = stacks.get(stack_id)
+        if stack and count:
+            samples.append(Sample(stack, [count, count * period_ns], thread, name))
+    return samples
+
+
+def _heap_samples(
+    profile: Profile, frames: _FrameTable, checkpoints: list[tuple[int, bool]]
+) -> list[Sample]:
+    inside = {cid for cid, within in checkpoints if within}
+    sums: dict[int, list[int]] = {}
+    rows = profile.rows(
+        "SELECT checkpoint_id, stack_id, alloc_count, alloc_bytes, free_count, free_bytes"
+        f" FROM heap_stack_samples WHERE checkpoint_id IN ({_id_list(c for c, _ in checkpoints)})"
+    )
+    for checkpoint_id, stack_id, alloc_count, alloc_bytes, free_count, free_bytes in rows:
+        values = sums.setdefault(stack_id, [0, 0, 0, 0])
+        if checkpoint_id in inside:
+            values[0] += alloc_count
+            values[1] += alloc_bytes
+        values[2] += alloc_count - free_count
+        values[3] += alloc_bytes - free_bytes
+    stacks = frames.stacks(sums.keys(), trim_to_call_site=True)
+    samples = []
+    for stack_id in sorted(sums):
+        values = sums[stack_id]
+        # A stack whose blocks were all allocated before the range and freed is not in it.
+        values[2] = max(0, values[2])
+        values[3] = max(0, values[3])
+        stack = stacks.get(stack_id)
+        if stack and any(values):
+            samples.append(Sample(stack, values))
+    # Stacks that trim to the same call-site chain are one sample, as in heap_samples.
+    return _merge_identical(samples)
+
+
+def _merge_identical(samples: list[Sample]) -> list[Sample]:
+    merged: dict[tuple[tuple[Frame, ...], int | None], Sample] = {}
+    for sample in samples:
+        key = (sample.frames, sample.tid)
+        found = merged.get(key)
+        if found is None:
+            merged[key] = sample
+        else:
+            found.values = [a + b for a, b in zip(found.values, sample.values, strict=True)]
+    return list(merged.values())
+
+
+class _FrameTable:
+    """Frames, their inline lines and mappings, read once per load."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        mappings: dict[int, list[Mapping]] = {}
+        modules: dict[int, str] = {}
+        for mapping_id, module_id, start, end, offset, path, build_id in profile.rows(
+            "SELECT mp.id, mp.module_id, mp.start, mp.end, mp.file_offset, m.path,"
+            " COALESCE(m.build_id, '') FROM mappings mp JOIN modules m ON m.id = mp.module_id"
+            " ORDER BY mp.start"
+        ):
+            mappings.setdefault(module_id, []).append(
+                Mapping(mapping_id, start, end, offset, path, build_id)
+            )
+        for module_id, path in profile.rows("SELECT id, path FROM modules"):
+            modules[module_id] = path
+        self._mappings = mappings
+        self._modules = modules
+        self._frames: dict[int, Frame] = {}
+
+    def _load_frames(self, frame_ids: set[int]) -> None:
+        missing = frame_ids - self._frames.keys()
+        if not missing:
+            return
+        lines: dict[int, list[Line]] = {}
+        for frame_id, location_id, function, system_name, file, line in self.profile.rows(
+            "SELECT fl.frame_id, l.id, l.function, COALESCE(l.system_name, l.function),"
+            " l.file, l.line FROM frame_locations fl JOIN locations l ON l.id = fl.location_id"
+            f" WHERE fl.frame_id IN ({_id_list(missing)}) ORDER BY fl.frame_id, fl.inline_depth"
+        ):
+            lines.setdefault(frame_id, []).append(Line(location_id, function, system_name, file,
+                                                       line))
+        for frame_id, address, module_id, offset in self.profile.rows(
+            "SELECT id, address, module_id, COALESCE(module_offset, 0) FROM frames"
+            f" WHERE id IN ({_id_list(missing)})"
+        ):
+            module = self._modules.get(module_id, "") if module_id is not None else ""
+            chain = lines.get(frame_id) or [Line(0, f"0x{address:x}", f"0x{address:x}", "", 0)]
+            self._frames[frame_id] = Frame(frame_id, address, module, offset,
+                                           self._mapping_of(module_id, address), tuple(chain))
+
+    def _mapping_of(self, module_id: int | None, address: int) -> Mapping | None:
+        if module_id is None:
+            return None
+        candidates = self._mappings.get(module_id, [])
+        for mapping in candidates:
+            if mapping.start <= address < mapping.end:
+                return mapping
+        return candidates[0] if candidates else None
+
+    def stacks(
+        self, stack_ids: Iterable[int], *, trim_to_call_site: bool = False
+    ) -> dict[int, tuple[Frame, ...]]:
+        wanted = sorted(set(stack_ids))
+        if not wanted:
+            return {}
+        positions: dict[int, list[int]] = {}
+        for stack_id, frame_id in self.profile.rows(
+            "SELECT stack_id, frame_id FROM stack_frames"
+            f" WHERE stack_id IN ({_id_list(wanted)}) ORDER BY stack_id, position"
+        ):
+            positions.setdefault(stack_id, []).append(frame_id)
+        self._load_frames({f for ids in positions.values() for f in ids})
+        stacks: dict[int, tuple[Frame, ...]] = {}
+        for stack_id, frame_ids in positions.items():
+            stack = tuple(self._frames[f] for f in frame_ids)
+            stacks[stack_id] = _trim_to_call_site(stack) if trim_to_call_site else stack
+        return stacks
+
+
+def _trim_to_call_site(stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    position = call_site_position([(frame.module, frame.lines) for frame in stack])
+    if position is None:
+        return stack
+    frame_index, line_index = position
+    site = stack[frame_index]
+    if line_index:
+        site = Frame(site.id, site.address, site.module, site.module_offset, site.mapping,
+                     site.lines[line_index:])
+    return (site, *stack[frame_index + 1:])
