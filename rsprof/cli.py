@@ -18,17 +18,14 @@ import click
 from collector.errors import EXIT_DATABASE, EXIT_ERROR, EXIT_USAGE, CollectorError
 from collector.process import Target, target_from_name, target_from_pid
 from collector.recorder import RecordOptions
-from rsprof import __version__, render, session
+from rsprof import __version__, render, report_commands, session
 from rsprof.durations import parse_duration
 from storage import analysis
 from storage.errors import ProfileError
 from storage.reader import Profile
+from storage.selection import EmptySelection
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-NO_HEAP_HINT = (
-    "this profile has no heap data; start the program with `rsprof run -- CMD`, or with"
-    " `LD_PRELOAD=$(rsprof preload) CMD` and attach with `rsprof -p PID`"
-)
 
 
 class Failure(Exception):
@@ -195,40 +192,6 @@ def preload() -> None:
 
 
 @cli.command(context_settings=CONTEXT)
-@click.argument("kind", metavar="cpu|heap")
-@click.argument("file", type=click.Path(path_type=Path))
-@click.option("-n", "--limit", type=click.IntRange(0), default=20, show_default=True,
-              help="Rows to show (0 = all).")
-@click.option("-t", "--threshold", type=float, default=0.0, help="Hide rows under this percent.")
-@click.option("--cum", is_flag=True, help="cpu: sort by total (cumulative) instead of self.")
-@click.option("--by", "sort", type=click.Choice(["live", "alloc_bytes", "allocs"]),
-              default="live", show_default=True, help="heap: sort column.")
-@click.option("--tid", type=int, help="cpu: only this thread.")
-@click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
-@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
-def top(kind: str, file: Path, limit: int, threshold: float, cum: bool, sort: str,
-        tid: int | None, as_json: bool, as_csv: bool) -> None:
-    """Top functions by CPU samples, or call sites by heap bytes."""
-    if kind not in ("cpu", "heap"):
-        raise click.BadParameter(f"unknown kind {kind!r}: use cpu or heap", param_hint="KIND")
-    if as_json and as_csv:
-        raise click.UsageError("give --json or --csv, not both")
-    fmt = "json" if as_json else "csv" if as_csv else "table"
-    with Profile(file) as profile:
-        if kind == "cpu":
-            rows, total = analysis.top_cpu(
-                profile, limit=limit, threshold_pct=threshold, sort_by_total=cum, tid=tid
-            )
-            render.cpu_rows(rows, total, fmt)
-            return
-        if analysis.heap_mode(profile) == "none":
-            click.echo(f"rsprof: {NO_HEAP_HINT}", err=True)
-            render.heap_rows([], fmt)
-            return
-        render.heap_rows(analysis.top_heap(profile, limit=limit, sort=sort), fmt)
-
-
-@cli.command(context_settings=CONTEXT)
 @click.argument("file", type=click.Path(path_type=Path))
 @click.argument("sql")
 @click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
@@ -263,6 +226,10 @@ def view(file: Path | None) -> None:
     sys.exit(run_tui(str(file), live=False))
 
 
+for _command in report_commands.COMMANDS:
+    cli.add_command(_command)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the command and turns every failure into one line + exit code."""
     try:
@@ -283,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     except CollectorError as error:
         click.echo(f"rsprof: error: {error}", err=True)
         return error.exit_code
+    except EmptySelection as error:
+        click.echo(f"rsprof: error: {error}", err=True)
+        return EXIT_ERROR
     except ProfileError as error:
         click.echo(f"rsprof: error: {error}", err=True)
         return EXIT_DATABASE

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import fields
 from datetime import datetime
+from typing import IO
 
 from rich.console import Console
 from rich.table import Table
@@ -42,34 +43,40 @@ def human_bytes(value: int) -> str:
     return f"{size:.1f} GiB"
 
 
-def _write_json(objects: list[dict[str, object]]) -> None:
-    json.dump(objects, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+def _write_json(objects: list[dict[str, object]], out: IO[str] | None = None) -> None:
+    stream = out or sys.stdout
+    json.dump(objects, stream, indent=2)
+    stream.write("\n")
 
 
-def _write_csv(keys: Sequence[str], objects: list[dict[str, object]]) -> None:
-    writer = csv.DictWriter(sys.stdout, fieldnames=list(keys), lineterminator="\n")
+def _write_csv(keys: Sequence[str], objects: list[dict[str, object]],
+               out: IO[str] | None = None) -> None:
+    writer = csv.DictWriter(out or sys.stdout, fieldnames=list(keys), lineterminator="\n")
     writer.writeheader()
     writer.writerows(objects)
 
 
-def _emit(keys: Sequence[str], rows: Sequence[FunctionRow | HeapSiteRow], fmt: str) -> None:
+def emit_rows(keys: Sequence[str], rows: Sequence[FunctionRow | HeapSiteRow], fmt: str,
+              out: IO[str] | None = None) -> None:
+    """JSON (an array of objects) or CSV (a header line, then rows) of top-table rows."""
     objects = [row.as_dict() for row in rows]
     if fmt == "json":
-        _write_json(objects)
+        _write_json(objects, out)
     else:
-        _write_csv(keys, objects)
+        _write_csv(keys, objects, out)
 
 
-def cpu_rows(rows: list[FunctionRow], total_samples: int, fmt: str) -> None:
+def cpu_rows(rows: list[FunctionRow], total_samples: int, fmt: str, note: str = "") -> None:
     if fmt == "table":
-        cpu_table(rows, total_samples)
+        cpu_table(rows, total_samples, note=note)
     else:
-        _emit(CPU_KEYS, rows, fmt)
+        emit_rows(CPU_KEYS, rows, fmt)
 
 
-def cpu_table(rows: list[FunctionRow], total_samples: int, title: str | None = None) -> None:
-    table = Table(title=title, title_justify="left", caption=f"{total_samples} samples",
+def cpu_table(rows: list[FunctionRow], total_samples: int, title: str | None = None,
+              note: str = "") -> None:
+    caption = f"{total_samples} samples" + (f"; {note}" if note else "")
+    table = Table(title=title, title_justify="left", caption=caption,
                   caption_justify="left", box=None, header_style="bold")
     table.add_column("Self", justify="right")
     table.add_column("Self %", justify="right")
@@ -79,7 +86,8 @@ def cpu_table(rows: list[FunctionRow], total_samples: int, title: str | None = N
     table.add_column("Location", overflow="fold")
     for r in rows:
         table.add_row(str(r.self), f"{r.self_pct:.1f}%", str(r.total), f"{r.total_pct:.1f}%",
-                      r.function, _location(r.file, r.line))
+                      f"{r.address} {r.function}" if r.address else r.function,
+                      _location(r.file, r.line))
     _console().print(table)
 
 
@@ -87,7 +95,7 @@ def heap_rows(rows: list[HeapSiteRow], fmt: str) -> None:
     if fmt == "table":
         heap_table(rows)
     else:
-        _emit(HEAP_KEYS, rows, fmt)
+        emit_rows(HEAP_KEYS, rows, fmt)
 
 
 def heap_table(rows: list[HeapSiteRow], title: str | None = None) -> None:

@@ -8,13 +8,17 @@ from itertools import pairwise
 from pathlib import Path
 
 from storage.errors import ProfileError
-from storage.reader import Location, Profile, ProfileSummary
+from storage.granularity import Entry, entry
+from storage.reader import Profile, ProfileSummary
+from storage.selection import WHOLE_CPU_PROFILE, SampleQuery, Selection, select
 
 
 @dataclass(slots=True)
 class FunctionRow:
-    """One function of `top cpu`: self = samples where it is the leaf; total = samples where
-    it is anywhere on the stack, counted once per sample even under recursion."""
+    """One entry of `top cpu` (a function by default; a file, line or address with
+    `--granularity`): self = samples where it is the leaf; total = samples where it is
+    anywhere on the stack, counted once per sample even under recursion. Percentages are of
+    every sample in the selected time range and thread, before focus/ignore/show/hide."""
 
     function: str
     file: str
@@ -24,6 +28,7 @@ class FunctionRow:
     self_pct: float
     total: int
     total_pct: float
+    address: str = ""  # 0x... with --granularity addresses
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -35,65 +40,65 @@ def top_cpu(
     limit: int | None = 20,
     threshold_pct: float = 0.0,
     sort_by_total: bool = False,
-    tid: int | None = None,
+    query: SampleQuery = WHOLE_CPU_PROFILE,
+    granularity: str = "functions",
 ) -> tuple[list[FunctionRow], int]:
-    """Functions by self (or total) samples, and the number of samples they share."""
-    stack_counts = profile.cpu_stack_counts(tid)
-    stacks = profile.stack_locations()
-    locations = profile.locations()
-    grand_total = sum(stack_counts.values())
-
-    def key(location: Location) -> tuple[str, str]:
-        return (location.function, location.module)
-
-    self_counts: dict[tuple[str, str], int] = {}
-    total_counts: dict[tuple[str, str], int] = {}
-    # The line shown for a function: where its self samples fall most, else where it appears.
-    line_votes: dict[tuple[str, str], dict[tuple[str, int], int]] = {}
-    for stack_id, count in stack_counts.items():
-        chain = stacks.get(stack_id, [])
-        if not chain:
-            continue
-        leaf = locations[chain[0]]
-        self_counts[key(leaf)] = self_counts.get(key(leaf), 0) + count
-        seen: set[tuple[str, str]] = set()
-        for position, location_id in enumerate(chain):
-            location = locations[location_id]
-            k = key(location)
-            votes = line_votes.setdefault(k, {})
-            weight = count * (1000 if position == 0 else 1)
-            votes[(location.file, location.line)] = (
-                votes.get((location.file, location.line), 0) + weight
-            )
-            if k not in seen:
-                seen.add(k)
-                total_counts[k] = total_counts.get(k, 0) + count
-
-    rows = []
-    for k, total in total_counts.items():
-        self_n = self_counts.get(k, 0)
-        file, line = max(line_votes[k].items(), key=lambda item: item[1])[0]
-        rows.append(
-            FunctionRow(
-                function=k[0],
-                file=file,
-                line=line,
-                module=k[1],
-                self=self_n,
-                self_pct=_pct(self_n, grand_total),
-                total=total,
-                total_pct=_pct(total, grand_total),
-            )
-        )
+    """Entries by self (or total) samples, and the number of samples percentages are of."""
+    selection = select(profile, query)
+    rows = cpu_rows(selection, granularity)
     if sort_by_total:
-        rows.sort(key=lambda r: (-r.total, -r.self, r.function))
+        rows.sort(key=lambda r: (-r.total, -r.self, r.function, r.file, r.line))
     else:
-        rows.sort(key=lambda r: (-r.self, -r.total, r.function))
+        rows.sort(key=lambda r: (-r.self, -r.total, r.function, r.file, r.line))
     measured = "total_pct" if sort_by_total else "self_pct"
     rows = [r for r in rows if getattr(r, measured) >= threshold_pct]
     if limit is not None and limit > 0:
         rows = rows[:limit]
-    return rows, grand_total
+    return rows, selection.unfiltered_total[0]
+
+
+def cpu_rows(selection: Selection, granularity: str = "functions") -> list[FunctionRow]:
+    """Every entry's self and total sample counts, unsorted."""
+    self_counts: dict[Entry, int] = {}
+    total_counts: dict[Entry, int] = {}
+    # The line shown for a function: where its self samples fall most, else where it appears.
+    line_votes: dict[Entry, dict[tuple[str, int], int]] = {}
+    for sample in selection.samples.samples:
+        count = sample.values[0]
+        seen: set[Entry] = set()
+        first = True
+        for frame in sample.frames:
+            for source in frame.lines:
+                e = entry(frame, source, granularity)
+                if first:
+                    self_counts[e] = self_counts.get(e, 0) + count
+                votes = line_votes.setdefault(e, {})
+                place = (source.file, source.line)
+                votes[place] = votes.get(place, 0) + count * (1000 if first else 1)
+                first = False
+                if e not in seen:
+                    seen.add(e)
+                    total_counts[e] = total_counts.get(e, 0) + count
+    rows = []
+    for e, total in total_counts.items():
+        self_n = self_counts.get(e, 0)
+        file, line = (e.file, e.line)
+        if granularity == "functions":
+            file, line = max(line_votes[e].items(), key=lambda item: item[1])[0]
+        rows.append(
+            FunctionRow(
+                function=e.function,
+                file=file,
+                line=line,
+                module=e.module,
+                self=self_n,
+                self_pct=selection.percent(self_n, 0),
+                total=total,
+                total_pct=selection.percent(total, 0),
+                address=f"0x{e.address:x}" if e.address else "",
+            )
+        )
+    return rows
 
 
 def _pct(part: int, whole: int) -> float:
@@ -148,9 +153,22 @@ def heap_mode(profile: Profile) -> str:
     return mode
 
 
-def top_heap(profile: Profile, *, limit: int | None = 20, sort: str = "live") -> list[HeapSiteRow]:
-    """Call sites by live bytes (or allocated bytes, or allocation count)."""
+def top_heap(
+    profile: Profile,
+    *,
+    limit: int | None = 20,
+    sort: str = "live",
+    query: SampleQuery | None = None,
+    granularity: str = "lines",
+) -> list[HeapSiteRow]:
+    """Call sites by live bytes (or allocated bytes, or allocation count). With a query
+    (time range, filters) or another granularity, rows come from the allocating stacks."""
     column = HEAP_SORT_KEYS[sort]
+    if query is not None or granularity != "lines":
+        rows = heap_rows(select(profile, query or SampleQuery("heap")), granularity,
+                         _growing_sites(profile))
+        rows.sort(key=lambda r: (-getattr(r, column), r.function, r.file, r.line))
+        return rows[:limit] if limit else rows
     totals = profile.rows(
         "SELECT h.location_id, l.function, l.file, l.line, COALESCE(m.path, ''),"
         " SUM(h.alloc_bytes) - SUM(h.free_bytes), SUM(h.alloc_bytes), SUM(h.free_bytes),"
@@ -167,6 +185,28 @@ def top_heap(profile: Profile, *, limit: int | None = 20, sort: str = "live") ->
     if limit is not None and limit > 0:
         rows = rows[:limit]
     return rows
+
+
+def heap_rows(selection: Selection, granularity: str, growing: set[int]) -> list[HeapSiteRow]:
+    """Per entry at the stack's leaf (the call site): in use at the end of the range, and
+    allocated and freed within it."""
+    rows: dict[Entry, HeapSiteRow] = {}
+    for sample in selection.samples.samples:
+        frame = sample.frames[0]
+        site = frame.lines[0]
+        e = entry(frame, site, granularity)
+        row = rows.get(e)
+        if row is None:
+            row = rows[e] = HeapSiteRow(e.function, e.file, e.line, e.module, 0, 0, 0, 0, 0,
+                                        False)
+        alloc_objects, alloc_space, _inuse_objects, inuse_space = sample.values
+        row.live_bytes += inuse_space
+        row.total_alloc_bytes += alloc_space
+        row.alloc_count += alloc_objects
+        row.free_count += sample.freed[0]
+        row.total_free_bytes += sample.freed[1]
+        row.growing = row.growing or site.location_id in growing
+    return list(rows.values())
 
 
 def _growing_sites(profile: Profile) -> set[int]:

@@ -70,6 +70,7 @@ class Sample:
     values: list[int]  # one per SampleSet.sample_types
     tid: int | None = None  # CPU samples only
     thread_name: str = ""
+    freed: tuple[int, int] = (0, 0)  # heap: (objects, bytes) freed in the range
 
 
 @dataclass(slots=True)
@@ -199,6 +200,7 @@ def _heap_samples(
 ) -> list[Sample]:
     inside = {cid for cid, within in checkpoints if within}
     sums: dict[int, list[int]] = {}
+    freed: dict[int, tuple[int, int]] = {}
     rows = profile.rows(
         "SELECT checkpoint_id, stack_id, alloc_count, alloc_bytes, free_count, free_bytes"
         f" FROM heap_stack_samples WHERE checkpoint_id IN ({_id_list(c for c, _ in checkpoints)})"
@@ -208,6 +210,8 @@ def _heap_samples(
         if checkpoint_id in inside:
             values[0] += alloc_count
             values[1] += alloc_bytes
+            objects, size = freed.get(stack_id, (0, 0))
+            freed[stack_id] = (objects + free_count, size + free_bytes)
         values[2] += alloc_count - free_count
         values[3] += alloc_bytes - free_bytes
     stacks = frames.stacks(sums.keys(), trim_to_call_site=True)
@@ -219,7 +223,7 @@ def _heap_samples(
         values[3] = max(0, values[3])
         stack = stacks.get(stack_id)
         if stack and any(values):
-            samples.append(Sample(stack, values))
+            samples.append(Sample(stack, values, freed=freed.get(stack_id, (0, 0))))
     # Stacks that trim to the same call-site chain are one sample, as in heap_samples.
     return _merge_identical(samples)
 
@@ -233,6 +237,7 @@ def _merge_identical(samples: list[Sample]) -> list[Sample]:
             merged[key] = sample
         else:
             found.values = [a + b for a, b in zip(found.values, sample.values, strict=True)]
+            found.freed = (found.freed[0] + sample.freed[0], found.freed[1] + sample.freed[1])
     return list(merged.values())
 
 

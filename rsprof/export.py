@@ -1,0 +1,145 @@
+"""`rsprof export`: one profile's samples to a file other tools read.
+
+The output is written to a temporary file beside the target and renamed into place, so a
+failed export (full disk, bad filter) never leaves half a file under the requested name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import click
+
+from storage.analysis import cpu_rows, heap_rows
+from storage.reader import Profile
+from storage.selection import SampleQuery, Selection, require_samples, select
+
+FORMATS = ("pprof", "folded", "speedscope", "json", "csv")
+SUFFIXES = {"pprof": ".pb.gz", "folded": ".folded", "speedscope": ".speedscope.json",
+            "json": ".json", "csv": ".csv"}
+
+
+class ExportError(click.ClickException):
+    """Exit code 1 with one line: the output cannot be written or the options do not fit."""
+
+
+def default_output(profile: Path, fmt: str, kind: str) -> Path:
+    stem = profile.name.removesuffix(".db")
+    return Path(f"{stem}.{kind}{SUFFIXES[fmt]}")
+
+
+def export(
+    profile_path: Path,
+    *,
+    fmt: str,
+    query: SampleQuery,
+    output: Path | None,
+    base_path: Path | None = None,
+    sample_index: str | None = None,
+    per_thread: bool = False,
+    granularity: str = "functions",
+) -> tuple[str, Selection]:
+    """Writes the export; returns where it went ('-' for stdout) and what was selected."""
+    if fmt not in FORMATS:
+        raise click.BadParameter(f"unknown format {fmt!r}: use {', '.join(FORMATS)}",
+                                 param_hint="'--format'")
+    if base_path is not None and fmt != "pprof":
+        raise click.BadParameter("only the pprof format carries a diff base",
+                                 param_hint="'--diff-base'")
+    with Profile(profile_path) as profile:
+        selection = select(profile, query)
+        require_samples(selection, query, profile_path)
+        growing = _growing(profile) if fmt in ("json", "csv") and query.kind == "heap" else set()
+    base = None
+    if base_path is not None:
+        with Profile(base_path) as base_profile:
+            base = select(base_profile, query)
+            require_samples(base, query, base_path)
+    try:
+        value_index = selection.samples.value_index(sample_index)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="'--sample-index'") from None
+    target = output if output is not None else default_output(profile_path, fmt, query.kind)
+    binary = fmt == "pprof"
+    with _open_output(target, binary=binary) as out:
+        if fmt == "pprof":
+            from storage.pprof.writer import write_pprof
+
+            write_pprof(selection.samples, out,  # type: ignore[arg-type]
+                        base=base.samples if base else None)
+        elif fmt == "folded":
+            from storage.flame import write_folded
+
+            write_folded(selection.samples, out,  # type: ignore[arg-type]
+                         value_index=value_index, per_thread=per_thread)
+        elif fmt == "speedscope":
+            from storage.flame import write_speedscope
+
+            write_speedscope(selection.samples, out,  # type: ignore[arg-type]
+                             value_index=value_index, name=profile_path.name)
+        else:
+            _write_table(selection, fmt, granularity, growing, out)  # type: ignore[arg-type]
+    return str(target), selection
+
+
+def _growing(profile: Profile) -> set[int]:
+    from storage.analysis import _growing_sites
+
+    return _growing_sites(profile)
+
+
+def _write_table(selection: Selection, fmt: str, granularity: str, growing: set[int],
+                 out: IO[str]) -> None:
+    from rsprof import render
+
+    if selection.samples.kind == "cpu":
+        cpu = cpu_rows(selection, granularity)
+        cpu.sort(key=lambda r: (-r.self, -r.total, r.function, r.file, r.line))
+        render.emit_rows(render.CPU_KEYS, cpu, fmt, out)
+    else:
+        heap = heap_rows(selection, "lines" if granularity == "functions" else granularity,
+                         growing)
+        heap.sort(key=lambda r: (-r.live_bytes, r.function, r.file, r.line))
+        render.emit_rows(render.HEAP_KEYS, heap, fmt, out)
+
+
+@contextlib.contextmanager
+def _open_output(target: Path, *, binary: bool) -> Iterator[IO[bytes] | IO[str]]:
+    if str(target) == "-":
+        stream: IO[bytes] | IO[str] = sys.stdout.buffer if binary else sys.stdout
+        yield stream
+        stream.flush()
+        return
+    if target.is_dir():
+        raise ExportError(f"cannot write {target}: it is a directory")
+    folder = target.parent if str(target.parent) else Path(".")
+    try:
+        fd, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder)
+    except OSError as error:
+        raise ExportError(f"cannot write {target}: {error.strerror or error}") from None
+    temp = Path(temp_name)
+    try:
+        raw = os.fdopen(fd, "wb")
+        with raw if binary else io.TextIOWrapper(raw, encoding="utf-8", newline="") as out:
+            yield out
+        os.chmod(temp, 0o644 & ~_umask())
+        temp.replace(target)
+    except OSError as error:
+        temp.unlink(missing_ok=True)
+        raise ExportError(f"cannot write {target}: {error.strerror or error}") from None
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

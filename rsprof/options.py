@@ -1,0 +1,70 @@
+"""Options shared by the commands that read a profile's samples (top, traces, peek, diff,
+export): pprof's filters, granularity, thread and time range."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from rsprof.durations import parse_duration
+from storage.filters import FrameFilter
+from storage.granularity import GRANULARITIES
+from storage.samples import TimeRange
+from storage.selection import SampleQuery
+
+
+def _point(_ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value, allow_zero=True)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param=param) from None
+
+
+def sample_options(func: click.decorators.FC) -> click.decorators.FC:
+    decorators = [
+        click.option("--focus", metavar="REGEX",
+                     help="Only samples with a frame matching REGEX (function, file or module)."),
+        click.option("--ignore", metavar="REGEX", help="Drop samples with a frame matching REGEX."),
+        click.option("--show", metavar="REGEX", help="Keep only frames matching REGEX."),
+        click.option("--hide", metavar="REGEX", help="Remove frames matching REGEX."),
+        click.option("--tid", type=int, help="Only this thread (CPU)."),
+        click.option("--since", callback=_point, metavar="TIME",
+                     help="Start of the time range, from the recording's start (e.g. 2s, 1m)."),
+        click.option("--until", callback=_point, metavar="TIME",
+                     help="End of the time range, from the recording's start."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def granularity_option(default: str) -> Any:
+    return click.option("--granularity", "-g", type=click.Choice(GRANULARITIES),
+                        default=default, show_default=True,
+                        help="What one row is: a function, file, source line or address.")
+
+
+def build_query(kind: str, options: dict[str, Any]) -> SampleQuery:
+    """The query for `kind` from the options above (popped from `options`)."""
+    since, until = options.pop("since"), options.pop("until")
+    if since is not None and until is not None and since >= until:
+        raise click.BadParameter("must be later than --since", param_hint="'--until'")
+    try:
+        filters = FrameFilter.compile(focus=options.pop("focus"), ignore=options.pop("ignore"),
+                                      show=options.pop("show"), hide=options.pop("hide"))
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+    tid = options.pop("tid")
+    if tid is not None and kind == "heap":
+        raise click.BadParameter("heap data has no threads (the shim records stacks only)",
+                                 param_hint="'--tid'")
+    return SampleQuery(kind, tid, TimeRange(since, until), filters)
+
+
+def check_kind(kind: str) -> str:
+    if kind not in ("cpu", "heap"):
+        raise click.BadParameter(f"unknown kind {kind!r}: use cpu or heap", param_hint="KIND")
+    return kind

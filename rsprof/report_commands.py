@@ -1,0 +1,219 @@
+"""Commands that read a finished (or growing) profile: top, traces, peek, diff, export.
+
+They share pprof's options (rsprof.options) and ask storage for every number.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rsprof import render, report_render
+from rsprof.export import FORMATS, export
+from rsprof.options import build_query, check_kind, granularity_option, sample_options
+from storage import analysis
+from storage.callgraph import peek as peek_entries
+from storage.callgraph import traces as distinct_traces
+from storage.diff import cpu_diff, heap_diff
+from storage.reader import Profile
+from storage.selection import SampleQuery, Selection, select
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+NO_HEAP_HINT = (
+    "this profile has no heap data; start the program with `rsprof run -- CMD`, or with"
+    " `LD_PRELOAD=$(rsprof preload) CMD` and attach with `rsprof -p PID`"
+)
+KIND_OPTION = click.option("--kind", type=click.Choice(["cpu", "heap"]), default="cpu",
+                           show_default=True, help="CPU samples or heap allocations.")
+SAMPLE_INDEX_OPTION = click.option(
+    "--sample-index", metavar="NAME",
+    help="Value to weigh by: samples, cpu (CPU); inuse_space (default), inuse_objects,"
+         " alloc_space, alloc_objects (heap).")
+
+
+def _filter_note(query: SampleQuery, selection: Selection, index: int) -> str:
+    if not query.filters.active:
+        return ""
+    kept = selection.samples.total(index)
+    share = selection.percent(kept, index)
+    return f"filters kept {kept} ({share:.1f}%): {query.filters.describe()}"
+
+
+def _value_index(selection: Selection, name: str | None) -> int:
+    try:
+        return selection.samples.value_index(name)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="'--sample-index'") from None
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("kind", metavar="cpu|heap")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("-n", "--limit", type=click.IntRange(0), default=20, show_default=True,
+              help="Rows to show (0 = all).")
+@click.option("-t", "--threshold", type=float, default=0.0, help="Hide rows under this percent.")
+@click.option("--cum", is_flag=True, help="cpu: sort by total (cumulative) instead of self.")
+@click.option("--by", "sort", type=click.Choice(["live", "alloc_bytes", "allocs"]),
+              default="live", show_default=True, help="heap: sort column.")
+@granularity_option("functions")
+@sample_options
+@click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
+def top(kind: str, file: Path, limit: int, threshold: float, cum: bool, sort: str,
+        granularity: str, as_json: bool, as_csv: bool, **options: Any) -> None:
+    """Top functions by CPU samples, or call sites by heap bytes.
+
+    --focus/--ignore/--show/--hide take regexes with pprof's meanings; percentages stay
+    relative to every sample in the time range and thread, as in pprof.
+    """
+    check_kind(kind)
+    if as_json and as_csv:
+        raise click.UsageError("give --json or --csv, not both")
+    fmt = "json" if as_json else "csv" if as_csv else "table"
+    narrowed = any(options[k] is not None for k in options)
+    query = build_query(kind, options)
+    with Profile(file) as profile:
+        if kind == "cpu":
+            rows, total = analysis.top_cpu(profile, limit=limit, threshold_pct=threshold,
+                                           sort_by_total=cum, query=query,
+                                           granularity=granularity)
+            note = ""
+            if query.filters.active and fmt == "table":
+                note = _filter_note(query, select(profile, query), 0)
+            render.cpu_rows(rows, total, fmt, note)
+            return
+        if analysis.heap_mode(profile) == "none":
+            click.echo(f"rsprof: {NO_HEAP_HINT}", err=True)
+            render.heap_rows([], fmt)
+            return
+        # Call sites are source lines: the heap's "functions" default is the exact site table.
+        heap_granularity = "lines" if granularity == "functions" else granularity
+        rows_heap = analysis.top_heap(profile, limit=limit, sort=sort,
+                                      query=query if narrowed else None,
+                                      granularity=heap_granularity)
+        render.heap_rows(rows_heap, fmt)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("file", type=click.Path(path_type=Path))
+@KIND_OPTION
+@SAMPLE_INDEX_OPTION
+@granularity_option("functions")
+@click.option("--no-threads", is_flag=True, help="Merge the same stack across threads.")
+@click.option("-n", "--limit", type=click.IntRange(0), default=0, help="Stacks to show (0 = all).")
+@sample_options
+@click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
+def traces(file: Path, kind: str, sample_index: str | None, granularity: str, no_threads: bool,
+           limit: int, as_json: bool, **options: Any) -> None:
+    """Each distinct stack with its weight, heaviest first (as pprof -traces)."""
+    query = build_query(kind, options)
+    with Profile(file) as profile:
+        selection = select(profile, query)
+    index = _value_index(selection, sample_index)
+    found = distinct_traces(selection, value_index=index, granularity=granularity,
+                            per_thread=not no_threads and kind == "cpu")
+    unit = selection.samples.sample_types[index][1]
+    report_render.traces(found[: limit or None], unit, selection.samples.total(index),
+                         len(found), as_json=as_json)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("file", type=click.Path(path_type=Path))
+@click.argument("regex")
+@KIND_OPTION
+@SAMPLE_INDEX_OPTION
+@granularity_option("functions")
+@sample_options
+@click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
+def peek(file: Path, regex: str, kind: str, sample_index: str | None, granularity: str,
+         as_json: bool, **options: Any) -> None:
+    """Callers and callees of every function matching REGEX, with weights (as pprof -peek)."""
+    try:
+        pattern = re.compile(regex)
+    except re.error as error:
+        raise click.BadParameter(f"{regex!r} is not a valid regex: {error}",
+                                 param_hint="REGEX") from None
+    query = build_query(kind, options)
+    with Profile(file) as profile:
+        selection = select(profile, query)
+    index = _value_index(selection, sample_index)
+    found = peek_entries(selection, pattern, value_index=index, granularity=granularity)
+    if not found and not as_json:
+        click.echo(f"rsprof: no function matches {regex!r}", err=True)
+    report_render.peek(found, selection.samples.sample_types[index][1], as_json=as_json)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("old", type=click.Path(path_type=Path))
+@click.argument("new", type=click.Path(path_type=Path))
+@click.option("--kind", type=click.Choice(["cpu", "heap", "both"]), default="both",
+              show_default=True, help="Compare CPU shares, heap bytes, or both.")
+@click.option("-n", "--limit", type=click.IntRange(0), default=20, show_default=True,
+              help="Rows per table (0 = all).")
+@sample_options
+@click.option("--json", "as_json", is_flag=True,
+              help='JSON object {"cpu": [...], "heap": [...]}.')
+def diff(old: Path, new: Path, kind: str, limit: int, as_json: bool, **options: Any) -> None:
+    """Per-function changes from OLD to NEW, biggest first; "new" and "gone" marked.
+
+    CPU is compared in percent of each profile's samples, heap in bytes.
+    """
+    query = build_query("heap" if kind == "heap" else "cpu", options)
+    result: dict[str, list[dict[str, object]]] = {}
+    with Profile(old) as before, Profile(new) as after:
+        if kind in ("cpu", "both"):
+            cpu = cpu_diff(before, after, query)[: limit or None]
+            if as_json:
+                result["cpu"] = [d.as_dict() for d in cpu]
+            else:
+                report_render.cpu_diff(cpu, as_json=False)
+        both_heap = all(analysis.heap_mode(p) != "none" for p in (before, after))
+        if kind == "heap" and not both_heap:
+            raise click.ClickException("both profiles need heap data for --kind heap")
+        if kind in ("heap", "both") and both_heap:
+            heap = heap_diff(before, after, query)[: limit or None]
+            if as_json:
+                result["heap"] = [d.as_dict() for d in heap]
+            else:
+                report_render.heap_diff(heap, as_json=False)
+    if as_json:
+        report_render._json([result])  # one object, in a list for symmetry with top --json
+
+
+@click.command("export", context_settings=CONTEXT)
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("-f", "--format", "fmt", default="pprof", show_default=True,
+              metavar="|".join(FORMATS), help="Output format.")
+@KIND_OPTION
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Output file ('-' for stdout); default FILE's name with .KIND.pb.gz etc.")
+@click.option("--diff-base", type=click.Path(path_type=Path),
+              help="pprof: add OLD's samples negated and labelled pprof::base, as pprof does.")
+@SAMPLE_INDEX_OPTION
+@click.option("--per-thread", is_flag=True, help="folded: one root frame per thread.")
+@granularity_option("functions")
+@sample_options
+def export_command(file: Path, fmt: str, kind: str, output: Path | None, diff_base: Path | None,
+                   sample_index: str | None, per_thread: bool, granularity: str,
+                   **options: Any) -> None:
+    """Write a profile as pprof (gzipped profile.proto), folded stacks, speedscope JSON, or
+    the top table as JSON / CSV.
+
+    \b
+    rsprof export app.db -o cpu.pb.gz && go tool pprof -top cpu.pb.gz
+    rsprof export app.db --kind heap -o heap.pb.gz   (pprof -sample_index=inuse_space)
+    rsprof export app.db -f folded -o - | flamegraph.pl > cpu.svg
+    """
+    query = build_query(kind, options)
+    target, selection = export(file, fmt=fmt, query=query, output=output, base_path=diff_base,
+                               sample_index=sample_index, per_thread=per_thread,
+                               granularity=granularity)
+    if target != "-":
+        kept = len(selection.samples.samples)
+        click.echo(f"rsprof: wrote {target} ({fmt}, {kind}, {kept} stacks)", err=True)
+
+
+COMMANDS = (top, traces, peek, diff, export_command)

@@ -1,0 +1,121 @@
+"""Output of `traces`, `peek` and `diff`: text close to pprof's for people, JSON for programs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+
+from rich.table import Table
+
+from rsprof.render import _console, human_bytes
+from storage.callgraph import Peek, Trace
+from storage.diff import CpuDelta, HeapDelta
+
+RULE = "-" * 11 + "+" + "-" * 60
+
+
+def _value(value: int, unit: str) -> str:
+    if unit == "bytes":
+        return human_bytes(value)
+    if unit == "nanoseconds":
+        return f"{value / 1e9:.2f}s"
+    return str(value)
+
+
+def _json(objects: Sequence[object]) -> None:
+    json.dump(objects, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def traces(found: list[Trace], unit: str, total: int, distinct: int, *, as_json: bool) -> None:
+    if as_json:
+        _json([t.as_dict() for t in found])
+        return
+    out = sys.stdout
+    shown = f", the heaviest {len(found)} shown" if len(found) < distinct else ""
+    out.write(f"{distinct} distinct stacks{shown}, {_value(total, unit)} in all\n")
+    for trace in found:
+        out.write(RULE + "\n")
+        if trace.tid is not None:
+            out.write(f"{'thread:':>10} | {trace.thread_name} ({trace.tid})\n")
+        weight = f"{_value(trace.value, unit)} {trace.percent:.1f}%"
+        for position, entry in enumerate(trace.stack):
+            left = weight if position == 0 else ""
+            out.write(f"{left:>10} | {entry.label}\n")
+    if found:
+        out.write(RULE + "\n")
+
+
+def peek(found: list[Peek], unit: str, *, as_json: bool) -> None:
+    if as_json:
+        _json([p.as_dict() for p in found])
+        return
+    for item in found:
+        sys.stdout.write(f"{item.entry.label}: flat {_value(item.flat, unit)}"
+                         f" ({item.flat_pct:.1f}%), total {_value(item.total, unit)}"
+                         f" ({item.total_pct:.1f}%)\n")
+        sys.stdout.flush()
+        table = Table(box=None, header_style="bold")
+        table.add_column("", no_wrap=True)
+        table.add_column("Weight", justify="right")
+        table.add_column("%", justify="right")
+        table.add_column("Function", overflow="fold")
+        for edge in item.callers:
+            table.add_row("caller", _value(edge.value, unit), f"{edge.percent:.1f}%",
+                          edge.entry.label)
+        table.add_row("▶", _value(item.total, unit), "100.0%", item.entry.label,
+                      style="bold")
+        for edge in item.callees:
+            table.add_row("callee", _value(edge.value, unit), f"{edge.percent:.1f}%",
+                          edge.entry.label)
+        _console().print(table)
+        _console().print()
+
+
+def cpu_diff(deltas: list[CpuDelta], *, as_json: bool) -> None:
+    if as_json:
+        _json([d.as_dict() for d in deltas])
+        return
+    table = Table(title="CPU share by function (NEW - OLD)", title_justify="left", box=None,
+                  header_style="bold")
+    for name in ("Δ Self", "Old self", "New self", "Δ Total", "Old total", "New total"):
+        table.add_column(name, justify="right")
+    table.add_column("Function", overflow="fold")
+    table.add_column("")
+    for d in deltas:
+        table.add_row(_arrow(d.delta_self_pct, "%"), f"{d.old_self_pct:.1f}%",
+                      f"{d.new_self_pct:.1f}%", _arrow(d.delta_total_pct, "%"),
+                      f"{d.old_total_pct:.1f}%", f"{d.new_total_pct:.1f}%", d.function,
+                      d.status)
+    _console().print(table)
+
+
+def heap_diff(deltas: list[HeapDelta], *, as_json: bool) -> None:
+    if as_json:
+        _json([d.as_dict() for d in deltas])
+        return
+    table = Table(title="Heap by call-site function (NEW - OLD)", title_justify="left",
+                  box=None, header_style="bold")
+    for name in ("Δ In use", "Old in use", "New in use", "Δ Allocated"):
+        table.add_column(name, justify="right")
+    table.add_column("Function", overflow="fold")
+    table.add_column("")
+    for d in deltas:
+        table.add_row(_arrow_bytes(d.delta_inuse_bytes), human_bytes(d.old_inuse_bytes),
+                      human_bytes(d.new_inuse_bytes), _arrow_bytes(d.delta_alloc_bytes),
+                      d.function, d.status)
+    _console().print(table)
+
+
+def _arrow(delta: float, suffix: str) -> str:
+    if delta == 0:
+        return f"0.0{suffix}"
+    return f"{'▲' if delta > 0 else '▼'} {delta:+.1f}{suffix}"
+
+
+def _arrow_bytes(delta: int) -> str:
+    if delta == 0:
+        return "0 B"
+    sign = "+" if delta > 0 else "-"
+    return f"{'▲' if delta > 0 else '▼'} {sign}{human_bytes(abs(delta))}"

@@ -1,0 +1,128 @@
+"""Stack-shaped reports: `rsprof traces` (each distinct stack with its weight, as
+`pprof -traces`) and `rsprof peek` (an entry's callers and callees, as `pprof -peek`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from storage.granularity import Entry, entries
+from storage.selection import Selection
+
+
+@dataclass(slots=True)
+class Trace:
+    value: int
+    percent: float
+    tid: int | None
+    thread_name: str
+    stack: list[Entry]  # leaf first
+
+    def as_dict(self) -> dict[str, object]:
+        return {"value": self.value, "percent": self.percent, "tid": self.tid,
+                "thread": self.thread_name, "stack": [e.label for e in self.stack]}
+
+
+def traces(selection: Selection, *, value_index: int, granularity: str = "lines",
+           per_thread: bool = True) -> list[Trace]:
+    """Distinct stacks, heaviest first (ties by stack text, so output is stable)."""
+    merged: dict[tuple[tuple[Entry, ...], int | None, str], int] = {}
+    for sample in selection.samples.samples:
+        value = sample.values[value_index]
+        if not value:
+            continue
+        thread = (sample.tid, sample.thread_name) if per_thread else (None, "")
+        key = (tuple(entries(sample, granularity)), *thread)
+        merged[key] = merged.get(key, 0) + value
+    found = [Trace(value, selection.percent(value, value_index), tid, name, list(stack))
+             for (stack, tid, name), value in merged.items()]
+    found.sort(key=lambda t: (-abs(t.value), [e.label for e in t.stack], t.tid or 0))
+    return found
+
+
+@dataclass(slots=True)
+class Edge:
+    entry: Entry
+    value: int
+    percent: float  # of the peeked entry's total
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.entry.label, "value": self.value, "percent": self.percent}
+
+
+@dataclass(slots=True)
+class Peek:
+    entry: Entry
+    flat: int
+    flat_pct: float
+    total: int
+    total_pct: float
+    callers: list[Edge] = field(default_factory=list)
+    callees: list[Edge] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.entry.label, "function": self.entry.function,
+                "file": self.entry.file, "line": self.entry.line, "module": self.entry.module,
+                "flat": self.flat, "flat_pct": self.flat_pct, "total": self.total,
+                "total_pct": self.total_pct,
+                "callers": [e.as_dict() for e in self.callers],
+                "callees": [e.as_dict() for e in self.callees]}
+
+
+def peek(selection: Selection, pattern: re.Pattern[str], *, value_index: int,
+         granularity: str = "functions") -> list[Peek]:
+    """Every entry whose label matches `pattern`, with the entries directly calling it and
+    called by it. An edge counts once per sample, even when recursion repeats it; a leaf's
+    self value shows as flat, and stacks starting at the entry have no caller row."""
+    flat: dict[Entry, int] = {}
+    total: dict[Entry, int] = {}
+    callers: dict[Entry, dict[Entry, int]] = {}
+    callees: dict[Entry, dict[Entry, int]] = {}
+    matches: dict[Entry, bool] = {}
+    for sample in selection.samples.samples:
+        value = sample.values[value_index]
+        if not value:
+            continue
+        stack = entries(sample, granularity)
+        seen_callers: set[tuple[Entry, Entry]] = set()
+        seen_callees: set[tuple[Entry, Entry]] = set()
+        counted: set[Entry] = set()
+        for position, e in enumerate(stack):
+            if e not in matches:
+                matches[e] = bool(pattern.search(e.label))
+            if not matches[e]:
+                continue
+            if position == 0:
+                flat[e] = flat.get(e, 0) + value
+            if e not in counted:
+                counted.add(e)
+                total[e] = total.get(e, 0) + value
+            caller = stack[position + 1] if position + 1 < len(stack) else None
+            callee = stack[position - 1] if position > 0 else None
+            _add_edge(callers, e, caller, value, seen_callers)
+            _add_edge(callees, e, callee, value, seen_callees)
+    result = []
+    for e, cum in total.items():
+        result.append(Peek(
+            entry=e, flat=flat.get(e, 0), flat_pct=selection.percent(flat.get(e, 0), value_index),
+            total=cum, total_pct=selection.percent(cum, value_index),
+            callers=_edges(callers.get(e, {}), cum), callees=_edges(callees.get(e, {}), cum)))
+    result.sort(key=lambda p: (-abs(p.total), p.entry.label))
+    return result
+
+
+def _add_edge(edges: dict[Entry, dict[Entry, int]], e: Entry, other: Entry | None, value: int,
+              seen: set[tuple[Entry, Entry]]) -> None:
+    # Once per sample per (entry, neighbour): a recursive stack repeats the same pair.
+    if other is None or (e, other) in seen:
+        return
+    seen.add((e, other))
+    bucket = edges.setdefault(e, {})
+    bucket[other] = bucket.get(other, 0) + value
+
+
+def _edges(weights: dict[Entry, int], whole: int) -> list[Edge]:
+    edges = [Edge(e, value, round(100.0 * value / whole, 2) if whole else 0.0)
+             for e, value in weights.items()]
+    edges.sort(key=lambda edge: (-abs(edge.value), edge.entry.label))
+    return edges

@@ -1,0 +1,123 @@
+"""pprof's sample filters, with pprof's meanings (`go tool pprof -focus/-ignore/-show/-hide`).
+
+A regex matches a frame when it matches (anywhere, as Go's MatchString does) one of the
+frame's function names or source files, inlined ones included, or the module's path.
+
+- focus: keep only samples with at least one matching frame;
+- ignore: drop samples with a matching frame (ignore wins over focus);
+- hide: remove matching functions from stacks (a sample left with no frame is dropped);
+- show: keep only matching functions in stacks (likewise).
+
+Percentages stay relative to the unfiltered total, as in pprof (its default without
+`-relative_percentages`), so a focused report says how much of the program it covers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from storage.samples import Frame, Line, Sample
+
+
+@dataclass(frozen=True, slots=True)
+class FrameFilter:
+    focus: re.Pattern[str] | None = None
+    ignore: re.Pattern[str] | None = None
+    show: re.Pattern[str] | None = None
+    hide: re.Pattern[str] | None = None
+
+    @classmethod
+    def compile(cls, *, focus: str | None = None, ignore: str | None = None,
+                show: str | None = None, hide: str | None = None) -> FrameFilter:
+        """Raises ValueError naming the option whose regex does not compile."""
+        patterns: dict[str, re.Pattern[str] | None] = {}
+        for option, text in (("focus", focus), ("ignore", ignore), ("show", show),
+                             ("hide", hide)):
+            try:
+                patterns[option] = re.compile(text) if text else None
+            except re.error as error:
+                raise ValueError(f"--{option} {text!r} is not a valid regex: {error}") from None
+        return cls(**patterns)
+
+    @property
+    def active(self) -> bool:
+        return any(p is not None for p in (self.focus, self.ignore, self.show, self.hide))
+
+    def describe(self) -> str:
+        """'focus=heavy; hide=spin', as pprof's "Active filters" line."""
+        return "; ".join(f"{name}={pattern.pattern}" for name, pattern in (
+            ("focus", self.focus), ("ignore", self.ignore), ("show", self.show),
+            ("hide", self.hide)) if pattern is not None)
+
+    def apply(self, samples: list[Sample]) -> list[Sample]:
+        if not self.active:
+            return samples
+        verdicts: dict[Frame, bool | None] = {}  # True focused, False ignored, None neither
+        rewritten: dict[Frame, Frame | None] = {}  # after show/hide; None = hidden
+        kept: list[Sample] = []
+        for sample in samples:
+            if not self._selected(sample.frames, verdicts):
+                continue
+            frames = sample.frames
+            if self.show is not None or self.hide is not None:
+                frames = self._visible(frames, rewritten)
+                if not frames:
+                    continue
+            kept.append(replace(sample, frames=frames) if frames is not sample.frames
+                         else sample)
+        return kept
+
+    def _selected(self, frames: tuple[Frame, ...], verdicts: dict[Frame, bool | None]) -> bool:
+        if self.focus is None and self.ignore is None:
+            return True
+        focused = False
+        for frame in frames:
+            if frame not in verdicts:
+                verdict: bool | None = None
+                if self.ignore is not None and _frame_matches(frame, self.ignore):
+                    verdict = False
+                elif self.focus is None or _frame_matches(frame, self.focus):
+                    verdict = True
+                verdicts[frame] = verdict
+            verdict = verdicts[frame]
+            if verdict is False:
+                return False
+            focused = focused or verdict is True
+        return focused
+
+    def _visible(
+        self, frames: tuple[Frame, ...], rewritten: dict[Frame, Frame | None]
+    ) -> tuple[Frame, ...]:
+        visible: list[Frame] = []
+        for frame in frames:
+            if frame not in rewritten:
+                rewritten[frame] = self._rewrite(frame)
+            new = rewritten[frame]
+            if new is not None:
+                visible.append(new)
+        return tuple(visible)
+
+    def _rewrite(self, frame: Frame) -> Frame | None:
+        lines = frame.lines
+        if self.hide is not None:
+            lines = () if _module_matches(frame, self.hide) else tuple(
+                line for line in lines if not _line_matches(line, self.hide))
+        if self.show is not None and not _module_matches(frame, self.show):
+            lines = tuple(line for line in lines if _line_matches(line, self.show))
+        if not lines:
+            return None
+        return frame if lines == frame.lines else replace(frame, lines=lines)
+
+
+def _line_matches(line: Line, pattern: re.Pattern[str]) -> bool:
+    return bool(pattern.search(line.function) or (line.file and pattern.search(line.file)))
+
+
+def _module_matches(frame: Frame, pattern: re.Pattern[str]) -> bool:
+    return bool(frame.module and pattern.search(frame.module))
+
+
+def _frame_matches(frame: Frame, pattern: re.Pattern[str]) -> bool:
+    return _module_matches(frame, pattern) or any(_line_matches(line, pattern)
+                                                   for line in frame.lines)

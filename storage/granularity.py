@@ -1,0 +1,55 @@
+"""Report entries at pprof's granularities: what one row of `top`, `peek` or `diff` is.
+
+- functions: a function (in its module): the default, as in pprof;
+- files: a source file (the module when the file is unknown);
+- lines: a function at one source line;
+- addresses: one instruction address with the function and line it belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storage.samples import Frame, Line, Sample
+
+GRANULARITIES = ("functions", "files", "lines", "addresses")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One report entry. Fields a granularity does not use are empty."""
+
+    function: str
+    file: str
+    line: int
+    module: str
+    address: int = 0
+
+    @property
+    def label(self) -> str:
+        """How pprof's text reports name the entry."""
+        place = f"{self.file}:{self.line}" if self.file and self.line else self.file
+        if not self.function:
+            return place or self.module
+        if self.address:
+            return f"0x{self.address:x} {self.function} {place}".rstrip()
+        if self.line:
+            return f"{self.function} {place}"
+        return self.function
+
+
+def entry(frame: Frame, line: Line, granularity: str) -> Entry:
+    if granularity == "functions":
+        return Entry(line.function, "", 0, frame.module)
+    if granularity == "files":
+        return Entry("", line.file or frame.module, 0, "" if line.file else frame.module)
+    if granularity == "lines":
+        return Entry(line.function, line.file, line.line, frame.module)
+    if granularity == "addresses":
+        return Entry(line.function, line.file, line.line, frame.module, frame.address)
+    raise ValueError(f"unknown granularity {granularity!r}: use {', '.join(GRANULARITIES)}")
+
+
+def entries(sample: Sample, granularity: str) -> list[Entry]:
+    """The sample's stack as entries, leaf first, every inline level its own entry."""
+    return [entry(frame, line, granularity) for frame in sample.frames for line in frame.lines]
