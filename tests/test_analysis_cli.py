@@ -1,0 +1,215 @@
+"""pprof-style analysis on the CLI against profiles of real targets with a known split:
+top's filters, granularity, thread and time range; traces; peek; diff; JSON/CSV export."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from conftest import LEAKY_THREADS, LEAKY_TICKS, run_rsprof, top_json
+
+
+def _by_function(rows: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    return {str(r["function"]): r for r in rows}
+
+
+def _ratio(a: object, b: object) -> float:
+    return float(a) / float(b)  # type: ignore[arg-type]
+
+
+def _json(*args: str) -> object:
+    result = run_rsprof(*args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _thread_ids(profile: Path) -> dict[str, int]:
+    result = run_rsprof("query", str(profile), "SELECT name, tid FROM threads", "--json")
+    assert result.returncode == 0, result.stderr
+    return {row["name"]: row["tid"] for row in json.loads(result.stdout)}
+
+
+def test_focus_keeps_only_samples_through_the_function(split_cpu_profile: Path) -> None:
+    whole = _by_function(top_json(split_cpu_profile, "cpu"))
+    focused = _by_function(top_json(split_cpu_profile, "cpu", "--focus", "^heavy$"))
+    assert {"heavy", "spin", "work"} <= focused.keys()
+    assert not {"light", "other_busy", "late_worker"} & focused.keys()
+    # Every kept sample passes through heavy, and percentages stay of the whole profile.
+    assert focused["spin"]["total"] == focused["heavy"]["total"] == whole["heavy"]["total"]
+    assert focused["heavy"]["total_pct"] == whole["heavy"]["total_pct"]
+
+
+def test_ignore_drops_samples_through_the_function(split_cpu_profile: Path) -> None:
+    whole = _by_function(top_json(split_cpu_profile, "cpu"))
+    rows = _by_function(top_json(split_cpu_profile, "cpu", "--ignore", "heavy|other_busy"))
+    assert "heavy" not in rows and "other_busy" not in rows
+    assert rows["light"]["total"] == whole["light"]["total"]
+    assert rows["work"]["total"] == whole["light"]["total"]  # work() minus its heavy() part
+    # Ignore wins over focus, as in pprof.
+    both = _by_function(top_json(split_cpu_profile, "cpu", "--focus", "work",
+                                 "--ignore", "light"))
+    assert "light" not in both and both["work"]["total"] == whole["heavy"]["total"]
+
+
+def test_hide_moves_self_time_to_the_caller(split_cpu_profile: Path) -> None:
+    whole = _by_function(top_json(split_cpu_profile, "cpu"))
+    rows = _by_function(top_json(split_cpu_profile, "cpu", "--hide", "^spin$"))
+    assert "spin" not in rows
+    for caller in ("heavy", "light", "other_busy", "late_worker"):
+        assert rows[caller]["self"] == whole[caller]["total"], caller
+
+
+def test_show_keeps_only_matching_frames(split_cpu_profile: Path) -> None:
+    rows = _by_function(top_json(split_cpu_profile, "cpu", "--show", "^(heavy|light)$"))
+    assert set(rows) == {"heavy", "light"}
+    assert _ratio(rows["heavy"]["self"], rows["light"]["self"]) == pytest.approx(3.0, abs=0.45)
+
+
+def test_tid_selects_one_thread(split_cpu_profile: Path) -> None:
+    tids = _thread_ids(split_cpu_profile)
+    rows = _by_function(top_json(split_cpu_profile, "cpu", "--tid", str(tids["split-busy"])))
+    assert "other_busy" in rows and "heavy" not in rows and "late_worker" not in rows
+    assert rows["busy_main"]["total_pct"] == 100.0  # of that thread's samples
+
+
+def test_time_range_selects_checkpoints(split_cpu_profile: Path) -> None:
+    # split-late starts 1 s after the program; checkpoints are 250 ms.
+    early = _by_function(top_json(split_cpu_profile, "cpu", "--until", "750ms"))
+    late = _by_function(top_json(split_cpu_profile, "cpu", "--since", "1.75s"))
+    whole = _by_function(top_json(split_cpu_profile, "cpu"))
+    assert "late_worker" not in early and "late_worker" in late
+    assert early["work"]["total"] + late["work"]["total"] < whole["work"]["total"]
+    # Shares inside a window are still the program's 3:1.
+    assert _ratio(late["heavy"]["total"], late["light"]["total"]) == pytest.approx(3.0, abs=0.5)
+
+
+def test_granularities(split_cpu_profile: Path) -> None:
+    lines = top_json(split_cpu_profile, "cpu", "--granularity", "lines")
+    spin_lines = [r for r in lines if r["function"] == "spin"]
+    assert spin_lines and all(r["line"] > 0 for r in spin_lines)
+    assert sum(int(r["self"]) for r in spin_lines) == _by_function(
+        top_json(split_cpu_profile, "cpu"))["spin"]["self"]
+    files = top_json(split_cpu_profile, "cpu", "-g", "files")
+    split_file = next(r for r in files if str(r["file"]).endswith("split.c"))
+    assert split_file["function"] == "" and float(split_file["self_pct"]) > 95
+    addresses = top_json(split_cpu_profile, "cpu", "-g", "addresses", "-n", "5")
+    assert all(str(r["address"]).startswith("0x") for r in addresses)
+    assert addresses[0]["function"] == "spin"
+
+
+def test_traces_list_distinct_stacks_with_threads(split_cpu_profile: Path) -> None:
+    traces = _json("traces", str(split_cpu_profile), "--json")
+    assert isinstance(traces, list)
+    total = sum(t["value"] for t in traces)
+    assert total == sum(int(r["self"]) for r in top_json(split_cpu_profile, "cpu"))
+    heaviest = {tuple(t["stack"][:4]): t for t in traces if t["thread"] == "split-main"}
+    assert ("spin", "heavy", "work", "main") in heaviest
+    assert [t["value"] for t in traces] == sorted((t["value"] for t in traces), reverse=True)
+    text = run_rsprof("traces", str(split_cpu_profile), "-n", "1")
+    assert text.returncode == 0 and "thread:" in text.stdout and "| spin" in text.stdout
+
+
+def test_peek_shows_callers_and_callees_with_weights(split_cpu_profile: Path) -> None:
+    [work] = _json("peek", str(split_cpu_profile), "^work$", "--json")  # type: ignore[misc]
+    callees = {e["name"]: e["value"] for e in work["callees"]}
+    callers = {e["name"]: e["value"] for e in work["callers"]}
+    assert set(callees) == {"heavy", "light"}
+    assert _ratio(callees["heavy"], callees["light"]) == pytest.approx(3.0, abs=0.45)
+    assert callers == {"main": work["total"]}
+    assert sum(callees.values()) == work["total"] - work["flat"]
+    text = run_rsprof("peek", str(split_cpu_profile), "^work$")
+    assert "caller" in text.stdout and "callee" in text.stdout and "heavy" in text.stdout
+
+
+def test_diff_reports_share_changes_biggest_first(
+    split_cpu_profile: Path, split_cpu_profile_1to1: Path
+) -> None:
+    # OLD heavy:light = 1:1, NEW 3:1 under work(): heavy's share rises, light's falls.
+    [result] = _json("diff", str(split_cpu_profile_1to1), str(split_cpu_profile),  # type: ignore[misc]
+                     "--json", "-n", "0")
+    cpu = {d["function"]: d for d in result["cpu"]}
+    assert cpu["heavy"]["delta_total_pct"] > 5 and cpu["light"]["delta_total_pct"] < -5
+    assert cpu["heavy"]["status"] == "" and "heap" not in result
+    deltas = [abs(d["delta_self_pct"]) for d in result["cpu"]]
+    assert deltas == sorted(deltas, reverse=True)
+    text = run_rsprof("diff", str(split_cpu_profile_1to1), str(split_cpu_profile))
+    assert text.returncode == 0 and "▲" in text.stdout and "▼" in text.stdout
+
+
+def test_diff_marks_new_and_gone(split_cpu_profile: Path, leaky_heap_profile: Path) -> None:
+    [result] = _json("diff", str(leaky_heap_profile), str(split_cpu_profile),  # type: ignore[misc]
+                     "--json", "-n", "0", "--kind", "cpu")
+    cpu = {d["function"]: d for d in result["cpu"]}
+    assert cpu["heavy"]["status"] == "new" and cpu["heavy"]["old_total_pct"] == 0
+    [back] = _json("diff", str(split_cpu_profile), str(leaky_heap_profile),  # type: ignore[misc]
+                   "--json", "-n", "0", "--kind", "cpu")
+    assert {d["function"]: d["status"] for d in back["cpu"]}["heavy"] == "gone"
+
+
+def test_heap_filters_and_windows(leaky_heap_profile: Path) -> None:
+    leak = _by_function(top_json(leaky_heap_profile, "heap", "--focus", "leak_site"))
+    assert set(leak) == {"leak_site"}
+    assert leak["leak_site"]["live_bytes"] == LEAKY_TICKS * 4000
+    assert leak["leak_site"]["alloc_count"] == LEAKY_TICKS
+    # Ignoring the worker threads' entry point drops thread_leak only.
+    rest = _by_function(top_json(leaky_heap_profile, "heap", "--ignore", "worker"))
+    assert "thread_leak" not in rest and rest["keep_site"]["live_bytes"] == 123457
+    # A window: what leaked in it is a part, what is live at its end includes the past.
+    window = _by_function(top_json(leaky_heap_profile, "heap", "--since", "400ms",
+                                   "--until", "1s"))
+    part = window["leak_site"]
+    assert 0 < int(part["total_alloc_bytes"]) < LEAKY_TICKS * 4000
+    assert int(part["live_bytes"]) > int(part["total_alloc_bytes"])
+    traces = _json("traces", str(leaky_heap_profile), "--kind", "heap", "--json")
+    by_leaf = {t["stack"][0]: t["value"] for t in traces}  # type: ignore[union-attr]
+    assert by_leaf["thread_leak"] == LEAKY_TICKS * LEAKY_THREADS * 64
+    [peeked] = _json("peek", str(leaky_heap_profile), "^leak_site$", "--kind", "heap",
+                     "--sample-index", "alloc_objects", "--json")  # type: ignore[misc]
+    assert peeked["flat"] == LEAKY_TICKS and peeked["callers"][0]["name"] == "main"
+
+
+def test_export_json_and_csv_match_top(split_cpu_profile: Path, tmp_path: Path) -> None:
+    out = tmp_path / "top.json"
+    result = run_rsprof("export", str(split_cpu_profile), "-f", "json", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text()) == top_json(split_cpu_profile, "cpu")
+    missing = run_rsprof("export", str(tmp_path / "missing.db"), "-o", str(tmp_path / "m"))
+    assert missing.returncode == 6 and "no such file" in missing.stderr
+    csv_out = run_rsprof("export", str(split_cpu_profile), "-f", "csv", "-o", "-",
+                         "--focus", "heavy")
+    assert csv_out.returncode == 0, csv_out.stderr
+    rows = list(csv.DictReader(io.StringIO(csv_out.stdout)))
+    functions = {r["function"] for r in rows}
+    assert {"heavy", "spin", "work", "main"} <= functions and "light" not in functions
+    assert int(rows[0]["self"]) > 0 and set(rows[0]) == set(json.loads(out.read_text())[0])
+
+
+def test_bad_input_gets_one_clear_line(split_cpu_profile: Path, tmp_path: Path) -> None:
+    cases = [
+        (("export", str(split_cpu_profile), "-f", "xml"), 2, "unknown format 'xml'"),
+        (("export", str(split_cpu_profile), "-o", "/proc/1/nope/out.pb.gz"), 1, "cannot write"),
+        (("export", str(split_cpu_profile), "-o", str(tmp_path)), 1, "is a directory"),
+        (("export", str(split_cpu_profile), "--kind", "heap", "-o", str(tmp_path / "h")), 1,
+         "no heap data"),
+        (("export", str(split_cpu_profile), "--since", "100s", "-o", str(tmp_path / "c")), 1,
+         "no CPU samples in the selected time range"),
+        (("export", str(split_cpu_profile), "--focus", "no_such_fn", "-o", str(tmp_path / "f")),
+         1, "kept no samples"),
+        (("top", "cpu", str(split_cpu_profile), "--focus", "("), 2, "not a valid regex"),
+        (("top", "cpu", str(split_cpu_profile), "--since", "2s", "--until", "1s"), 2,
+         "later than --since"),
+        (("top", "cpu", str(split_cpu_profile), "--since", "soon"), 2, "not a duration"),
+        (("peek", str(split_cpu_profile), "work", "--sample-index", "bogus"), 2,
+         "unknown sample index"),
+        (("export", str(split_cpu_profile), "-f", "folded", "--diff-base",
+          str(split_cpu_profile)), 2, "only the pprof format"),
+    ]
+    for args, code, message in cases:
+        result = run_rsprof(*args)
+        assert result.returncode == code, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not list(tmp_path.iterdir())  # failed exports leave no file behind
