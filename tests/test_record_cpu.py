@@ -101,7 +101,7 @@ def test_top_table_threshold_cum_and_csv(split_profile: Path) -> None:
     assert totals == sorted(totals, reverse=True)
     csv = run_rsprof("top", "cpu", str(split_profile), "--csv", "-n", "3")
     lines = csv.stdout.splitlines()
-    assert lines[0] == "function,file,line,module,self,self_pct,total,total_pct"
+    assert lines[0] == "function,file,line,module,self,self_pct,total,total_pct,address"
     assert len(lines) == 4
 
 
