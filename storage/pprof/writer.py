@@ -19,9 +19,10 @@ def write_pprof(samples: SampleSet, out: BinaryIO, *, base: SampleSet | None = N
     """Writes `samples` to `out` as a gzipped pprof profile. With `base`, the file is a diff
     as `go tool pprof -diff_base` builds one: base samples negated and labelled
     `pprof::base=true`, so pprof reports the change and takes percentages of the base."""
-    if base is not None and (base.kind, base.sample_types) != (samples.kind,
-                                                               samples.sample_types):
+    if base is not None and base.kind != samples.kind:
         raise ValueError(f"cannot diff a {samples.kind} profile against a {base.kind} base")
+    if base is not None and base.sample_types != samples.sample_types:
+        raise ValueError("the base has other sample types than the profile")
     builder = _Builder()
     profile = builder.profile
     for type_name, unit in samples.sample_types:
@@ -77,10 +78,11 @@ class _Builder:
             location_id=[self._location(frame) for frame in sample.frames],
             value=[sign * value for value in sample.values],
         )
-        if sample.tid is not None:
-            # `thread` is a string label so `-tagfocus=thread=NAME` and `-tags` work by name;
-            # tid is numeric as perf_to_profile writes it (`-tagfocus=tid=1234`).
+        # `thread` is a string label so `-tags` and `-tagfocus=thread=NAME` work by name;
+        # tid is numeric, as perf_to_profile writes it (`-tagfocus=tid=1234` then works).
+        if sample.thread_name:
             message.label.add(key=self.string("thread"), str=self.string(sample.thread_name))
+        if sample.tid is not None:
             message.label.add(key=self.string("tid"), num=sample.tid)
         if sign < 0:
             message.label.add(key=self.string("pprof::base"), str=self.string("true"))
