@@ -298,3 +298,13 @@ def test_cli_unknown_sample_index_is_usage_error(split_cpu_profile: Path) -> Non
                         "--sample-index", "inuse_space", "-o", "-")
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert "inuse_space" in result.stderr
+
+
+@pytest.mark.usefixtures("cli")
+def test_cli_folded_per_thread_and_focus(split_cpu_profile: Path) -> None:
+    result = run_rsprof("export", str(split_cpu_profile), "-f", "folded", "--per-thread",
+                        "--focus", "^heavy$", "-o", "-")
+    assert result.returncode == 0, result.stderr
+    stacks = parse_folded(result.stdout)
+    assert stacks and all("heavy" in frames for frames, _ in stacks)
+    assert {frames[0].rsplit(" (", 1)[0] for frames, _ in stacks} == {"split-main"}
