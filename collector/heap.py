@@ -7,8 +7,8 @@ from typing import Any
 
 from rsprof._native import HeapReader
 
-from storage.callsite import call_site
 from collector.frames import FrameResolver
+from storage.callsite import call_site
 from storage.writer import Checkpoint, HeapDelta
 
 
