@@ -11,19 +11,21 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from collector.errors import EXIT_DATABASE, EXIT_ERROR, EXIT_USAGE, CollectorError
-from collector.process import Target, target_from_name, target_from_pid
-from collector.recorder import RecordOptions
-from rsprof import __version__, render, report_commands, session
+from rsprof import __version__, render, report_commands
 from rsprof.durations import parse_duration
 from storage import analysis
 from storage.errors import ProfileError
 from storage.reader import Profile
 from storage.selection import EmptySelection
+
+if TYPE_CHECKING:  # recording modules load only for recording commands: reports start faster
+    from collector.process import Target
+    from rsprof import session
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -86,6 +88,8 @@ def cli(ctx: click.Context, pid: int | None, process_name: str | None, **options
     if pid is not None and process_name is not None:
         raise click.UsageError("give -p PID or -P NAME, not both")
     _check_record_options(options["cpu_freq"], options["interval"])  # type: ignore[arg-type]
+    from collector.process import target_from_name, target_from_pid
+
     target = target_from_pid(pid) if pid is not None else target_from_name(str(process_name))
     _record(target, **options)  # type: ignore[arg-type]
 
@@ -108,6 +112,9 @@ def _record(
     append: bool,
     child: subprocess.Popen[bytes] | None = None,
 ) -> session.SessionOutcome:
+    from collector.recorder import RecordOptions
+    from rsprof import session
+
     path = output or session.default_output(target.name)
     quiet = quiet or not (sys.stdin.isatty() and sys.stdout.isatty())
     options = RecordOptions(freq_hz=cpu_freq, interval_s=interval, duration_s=duration)
@@ -120,6 +127,8 @@ def _record_launched(
     command: Sequence[str], *, heap: bool, heap_sample_bytes: int, **options: Any
 ) -> session.SessionOutcome:
     """`run` and `demo`: start COMMAND held before exec, then record it."""
+    from rsprof import session
+
     _check_record_options(options["cpu_freq"], options["interval"])
     child = session.launch(command, heap=heap, heap_sample_bytes=heap_sample_bytes)
     try:
@@ -165,6 +174,8 @@ def demo(**options: object) -> None:
     Runs 5 s headless when there is no terminal (or with -q) and prints the top tables;
     otherwise opens the live TUI.
     """
+    from rsprof import session
+
     if not session.DEMO_PATH.exists():
         raise Failure(f"the demo program is missing ({session.DEMO_PATH}); reinstall rsprof")
     interactive = not options["quiet"] and sys.stdin.isatty() and sys.stdout.isatty()
@@ -186,6 +197,8 @@ def demo(**options: object) -> None:
 @cli.command(context_settings=CONTEXT)
 def preload() -> None:
     """Print the heap shim's path, for LD_PRELOAD=$(rsprof preload) CMD."""
+    from rsprof import session
+
     if not session.SHIM_PATH.exists():
         raise Failure(f"the heap shim is missing ({session.SHIM_PATH}); reinstall rsprof")
     click.echo(str(session.SHIM_PATH))
