@@ -8,7 +8,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from storage.errors import ProfileError
-from storage.granularity import Entry, entry
+from storage.granularity import Entry, EntryTable, entry
 from storage.reader import Profile, ProfileSummary
 from storage.selection import WHOLE_CPU_PROFILE, SampleQuery, Selection, select
 
@@ -59,32 +59,33 @@ def top_cpu(
 
 def cpu_rows(selection: Selection, granularity: str = "functions") -> list[FunctionRow]:
     """Every entry's self and total sample counts, unsorted."""
-    self_counts: dict[Entry, int] = {}
-    total_counts: dict[Entry, int] = {}
+    table = EntryTable(granularity)
+    self_counts: dict[int, int] = {}
+    total_counts: dict[int, int] = {}
     # The line shown for a function: where its self samples fall most, else where it appears.
-    line_votes: dict[Entry, dict[tuple[str, int], int]] = {}
+    line_votes: dict[int, dict[tuple[str, int], int]] = {}
     for sample in selection.samples.samples:
         count = sample.values[0]
-        seen: set[Entry] = set()
+        seen: set[int] = set()
         first = True
         for frame in sample.frames:
-            for source in frame.lines:
-                e = entry(frame, source, granularity)
+            for number, source in table.frame_entries(frame):
                 if first:
-                    self_counts[e] = self_counts.get(e, 0) + count
-                votes = line_votes.setdefault(e, {})
+                    self_counts[number] = self_counts.get(number, 0) + count
+                votes = line_votes.setdefault(number, {})
                 place = (source.file, source.line)
                 votes[place] = votes.get(place, 0) + count * (1000 if first else 1)
                 first = False
-                if e not in seen:
-                    seen.add(e)
-                    total_counts[e] = total_counts.get(e, 0) + count
+                if number not in seen:
+                    seen.add(number)
+                    total_counts[number] = total_counts.get(number, 0) + count
     rows = []
-    for e, total in total_counts.items():
-        self_n = self_counts.get(e, 0)
+    for number, total in total_counts.items():
+        e = table.entries[number]
+        self_n = self_counts.get(number, 0)
         file, line = (e.file, e.line)
         if granularity == "functions":
-            file, line = max(line_votes[e].items(), key=lambda item: item[1])[0]
+            file, line = max(line_votes[number].items(), key=lambda item: item[1])[0]
         rows.append(
             FunctionRow(
                 function=e.function,

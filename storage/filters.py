@@ -53,8 +53,10 @@ class FrameFilter:
     def apply(self, samples: list[Sample]) -> list[Sample]:
         if not self.active:
             return samples
-        verdicts: dict[Frame, bool | None] = {}  # True focused, False ignored, None neither
-        rewritten: dict[Frame, Frame | None] = {}  # after show/hide; None = hidden
+        # Keyed by id(): frames are shared objects of one SampleSet (alive for this call), and
+        # hashing a frame's whole value per sample would dominate the filter's cost.
+        verdicts: dict[int, bool | None] = {}  # True focused, False ignored, None neither
+        rewritten: dict[int, Frame | None] = {}  # after show/hide; None = hidden
         kept: list[Sample] = []
         for sample in samples:
             if not self._selected(sample.frames, verdicts):
@@ -68,32 +70,34 @@ class FrameFilter:
                          else sample)
         return kept
 
-    def _selected(self, frames: tuple[Frame, ...], verdicts: dict[Frame, bool | None]) -> bool:
+    def _selected(self, frames: tuple[Frame, ...], verdicts: dict[int, bool | None]) -> bool:
         if self.focus is None and self.ignore is None:
             return True
         focused = False
         for frame in frames:
-            if frame not in verdicts:
+            key = id(frame)
+            if key not in verdicts:
                 verdict: bool | None = None
                 if self.ignore is not None and _frame_matches(frame, self.ignore):
                     verdict = False
                 elif self.focus is None or _frame_matches(frame, self.focus):
                     verdict = True
-                verdicts[frame] = verdict
-            verdict = verdicts[frame]
+                verdicts[key] = verdict
+            verdict = verdicts[key]
             if verdict is False:
                 return False
             focused = focused or verdict is True
         return focused
 
     def _visible(
-        self, frames: tuple[Frame, ...], rewritten: dict[Frame, Frame | None]
+        self, frames: tuple[Frame, ...], rewritten: dict[int, Frame | None]
     ) -> tuple[Frame, ...]:
         visible: list[Frame] = []
         for frame in frames:
-            if frame not in rewritten:
-                rewritten[frame] = self._rewrite(frame)
-            new = rewritten[frame]
+            key = id(frame)
+            if key not in rewritten:
+                rewritten[key] = self._rewrite(frame)
+            new = rewritten[key]
             if new is not None:
                 visible.append(new)
         return tuple(visible)

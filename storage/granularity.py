@@ -53,3 +53,31 @@ def entry(frame: Frame, line: Line, granularity: str) -> Entry:
 def entries(sample: Sample, granularity: str) -> list[Entry]:
     """The sample's stack as entries, leaf first, every inline level its own entry."""
     return [entry(frame, line, granularity) for frame in sample.frames for line in frame.lines]
+
+
+class EntryTable:
+    """Entries numbered once per frame object: reports count with small ints instead of
+    hashing frames and entries for every sample (the hot loop of `top` on big profiles)."""
+
+    def __init__(self, granularity: str) -> None:
+        self.granularity = granularity
+        self.entries: list[Entry] = []
+        self._numbers: dict[Entry, int] = {}
+        self._frames: dict[int, tuple[Frame, list[tuple[int, Line]]]] = {}
+
+    def frame_entries(self, frame: Frame) -> list[tuple[int, Line]]:
+        """(entry number, line) for each inline level of the frame, innermost first."""
+        known = self._frames.get(id(frame))
+        if known is not None:
+            return known[1]
+        numbered = []
+        for line in frame.lines:
+            e = entry(frame, line, self.granularity)
+            number = self._numbers.get(e)
+            if number is None:
+                number = self._numbers[e] = len(self.entries)
+                self.entries.append(e)
+            numbered.append((number, line))
+        # The frame is kept referenced so its id() cannot be reused by another object.
+        self._frames[id(frame)] = (frame, numbered)
+        return numbered
