@@ -25,8 +25,9 @@ def _point(_ctx: click.Context, param: click.Parameter, value: str | None) -> fl
 
 def sample_options(func: click.decorators.FC) -> click.decorators.FC:
     decorators = [
-        click.option("--focus", metavar="REGEX",
-                     help="Only samples with a frame matching REGEX (function, file or module)."),
+        click.option("--focus", "--filter", "focus", metavar="REGEX",
+                     help="Only samples with a frame matching REGEX (function, file or module);"
+                          " --filter is rsprof's name for it."),
         click.option("--ignore", metavar="REGEX", help="Drop samples with a frame matching REGEX."),
         click.option("--show", metavar="REGEX", help="Keep only frames matching REGEX."),
         click.option("--hide", metavar="REGEX", help="Remove frames matching REGEX."),

@@ -40,6 +40,8 @@ def test_focus_keeps_only_samples_through_the_function(split_cpu_profile: Path) 
     # Every kept sample passes through heavy, and percentages stay of the whole profile.
     assert focused["spin"]["total"] == focused["heavy"]["total"] == whole["heavy"]["total"]
     assert focused["heavy"]["total_pct"] == whole["heavy"]["total_pct"]
+    # rsprof's --filter (accepted and ignored there) is the same option here.
+    assert top_json(split_cpu_profile, "cpu", "--filter", "^heavy$") == list(focused.values())
 
 
 def test_ignore_drops_samples_through_the_function(split_cpu_profile: Path) -> None:
