@@ -191,7 +191,8 @@ def demo(**options: object) -> None:
                 render.heap_table(
                     analysis.top_heap(profile, limit=10), title="Heap: live bytes by call site"
                 )
-        click.echo(f"Reopen it with: rsprof view {outcome.path}", err=True)
+        click.echo(f"Reopen it with: rsprof view {outcome.path}\n"
+                   f"Export it for pprof: rsprof export {outcome.path} -o cpu.pb.gz", err=True)
 
 
 @cli.command(context_settings=CONTEXT)
