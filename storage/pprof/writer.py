@@ -61,6 +61,10 @@ class _Builder:
         # By the whole Frame: a heap stack trimmed inside an inline chain has a frame with
         # the same id but fewer lines, which must be its own Location.
         self._locations: dict[Frame, int] = {}
+        # The same frame object recurs in many samples: look it up by identity first, since
+        # hashing a frame's whole value per sample costs more than the rest of the writer.
+        # (Samples keep their frames alive while the profile is written, so ids stay unique.)
+        self._locations_by_id: dict[int, int] = {}
         self._mappings: dict[Mapping, int] = {}
         self._mapping_frames: dict[int, list[Frame]] = {}
 
@@ -88,6 +92,12 @@ class _Builder:
             message.label.add(key=self.string("pprof::base"), str=self.string("true"))
 
     def _location(self, frame: Frame) -> int:
+        location_id = self._locations_by_id.get(id(frame))
+        if location_id is None:
+            location_id = self._locations_by_id[id(frame)] = self._new_location(frame)
+        return location_id
+
+    def _new_location(self, frame: Frame) -> int:
         location_id = self._locations.get(frame)
         if location_id is not None:
             return location_id
