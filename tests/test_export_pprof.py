@@ -518,3 +518,34 @@ def test_cli_export(tmp_path: Path, split_cpu_profile: Path, leaky_heap_profile:
         assert rows["leak_site"][0] == LEAKY_TICKS * 4000
         assert 0.68 <= heavy_share(top_rows(pprof("-top", cpu))) <= 0.82
 
+
+
+@needs_go
+@pytest.mark.parametrize("filters", [
+    ("--focus", "^heavy$"),
+    ("--ignore", "heavy|other_busy"),
+    ("--focus", "work", "--ignore", "light"),
+    ("--hide", "^spin$"),
+    ("--show", "^(heavy|light|work)$"),
+    ("--focus", "split-main|work", "--hide", "libc"),
+])
+def test_filters_mean_what_pprof_means(split_cpu_profile: Path, exported: dict[str, Path],
+                                       filters: tuple[str, ...]) -> None:
+    """rsprof's filters on the profile == pprof's same-named options on our whole export."""
+    ours = {str(r["function"]): (int(r["self"]), int(r["total"]))  # type: ignore[call-overload]
+            for r in top_json(split_cpu_profile, "cpu", *filters)}
+    pprof_flags = [f"-{flag.removeprefix('--')}={value}"
+                   for flag, value in zip(filters[::2], filters[1::2], strict=True)]
+    theirs = top_rows(pprof("-top", "-nodefraction=0", *pprof_flags, exported["cpu"]))
+    assert ours == theirs
+
+
+@needs_go
+def test_line_granularity_matches_pprof_lines(split_cpu_profile: Path,
+                                             exported: dict[str, Path]) -> None:
+    rows = top_json(split_cpu_profile, "cpu", "--granularity", "lines")
+    ours = {f"{r['function']} {r['file']}:{r['line']}": (r["self"], r["total"])
+            for r in rows if str(r["file"]).endswith("split.c")}
+    theirs = top_rows(pprof("-top", "-lines", "-nodefraction=0", exported["cpu"]))
+    assert {"spin", "heavy", "light", "work", "main"} <= {name.split()[0] for name in ours}
+    assert {name: theirs[name] for name in ours} == ours
