@@ -46,8 +46,13 @@ def test_known_split_between_two_functions(split_profile: Path) -> None:
 
 def test_caller_total_covers_callees(split_profile: Path) -> None:
     rows = _by_function(_top(split_profile))
-    work = rows["work"]["total"]
-    assert work >= rows["heavy"]["total"] + rows["light"]["total"]  # type: ignore[operator]
+    work = int(rows["work"]["total"])  # type: ignore[call-overload]
+    callees = int(rows["heavy"]["total"]) + int(rows["light"]["total"])  # type: ignore[call-overload]
+    # A sample on heavy()'s first instruction (before it pushes its frame pointer) unwinds
+    # from work()'s frame straight to main(): frame-pointer stacks (perf's too) lose the
+    # direct caller there. That is one sample in thousands, never a real share.
+    through_callees = work - int(rows["work"]["self"])  # type: ignore[call-overload]
+    assert callees * 0.995 <= through_callees <= callees
     assert rows["main"]["total"] >= work  # type: ignore[operator]
     # spin is called from four functions: its total is the sum of everyone's.
     assert rows["spin"]["self"] > 0
