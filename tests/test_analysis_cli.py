@@ -20,6 +20,12 @@ def _ratio(a: object, b: object) -> float:
     return float(a) / float(b)  # type: ignore[arg-type]
 
 
+def _close(a: object, b: object) -> bool:
+    """Equal but for the odd sample frame-pointer unwinding gets wrong: one taken on a
+    function's prologue or epilogue instruction skips its direct caller (perf's too)."""
+    return abs(int(a) - int(b)) <= max(3, int(b) // 200)  # type: ignore[call-overload]
+
+
 def _json(*args: str) -> object:
     result = run_rsprof(*args)
     assert result.returncode == 0, result.stderr
@@ -37,8 +43,9 @@ def test_focus_keeps_only_samples_through_the_function(split_cpu_profile: Path) 
     focused = _by_function(top_json(split_cpu_profile, "cpu", "--focus", "^heavy$"))
     assert {"heavy", "spin", "work"} <= focused.keys()
     assert not {"light", "other_busy", "late_worker"} & focused.keys()
-    # Every kept sample passes through heavy, and percentages stay of the whole profile.
-    assert focused["spin"]["total"] == focused["heavy"]["total"] == whole["heavy"]["total"]
+    # Every sample through heavy is kept, and percentages stay of the whole profile.
+    assert focused["heavy"]["total"] == whole["heavy"]["total"]
+    assert _close(focused["spin"]["total"], whole["heavy"]["total"])
     assert focused["heavy"]["total_pct"] == whole["heavy"]["total_pct"]
     # rsprof's --filter (accepted and ignored there) is the same option here.
     assert top_json(split_cpu_profile, "cpu", "--filter", "^heavy$") == list(focused.values())
@@ -49,11 +56,11 @@ def test_ignore_drops_samples_through_the_function(split_cpu_profile: Path) -> N
     rows = _by_function(top_json(split_cpu_profile, "cpu", "--ignore", "heavy|other_busy"))
     assert "heavy" not in rows and "other_busy" not in rows
     assert rows["light"]["total"] == whole["light"]["total"]
-    assert rows["work"]["total"] == whole["light"]["total"]  # work() minus its heavy() part
+    assert _close(rows["work"]["total"], whole["light"]["total"])  # work() minus heavy()
     # Ignore wins over focus, as in pprof.
     both = _by_function(top_json(split_cpu_profile, "cpu", "--focus", "work",
                                  "--ignore", "light"))
-    assert "light" not in both and both["work"]["total"] == whole["heavy"]["total"]
+    assert "light" not in both and _close(both["work"]["total"], whole["heavy"]["total"])
 
 
 def test_hide_moves_self_time_to_the_caller(split_cpu_profile: Path) -> None:
@@ -74,7 +81,9 @@ def test_tid_selects_one_thread(split_cpu_profile: Path) -> None:
     tids = _thread_ids(split_cpu_profile)
     rows = _by_function(top_json(split_cpu_profile, "cpu", "--tid", str(tids["split-busy"])))
     assert "other_busy" in rows and "heavy" not in rows and "late_worker" not in rows
-    assert rows["busy_main"]["total_pct"] == 100.0  # of that thread's samples
+    # Percentages are of that thread's samples.
+    assert sum(float(r["self_pct"]) for r in rows.values()) == pytest.approx(100, abs=0.1)  # type: ignore[arg-type]
+    assert float(rows["busy_main"]["total_pct"]) >= 99  # type: ignore[arg-type]
 
 
 def test_time_range_selects_checkpoints(split_cpu_profile: Path) -> None:
@@ -120,7 +129,7 @@ def test_peek_shows_callers_and_callees_with_weights(split_cpu_profile: Path) ->
     callers = {e["name"]: e["value"] for e in work["callers"]}
     assert set(callees) == {"heavy", "light"}
     assert _ratio(callees["heavy"], callees["light"]) == pytest.approx(3.0, abs=0.45)
-    assert callers == {"main": work["total"]}
+    assert _close(callers["main"], work["total"])
     assert sum(callees.values()) == work["total"] - work["flat"]
     text = run_rsprof("peek", str(split_cpu_profile), "^work$")
     assert "caller" in text.stdout and "callee" in text.stdout and "heavy" in text.stdout
