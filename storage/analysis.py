@@ -102,10 +102,6 @@ def cpu_rows(selection: Selection, granularity: str = "functions") -> list[Funct
     return rows
 
 
-def _pct(part: int, whole: int) -> float:
-    return round(100.0 * part / whole, 2) if whole else 0.0
-
-
 def list_profiles(directory: str | os.PathLike[str]) -> list[ProfileSummary]:
     """Every readable profile in a folder, newest first; other files are skipped."""
     folder = Path(directory)

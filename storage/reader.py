@@ -35,15 +35,6 @@ def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
 
 
 @dataclass(frozen=True, slots=True)
-class Location:
-    id: int
-    function: str
-    file: str
-    line: int
-    module: str
-
-
-@dataclass(frozen=True, slots=True)
 class ProfileSummary:
     path: Path
     pid: int | None
@@ -100,40 +91,6 @@ class Profile:
             state=meta.get("state", "?"),
         )
 
-    def locations(self) -> dict[int, Location]:
-        rows = self.rows(
-            "SELECT l.id, l.function, l.file, l.line, COALESCE(m.path, '')"
-            " FROM locations l LEFT JOIN modules m ON m.id = l.module_id"
-        )
-        return {row[0]: Location(*row) for row in rows}
-
-    def stack_locations(self) -> dict[int, list[int]]:
-        """Every stack as its location ids, leaf first, inline frames expanded."""
-        stacks: dict[int, list[int]] = {}
-        rows = self.rows(
-            "SELECT sf.stack_id, fl.location_id FROM stack_frames sf"
-            " JOIN frame_locations fl ON fl.frame_id = sf.frame_id"
-            " ORDER BY sf.stack_id, sf.position, fl.inline_depth"
-        )
-        for stack_id, location_id in rows:
-            stacks.setdefault(stack_id, []).append(location_id)
-        return stacks
-
-    def cpu_stack_counts(self, tid: int | None = None) -> dict[int, int]:
-        """Samples per stack over the whole recording, optionally for one thread."""
-        sql = "SELECT stack_id, SUM(count) FROM cpu_stack_samples"
-        params: tuple[object, ...] = ()
-        if tid is not None:
-            sql += " WHERE tid = ?"
-            params = (tid,)
-        return dict(self.rows(sql + " GROUP BY stack_id", params))
-
-    def threads(self) -> list[tuple[int, str | None, int]]:
-        """(tid, name, samples) for every thread, busiest first."""
-        return self.rows(
-            "SELECT t.tid, t.name, COALESCE(SUM(s.count), 0) FROM threads t"
-            " LEFT JOIN cpu_stack_samples s ON s.tid = t.tid GROUP BY t.tid ORDER BY 3 DESC"
-        )
 
 
 def _int_or_none(value: object) -> int | None:
