@@ -17,7 +17,7 @@ from typing import IO
 
 import click
 
-from storage.analysis import cpu_rows, heap_rows
+from storage.analysis import growing_sites, rank_cpu, rank_heap
 from storage.reader import Profile
 from storage.selection import SampleQuery, Selection, require_samples, select
 
@@ -56,7 +56,8 @@ def export(
     with Profile(profile_path) as profile:
         selection = select(profile, query)
         require_samples(selection, query, profile_path)
-        growing = _growing(profile) if fmt in ("json", "csv") and query.kind == "heap" else set()
+        table = fmt in ("json", "csv") and query.kind == "heap"
+        growing = growing_sites(profile) if table else set()
     base = None
     if base_path is not None:
         with Profile(base_path) as base_profile:
@@ -89,24 +90,14 @@ def export(
     return str(target), selection
 
 
-def _growing(profile: Profile) -> set[int]:
-    from storage.analysis import _growing_sites
-
-    return _growing_sites(profile)
-
-
 def _write_table(selection: Selection, fmt: str, granularity: str, growing: set[int],
                  out: IO[str]) -> None:
     from rsprof import render
 
     if selection.samples.kind == "cpu":
-        cpu = cpu_rows(selection, granularity)
-        cpu.sort(key=lambda r: (-r.self, -r.total, r.function, r.file, r.line))
-        render.emit_rows(render.CPU_KEYS, cpu, fmt, out)
+        render.emit_rows(render.CPU_KEYS, rank_cpu(selection, granularity=granularity), fmt, out)
     else:
-        heap = heap_rows(selection, "lines" if granularity == "functions" else granularity,
-                         growing)
-        heap.sort(key=lambda r: (-r.live_bytes, r.function, r.file, r.line))
+        heap = rank_heap(selection, growing, granularity=granularity)
         render.emit_rows(render.HEAP_KEYS, heap, fmt, out)
 
 

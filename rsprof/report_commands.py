@@ -77,23 +77,19 @@ def top(kind: str, file: Path, limit: int, threshold: float, cum: bool, sort: st
     query = build_query(kind, options)
     with Profile(file) as profile:
         if kind == "cpu":
-            rows, total = analysis.top_cpu(profile, limit=limit, threshold_pct=threshold,
-                                           sort_by_total=cum, query=query,
-                                           granularity=granularity)
-            note = ""
-            if query.filters.active and fmt == "table":
-                note = _filter_note(query, select(profile, query), 0)
-            render.cpu_rows(rows, total, fmt, note)
+            selection = select(profile, query)
+            rows = analysis.rank_cpu(selection, granularity=granularity, sort_by_total=cum,
+                                     threshold_pct=threshold, limit=limit)
+            note = _filter_note(query, selection, 0) if fmt == "table" else ""
+            render.cpu_rows(rows, selection.unfiltered_total[0], fmt, note)
             return
         if analysis.heap_mode(profile) == "none":
             click.echo(f"rsprof: {NO_HEAP_HINT}", err=True)
             render.heap_rows([], fmt)
             return
-        # Call sites are source lines: the heap's "functions" default is the exact site table.
-        heap_granularity = "lines" if granularity == "functions" else granularity
         rows_heap = analysis.top_heap(profile, limit=limit, sort=sort,
                                       query=query if narrowed else None,
-                                      granularity=heap_granularity)
+                                      granularity=granularity)
         render.heap_rows(rows_heap, fmt)
 
 

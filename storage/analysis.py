@@ -45,6 +45,21 @@ def top_cpu(
 ) -> tuple[list[FunctionRow], int]:
     """Entries by self (or total) samples, and the number of samples percentages are of."""
     selection = select(profile, query)
+    rows = rank_cpu(selection, granularity=granularity, sort_by_total=sort_by_total,
+                    threshold_pct=threshold_pct, limit=limit)
+    return rows, selection.unfiltered_total[0]
+
+
+def rank_cpu(
+    selection: Selection,
+    *,
+    granularity: str = "functions",
+    sort_by_total: bool = False,
+    threshold_pct: float = 0.0,
+    limit: int | None = None,
+) -> list[FunctionRow]:
+    """`top cpu`'s rows of a selection: sorted by self (or total), cut at the threshold and
+    the limit (None or 0: every row)."""
     rows = cpu_rows(selection, granularity)
     if sort_by_total:
         rows.sort(key=lambda r: (-r.total, -r.self, r.function, r.file, r.line))
@@ -52,9 +67,7 @@ def top_cpu(
         rows.sort(key=lambda r: (-r.self, -r.total, r.function, r.file, r.line))
     measured = "total_pct" if sort_by_total else "self_pct"
     rows = [r for r in rows if getattr(r, measured) >= threshold_pct]
-    if limit is not None and limit > 0:
-        rows = rows[:limit]
-    return rows, selection.unfiltered_total[0]
+    return rows[:limit] if limit else rows
 
 
 def cpu_rows(selection: Selection, granularity: str = "functions") -> list[FunctionRow]:
@@ -156,16 +169,14 @@ def top_heap(
     limit: int | None = 20,
     sort: str = "live",
     query: SampleQuery | None = None,
-    granularity: str = "lines",
+    granularity: str = "functions",
 ) -> list[HeapSiteRow]:
     """Call sites by live bytes (or allocated bytes, or allocation count). With a query
     (time range, filters) or another granularity, rows come from the allocating stacks."""
     column = HEAP_SORT_KEYS[sort]
-    if query is not None or granularity != "lines":
-        rows = heap_rows(select(profile, query or SampleQuery("heap")), granularity,
-                         _growing_sites(profile))
-        rows.sort(key=lambda r: (-getattr(r, column), r.function, r.file, r.line))
-        return rows[:limit] if limit else rows
+    if query is not None or _site_granularity(granularity) != "lines":
+        return rank_heap(select(profile, query or SampleQuery("heap")), growing_sites(profile),
+                         granularity=granularity, sort=sort, limit=limit)
     totals = profile.rows(
         "SELECT h.location_id, l.function, l.file, l.line, COALESCE(m.path, ''),"
         " SUM(h.alloc_bytes) - SUM(h.free_bytes), SUM(h.alloc_bytes), SUM(h.free_bytes),"
@@ -173,7 +184,7 @@ def top_heap(
         " FROM heap_site_samples h JOIN locations l ON l.id = h.location_id"
         " LEFT JOIN modules m ON m.id = l.module_id GROUP BY h.location_id"
     )
-    growing = _growing_sites(profile)
+    growing = growing_sites(profile)
     rows = [
         HeapSiteRow(*row[1:], growing=row[0] in growing)  # type: ignore[misc]
         for row in totals
@@ -182,6 +193,27 @@ def top_heap(
     if limit is not None and limit > 0:
         rows = rows[:limit]
     return rows
+
+
+def _site_granularity(granularity: str) -> str:
+    # A call site is a source line: the heap's "functions" (every command's default) is the
+    # exact site table, as `top heap` always showed.
+    return "lines" if granularity == "functions" else granularity
+
+
+def rank_heap(
+    selection: Selection,
+    growing: set[int],
+    *,
+    granularity: str = "functions",
+    sort: str = "live",
+    limit: int | None = None,
+) -> list[HeapSiteRow]:
+    """`top heap`'s rows of a selection, sorted by `sort` (a HEAP_SORT_KEYS key)."""
+    column = HEAP_SORT_KEYS[sort]
+    rows = heap_rows(selection, _site_granularity(granularity), growing)
+    rows.sort(key=lambda r: (-getattr(r, column), r.function, r.file, r.line))
+    return rows[:limit] if limit else rows
 
 
 def heap_rows(selection: Selection, granularity: str, growing: set[int]) -> list[HeapSiteRow]:
@@ -206,7 +238,7 @@ def heap_rows(selection: Selection, granularity: str, growing: set[int]) -> list
     return list(rows.values())
 
 
-def _growing_sites(profile: Profile) -> set[int]:
+def growing_sites(profile: Profile) -> set[int]:
     """Sites whose live bytes never fell and rose overall across the last checkpoints."""
     last = profile.rows("SELECT MAX(id) FROM checkpoints")[0][0]
     if last is None:
