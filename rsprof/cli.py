@@ -18,6 +18,7 @@ import click
 from collector.errors import EXIT_DATABASE, EXIT_ERROR, EXIT_USAGE, CollectorError
 from rsprof import __version__, render, report_commands
 from rsprof.durations import parse_duration
+from rsprof.options import CONTEXT
 from storage import analysis
 from storage.errors import ProfileError
 from storage.reader import Profile
@@ -27,7 +28,6 @@ if TYPE_CHECKING:  # recording modules load only for recording commands: reports
     from collector.process import Target
     from rsprof import session
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 class Failure(Exception):

@@ -17,6 +17,7 @@ from typing import IO
 
 import click
 
+from rsprof.options import value_index
 from storage.analysis import growing_sites, rank_cpu, rank_heap
 from storage.reader import Profile
 from storage.selection import SampleQuery, Selection, require_samples, select
@@ -63,10 +64,7 @@ def export(
         with Profile(base_path) as base_profile:
             base = select(base_profile, query)
             require_samples(base, query, base_path)
-    try:
-        value_index = selection.samples.value_index(sample_index)
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="'--sample-index'") from None
+    index = value_index(selection, sample_index)
     target = output if output is not None else default_output(profile_path, fmt, query.kind)
     binary = fmt == "pprof"
     with _open_output(target, binary=binary) as out:
@@ -79,12 +77,12 @@ def export(
             from storage.flame import write_folded
 
             write_folded(selection.samples, out,  # type: ignore[arg-type]
-                         value_index=value_index, per_thread=per_thread)
+                         value_index=index, per_thread=per_thread)
         elif fmt == "speedscope":
             from storage.flame import write_speedscope
 
             write_speedscope(selection.samples, out,  # type: ignore[arg-type]
-                             value_index=value_index, name=profile_path.name)
+                             value_index=index, name=profile_path.name)
         else:
             _write_table(selection, fmt, granularity, growing, out)  # type: ignore[arg-type]
     return str(target), selection

@@ -11,7 +11,9 @@ from rsprof.durations import parse_duration
 from storage.filters import FrameFilter
 from storage.granularity import GRANULARITIES
 from storage.samples import TimeRange
-from storage.selection import SampleQuery
+from storage.selection import SampleQuery, Selection
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def _point(_ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -69,3 +71,11 @@ def check_kind(kind: str) -> str:
     if kind not in ("cpu", "heap"):
         raise click.BadParameter(f"unknown kind {kind!r}: use cpu or heap", param_hint="KIND")
     return kind
+
+
+def value_index(selection: Selection, name: str | None) -> int:
+    """`--sample-index NAME` as an index into the selection's sample types (usage error)."""
+    try:
+        return selection.samples.value_index(name)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="'--sample-index'") from None

@@ -43,7 +43,7 @@ def human_bytes(value: int) -> str:
     return f"{size:.1f} GiB"
 
 
-def _write_json(objects: list[dict[str, object]], out: IO[str] | None = None) -> None:
+def write_json(objects: Sequence[object], out: IO[str] | None = None) -> None:
     stream = out or sys.stdout
     json.dump(objects, stream, indent=2)
     stream.write("\n")
@@ -61,7 +61,7 @@ def emit_rows(keys: Sequence[str], rows: Sequence[FunctionRow | HeapSiteRow], fm
     """JSON (an array of objects) or CSV (a header line, then rows) of top-table rows."""
     objects = [row.as_dict() for row in rows]
     if fmt == "json":
-        _write_json(objects, out)
+        write_json(objects, out)
     else:
         _write_csv(keys, objects, out)
 
@@ -124,7 +124,7 @@ def _tsv_cell(value: object) -> str:
 
 def query_result(columns: list[str], rows: list[tuple[object, ...]], *, as_json: bool) -> None:
     if as_json:
-        _write_json([
+        write_json([
             {c: (v.hex() if isinstance(v, bytes) else v) for c, v in zip(columns, row)}
             for row in rows
         ])

@@ -13,7 +13,14 @@ import click
 
 from rsprof import render, report_render
 from rsprof.export import FORMATS, export
-from rsprof.options import build_query, check_kind, granularity_option, sample_options
+from rsprof.options import (
+    CONTEXT,
+    build_query,
+    check_kind,
+    granularity_option,
+    sample_options,
+    value_index,
+)
 from storage import analysis
 from storage.callgraph import peek as peek_entries
 from storage.callgraph import traces as distinct_traces
@@ -21,7 +28,6 @@ from storage.diff import cpu_diff, heap_diff
 from storage.reader import Profile
 from storage.selection import SampleQuery, Selection, select
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 NO_HEAP_HINT = (
     "this profile has no heap data; start the program with `rsprof run -- CMD`, or with"
     " `LD_PRELOAD=$(rsprof preload) CMD` and attach with `rsprof -p PID`"
@@ -40,13 +46,6 @@ def _filter_note(query: SampleQuery, selection: Selection, index: int) -> str:
     kept = selection.samples.total(index)
     share = selection.percent(kept, index)
     return f"filters kept {kept} ({share:.1f}%): {query.filters.describe()}"
-
-
-def _value_index(selection: Selection, name: str | None) -> int:
-    try:
-        return selection.samples.value_index(name)
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="'--sample-index'") from None
 
 
 @click.command(context_settings=CONTEXT)
@@ -108,7 +107,7 @@ def traces(file: Path, kind: str, sample_index: str | None, granularity: str, no
     query = build_query(kind, options)
     with Profile(file) as profile:
         selection = select(profile, query)
-    index = _value_index(selection, sample_index)
+    index = value_index(selection, sample_index)
     found = distinct_traces(selection, value_index=index, granularity=granularity,
                             per_thread=not no_threads and kind == "cpu")
     unit = selection.samples.sample_types[index][1]
@@ -135,7 +134,7 @@ def peek(file: Path, regex: str, kind: str, sample_index: str | None, granularit
     query = build_query(kind, options)
     with Profile(file) as profile:
         selection = select(profile, query)
-    index = _value_index(selection, sample_index)
+    index = value_index(selection, sample_index)
     found = peek_entries(selection, pattern, value_index=index, granularity=granularity)
     if not found and not as_json:
         click.echo(f"rsprof: no function matches {regex!r}", err=True)
@@ -165,7 +164,7 @@ def diff(old: Path, new: Path, kind: str, limit: int, as_json: bool, **options: 
             if as_json:
                 result["cpu"] = [d.as_dict() for d in cpu]
             else:
-                report_render.cpu_diff(cpu, as_json=False)
+                report_render.cpu_diff(cpu)
         both_heap = all(analysis.heap_mode(p) != "none" for p in (before, after))
         if kind == "heap" and not both_heap:
             raise click.ClickException("both profiles need heap data for --kind heap")
@@ -174,9 +173,9 @@ def diff(old: Path, new: Path, kind: str, limit: int, as_json: bool, **options: 
             if as_json:
                 result["heap"] = [d.as_dict() for d in heap]
             else:
-                report_render.heap_diff(heap, as_json=False)
+                report_render.heap_diff(heap)
     if as_json:
-        report_render._json([result])  # one object, in a list for symmetry with top --json
+        render.write_json([result])  # one object, in a list for symmetry with top --json
 
 
 @click.command("export", context_settings=CONTEXT)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from collections.abc import Sequence
 
 from rich.table import Table
 
-from rsprof.render import _console, human_bytes
+from rsprof.render import _console, human_bytes, write_json
 from storage.callgraph import Peek, Trace
 from storage.diff import CpuDelta, HeapDelta
 
@@ -23,14 +21,9 @@ def _value(value: int, unit: str) -> str:
     return str(value)
 
 
-def _json(objects: Sequence[object]) -> None:
-    json.dump(objects, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-
-
 def traces(found: list[Trace], unit: str, total: int, distinct: int, *, as_json: bool) -> None:
     if as_json:
-        _json([t.as_dict() for t in found])
+        write_json([t.as_dict() for t in found])
         return
     out = sys.stdout
     shown = f", the heaviest {len(found)} shown" if len(found) < distinct else ""
@@ -49,7 +42,7 @@ def traces(found: list[Trace], unit: str, total: int, distinct: int, *, as_json:
 
 def peek(found: list[Peek], unit: str, *, as_json: bool) -> None:
     if as_json:
-        _json([p.as_dict() for p in found])
+        write_json([p.as_dict() for p in found])
         return
     for item in found:
         sys.stdout.write(f"{item.entry.label}: flat {_value(item.flat, unit)}"
@@ -73,10 +66,7 @@ def peek(found: list[Peek], unit: str, *, as_json: bool) -> None:
         _console().print()
 
 
-def cpu_diff(deltas: list[CpuDelta], *, as_json: bool) -> None:
-    if as_json:
-        _json([d.as_dict() for d in deltas])
-        return
+def cpu_diff(deltas: list[CpuDelta]) -> None:
     table = Table(title="CPU share by function (NEW - OLD)", title_justify="left", box=None,
                   header_style="bold")
     for name in ("Δ Self", "Old self", "New self", "Δ Total", "Old total", "New total"):
@@ -91,10 +81,7 @@ def cpu_diff(deltas: list[CpuDelta], *, as_json: bool) -> None:
     _console().print(table)
 
 
-def heap_diff(deltas: list[HeapDelta], *, as_json: bool) -> None:
-    if as_json:
-        _json([d.as_dict() for d in deltas])
-        return
+def heap_diff(deltas: list[HeapDelta]) -> None:
     table = Table(title="Heap by call-site function (NEW - OLD)", title_justify="left",
                   box=None, header_style="bold")
     for name in ("Δ In use", "Old in use", "New in use", "Δ Allocated"):
