@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from storage.granularity import Entry, entries
+from storage.granularity import Entry, EntryTable
 from storage.selection import Selection
 
 
@@ -26,15 +26,17 @@ class Trace:
 def traces(selection: Selection, *, value_index: int, granularity: str = "lines",
            per_thread: bool = True) -> list[Trace]:
     """Distinct stacks, heaviest first (ties by stack text, so output is stable)."""
-    merged: dict[tuple[tuple[Entry, ...], int | None, str], int] = {}
+    table = EntryTable(granularity)
+    merged: dict[tuple[tuple[int, ...], int | None, str], int] = {}
     for sample in selection.samples.samples:
         value = sample.values[value_index]
         if not value:
             continue
         thread = (sample.tid, sample.thread_name) if per_thread else (None, "")
-        key = (tuple(entries(sample, granularity)), *thread)
+        key = (tuple(table.stack(sample)), *thread)
         merged[key] = merged.get(key, 0) + value
-    found = [Trace(value, selection.percent(value, value_index), tid, name, list(stack))
+    found = [Trace(value, selection.percent(value, value_index), tid, name,
+                   [table.entries[number] for number in stack])
              for (stack, tid, name), value in merged.items()]
     found.sort(key=lambda t: (-abs(t.value), [e.label for e in t.stack], t.tid or 0))
     return found
@@ -74,22 +76,23 @@ def peek(selection: Selection, pattern: re.Pattern[str], *, value_index: int,
     """Every entry whose label matches `pattern`, with the entries directly calling it and
     called by it. An edge counts once per sample, even when recursion repeats it; a leaf's
     self value shows as flat, and stacks starting at the entry have no caller row."""
-    flat: dict[Entry, int] = {}
-    total: dict[Entry, int] = {}
-    callers: dict[Entry, dict[Entry, int]] = {}
-    callees: dict[Entry, dict[Entry, int]] = {}
-    matches: dict[Entry, bool] = {}
+    table = EntryTable(granularity)
+    flat: dict[int, int] = {}
+    total: dict[int, int] = {}
+    callers: dict[int, dict[int, int]] = {}
+    callees: dict[int, dict[int, int]] = {}
+    matches: dict[int, bool] = {}
     for sample in selection.samples.samples:
         value = sample.values[value_index]
         if not value:
             continue
-        stack = entries(sample, granularity)
-        seen_callers: set[tuple[Entry, Entry]] = set()
-        seen_callees: set[tuple[Entry, Entry]] = set()
-        counted: set[Entry] = set()
+        stack = table.stack(sample)
+        seen_callers: set[tuple[int, int]] = set()
+        seen_callees: set[tuple[int, int]] = set()
+        counted: set[int] = set()
         for position, e in enumerate(stack):
             if e not in matches:
-                matches[e] = bool(pattern.search(e.label))
+                matches[e] = bool(pattern.search(table.entries[e].label))
             if not matches[e]:
                 continue
             if position == 0:
@@ -104,15 +107,17 @@ def peek(selection: Selection, pattern: re.Pattern[str], *, value_index: int,
     result = []
     for e, cum in total.items():
         result.append(Peek(
-            entry=e, flat=flat.get(e, 0), flat_pct=selection.percent(flat.get(e, 0), value_index),
+            entry=table.entries[e], flat=flat.get(e, 0),
+            flat_pct=selection.percent(flat.get(e, 0), value_index),
             total=cum, total_pct=selection.percent(cum, value_index),
-            callers=_edges(callers.get(e, {}), cum), callees=_edges(callees.get(e, {}), cum)))
+            callers=_edges(callers.get(e, {}), cum, table),
+            callees=_edges(callees.get(e, {}), cum, table)))
     result.sort(key=lambda p: (-abs(p.total), p.entry.label))
     return result
 
 
-def _add_edge(edges: dict[Entry, dict[Entry, int]], e: Entry, other: Entry | None, value: int,
-              seen: set[tuple[Entry, Entry]]) -> None:
+def _add_edge(edges: dict[int, dict[int, int]], e: int, other: int | None, value: int,
+              seen: set[tuple[int, int]]) -> None:
     # Once per sample per (entry, neighbour): a recursive stack repeats the same pair.
     if other is None or (e, other) in seen:
         return
@@ -121,8 +126,8 @@ def _add_edge(edges: dict[Entry, dict[Entry, int]], e: Entry, other: Entry | Non
     bucket[other] = bucket.get(other, 0) + value
 
 
-def _edges(weights: dict[Entry, int], whole: int) -> list[Edge]:
-    edges = [Edge(e, value, round(100.0 * value / whole, 2) if whole else 0.0)
+def _edges(weights: dict[int, int], whole: int, table: EntryTable) -> list[Edge]:
+    edges = [Edge(table.entries[e], value, round(100.0 * value / whole, 2) if whole else 0.0)
              for e, value in weights.items()]
     edges.sort(key=lambda edge: (-abs(edge.value), edge.entry.label))
     return edges

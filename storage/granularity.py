@@ -50,11 +50,6 @@ def entry(frame: Frame, line: Line, granularity: str) -> Entry:
     raise ValueError(f"unknown granularity {granularity!r}: use {', '.join(GRANULARITIES)}")
 
 
-def entries(sample: Sample, granularity: str) -> list[Entry]:
-    """The sample's stack as entries, leaf first, every inline level its own entry."""
-    return [entry(frame, line, granularity) for frame in sample.frames for line in frame.lines]
-
-
 class EntryTable:
     """Entries numbered once per frame object: reports count with small ints instead of
     hashing frames and entries for every sample (the hot loop of `top` on big profiles)."""
@@ -81,3 +76,7 @@ class EntryTable:
         # The frame is kept referenced so its id() cannot be reused by another object.
         self._frames[id(frame)] = (frame, numbered)
         return numbered
+
+    def stack(self, sample: Sample) -> list[int]:
+        """The sample's stack as entry numbers, leaf first, each inline level its own."""
+        return [number for frame in sample.frames for number, _ in self.frame_entries(frame)]
