@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 from rsprof import __version__
-from storage.samples import Sample, SampleSet
+from storage.samples import Line, Sample, SampleSet
 
 SPEEDSCOPE_SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 # pprof's sample-type units mapped to speedscope's ValueUnit; anything else is a plain count.
@@ -26,7 +26,7 @@ def write_folded(
     index = samples.default_index if value_index is None else value_index
     totals: dict[str, int] = {}
     for sample, value in _weighted(samples, index):
-        names = [_folded_name(name) for name in _root_first_names(sample)]
+        names = [_folded_name(line.function) for line in _root_first_lines(sample)]
         if per_thread and sample.tid is not None:
             names.insert(0, _folded_name(thread_label(sample)))
         stack = ";".join(names)
@@ -63,11 +63,8 @@ def write_speedscope(
     groups: dict[int | None, dict[tuple[int, ...], int]] = {}
     labels: dict[int | None, str] = {}
     for sample, value in _weighted(samples, index):
-        stack = tuple(
-            intern(line.function, line.file, line.line, value)
-            for frame in reversed(sample.frames)
-            for line in reversed(frame.lines)
-        )
+        stack = tuple(intern(line.function, line.file, line.line, value)
+                      for line in _root_first_lines(sample))
         key = sample.tid if samples.kind == "cpu" else None
         stacks = groups.setdefault(key, {})
         stacks[stack] = stacks.get(stack, 0) + value
@@ -122,11 +119,10 @@ def _weighted(samples: SampleSet, index: int) -> Iterator[tuple[Sample, int]]:
             yield sample, value
 
 
-def _root_first_names(sample: Sample) -> Iterator[str]:
+def _root_first_lines(sample: Sample) -> Iterator[Line]:
     # Frames are leaf first and a frame's lines innermost first: reverse both.
     for frame in reversed(sample.frames):
-        for line in reversed(frame.lines):
-            yield line.function
+        yield from reversed(frame.lines)
 
 
 def _folded_name(name: str) -> str:
