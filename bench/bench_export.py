@@ -141,7 +141,7 @@ def main() -> int:
 
 
 READING = """Reading the table: about 110 ms of each rsprof command is the Python interpreter and
-imports (`--version`); loading ~3 000 stacks from SQLite and aggregating takes 45-115 ms
+imports (`--version`); loading ~3 000 stacks from SQLite and aggregating takes 45-100 ms
 more. Filters cost little since they cache their verdict per frame (before that change,
 `--focus --hide` took 330 ms here). `go tool pprof` is a compiled binary reading a
 pre-aggregated file, so it is the floor to compare against, not a competitor's workflow:
