@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from collector.symbols import Symbolizer
-from collector.symbols.elf import ElfFile
-from collector.symbols.symtab import STT_FUNC
+from rsprof.collector.symbols import Symbolizer
+from rsprof.collector.symbols.elf import ElfFile
+from rsprof.collector.symbols.symtab import STT_FUNC
 
 DEFAULT_LIB = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0"
 Frame = tuple[str, str, int]

@@ -35,8 +35,8 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from storage.live import LiveProfile  # noqa: E402
-from storage.schema import create_schema  # noqa: E402
+from rsprof.storage.live import LiveProfile  # noqa: E402
+from rsprof.storage.schema import create_schema  # noqa: E402
 
 FUNCTIONS = 10_000
 HOT = 50
@@ -170,7 +170,7 @@ async def settle(pilot) -> None:  # type: ignore[no-untyped-def]
 
 
 async def run_app(path: Path, checkpoints: int, writer: WriterProcess | None) -> dict[str, float]:
-    from tui.app import RsprofApp
+    from rsprof.tui.app import RsprofApp
 
     app = RsprofApp(LiveProfile(path), live=True, refresh_interval=3600)
     out: dict[str, float] = {}
@@ -202,7 +202,7 @@ async def run_app(path: Path, checkpoints: int, writer: WriterProcess | None) ->
 
 
 def measure_reader(path: Path, writer: WriterProcess, start: int) -> dict[str, float]:
-    from tui.model import ChartRequest, Query, build_snapshot
+    from rsprof.tui.model import ChartRequest, Query, build_snapshot
 
     t = time.perf_counter()
     lp = LiveProfile(path)

@@ -13,9 +13,9 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from collector.maps import AddressSpace, Mapping
-from collector.symbols import Module, SourceFrame, Symbolizer
-from storage.writer import LocationKey, ProfileWriter
+from rsprof.collector.maps import AddressSpace, Mapping
+from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
+from rsprof.storage.writer import LocationKey, ProfileWriter
 
 
 def _display_name(path: str) -> str:

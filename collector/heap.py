@@ -6,10 +6,9 @@ import threading
 from typing import Any
 
 from rsprof._native import HeapReader
-
-from collector.frames import FrameResolver
-from storage.callsite import call_site
-from storage.writer import Checkpoint, HeapDelta
+from rsprof.collector.frames import FrameResolver
+from rsprof.storage.callsite import call_site
+from rsprof.storage.writer import Checkpoint, HeapDelta
 
 
 class HeapTracker:

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-
-from collector.errors import NotProfilable, PermissionDenied, ProcessNotFound
+from rsprof.collector.errors import NotProfilable, PermissionDenied, ProcessNotFound
 
 # PF_KTHREAD in /proc/PID/stat's flags field (include/linux/sched.h).
 _PF_KTHREAD = 0x00200000

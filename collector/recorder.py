@@ -19,16 +19,16 @@ from typing import Any
 
 import psutil
 from rsprof._native import PerfSampler
+from rsprof.collector import process
+from rsprof.collector.errors import PERMISSION_HINT, PermissionDenied, ProcessNotFound
+from rsprof.collector.frames import FrameResolver
+from rsprof.collector.heap import HeapTracker
+from rsprof.collector.maps import Mapping, read_executable_maps
+from rsprof.collector.process import Target
+from rsprof.collector.symbols import Symbolizer
+from rsprof.storage.writer import Checkpoint, ProfileWriter
 
-from collector import process
-from collector.errors import PERMISSION_HINT, PermissionDenied, ProcessNotFound
-from collector.frames import FrameResolver
-from collector.heap import HeapTracker
-from collector.maps import Mapping, read_executable_maps
-from collector.process import Target
-from collector.symbols import Symbolizer
 from rsprof import __version__
-from storage.writer import Checkpoint, ProfileWriter
 
 
 @dataclass(slots=True)

@@ -15,18 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from collector.errors import EXIT_DATABASE, EXIT_ERROR, EXIT_USAGE, CollectorError
 from rsprof import __version__, render, report_commands
+from rsprof.collector.errors import EXIT_DATABASE, EXIT_ERROR, EXIT_USAGE, CollectorError
 from rsprof.durations import parse_duration
 from rsprof.options import CONTEXT
-from storage import analysis
-from storage.errors import ProfileError
-from storage.reader import Profile
-from storage.selection import EmptySelection
+from rsprof.storage import analysis
+from rsprof.storage.errors import ProfileError
+from rsprof.storage.reader import Profile
+from rsprof.storage.selection import EmptySelection
 
 if TYPE_CHECKING:  # recording modules load only for recording commands: reports start faster
-    from collector.process import Target
     from rsprof import session
+    from rsprof.collector.process import Target
 
 
 
@@ -88,7 +88,7 @@ def cli(ctx: click.Context, pid: int | None, process_name: str | None, **options
     if pid is not None and process_name is not None:
         raise click.UsageError("give -p PID or -P NAME, not both")
     _check_record_options(options["cpu_freq"], options["interval"])  # type: ignore[arg-type]
-    from collector.process import target_from_name, target_from_pid
+    from rsprof.collector.process import target_from_name, target_from_pid
 
     target = target_from_pid(pid) if pid is not None else target_from_name(str(process_name))
     _record(target, **options)  # type: ignore[arg-type]
@@ -112,8 +112,8 @@ def _record(
     append: bool,
     child: subprocess.Popen[bytes] | None = None,
 ) -> session.SessionOutcome:
-    from collector.recorder import RecordOptions
     from rsprof import session
+    from rsprof.collector.recorder import RecordOptions
 
     path = output or session.default_output(target.name)
     quiet = quiet or not (sys.stdin.isatty() and sys.stdout.isatty())
@@ -211,7 +211,7 @@ def preload() -> None:
 @click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
 def query(file: Path, sql: str, as_json: bool) -> None:
     """Run SQL on a profile, read-only (tab-separated with a header line)."""
-    from storage.sql import run_query
+    from rsprof.storage.sql import run_query
 
     columns, rows = run_query(file, sql)
     render.query_result(columns, rows, as_json=as_json)
@@ -235,7 +235,7 @@ def view(file: Path | None) -> None:
             raise Failure("no profile in this folder; give a FILE", EXIT_DATABASE)
         file = found[0].path
     Profile(file).close()  # one clear error for a missing or foreign file, before Textual
-    from tui import run_tui
+    from rsprof.tui import run_tui
 
     sys.exit(run_tui(str(file), live=False))
 

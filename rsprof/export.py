@@ -18,9 +18,9 @@ from typing import IO
 import click
 
 from rsprof.options import value_index
-from storage.analysis import growing_sites, rank_cpu, rank_heap
-from storage.reader import Profile
-from storage.selection import SampleQuery, Selection, require_samples, select
+from rsprof.storage.analysis import growing_sites, rank_cpu, rank_heap
+from rsprof.storage.reader import Profile
+from rsprof.storage.selection import SampleQuery, Selection, require_samples, select
 
 FORMATS = ("pprof", "folded", "speedscope", "json", "csv")
 SUFFIXES = {"pprof": ".pb.gz", "folded": ".folded", "speedscope": ".speedscope.json",
@@ -69,17 +69,17 @@ def export(
     binary = fmt == "pprof"
     with _open_output(target, binary=binary) as out:
         if fmt == "pprof":
-            from storage.pprof.writer import write_pprof
+            from rsprof.storage.pprof.writer import write_pprof
 
             write_pprof(selection.samples, out,  # type: ignore[arg-type]
                         base=base.samples if base else None)
         elif fmt == "folded":
-            from storage.flame import write_folded
+            from rsprof.storage.flame import write_folded
 
             write_folded(selection.samples, out,  # type: ignore[arg-type]
                          value_index=index, per_thread=per_thread)
         elif fmt == "speedscope":
-            from storage.flame import write_speedscope
+            from rsprof.storage.flame import write_speedscope
 
             write_speedscope(selection.samples, out,  # type: ignore[arg-type]
                              value_index=index, name=profile_path.name)

@@ -8,10 +8,10 @@ from typing import Any
 import click
 
 from rsprof.durations import parse_duration
-from storage.filters import FrameFilter
-from storage.granularity import GRANULARITIES
-from storage.samples import TimeRange
-from storage.selection import SampleQuery, Selection
+from rsprof.storage.filters import FrameFilter
+from rsprof.storage.granularity import GRANULARITIES
+from rsprof.storage.samples import TimeRange
+from rsprof.storage.selection import SampleQuery, Selection
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

@@ -13,8 +13,8 @@ from typing import IO
 from rich.console import Console
 from rich.table import Table
 
-from storage.analysis import FunctionRow, HeapSiteRow
-from storage.reader import ProfileSummary
+from rsprof.storage.analysis import FunctionRow, HeapSiteRow
+from rsprof.storage.reader import ProfileSummary
 
 # JSON and CSV keys are the row dataclasses' fields, in order (the documented contract).
 CPU_KEYS = [f.name for f in fields(FunctionRow)]

@@ -21,12 +21,12 @@ from rsprof.options import (
     sample_options,
     value_index,
 )
-from storage import analysis
-from storage.callgraph import peek as peek_entries
-from storage.callgraph import traces as distinct_traces
-from storage.diff import cpu_diff, heap_diff
-from storage.reader import Profile
-from storage.selection import SampleQuery, Selection, select
+from rsprof.storage import analysis
+from rsprof.storage.callgraph import peek as peek_entries
+from rsprof.storage.callgraph import traces as distinct_traces
+from rsprof.storage.diff import cpu_diff, heap_diff
+from rsprof.storage.reader import Profile
+from rsprof.storage.selection import SampleQuery, Selection, select
 
 NO_HEAP_HINT = (
     "this profile has no heap data; start the program with `rsprof run -- CMD`, or with"

@@ -7,8 +7,8 @@ import sys
 from rich.table import Table
 
 from rsprof.render import _console, human_bytes, write_json
-from storage.callgraph import Peek, Trace
-from storage.diff import CpuDelta, HeapDelta
+from rsprof.storage.callgraph import Peek, Trace
+from rsprof.storage.diff import CpuDelta, HeapDelta
 
 RULE = "-" * 11 + "+" + "-" * 60
 

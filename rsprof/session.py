@@ -17,11 +17,11 @@ from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
-from collector.errors import CollectorError
-from collector.process import Target, target_from_pid
-from collector.recorder import Recorder, RecordOptions, RecordResult
-from storage.errors import StorageFullError
-from storage.writer import ProfileWriter
+from rsprof.collector.errors import CollectorError
+from rsprof.collector.process import Target, target_from_pid
+from rsprof.collector.recorder import Recorder, RecordOptions, RecordResult
+from rsprof.storage.errors import StorageFullError
+from rsprof.storage.writer import ProfileWriter
 
 SHIM_PATH = Path(__file__).parent / "lib" / "librsprof_heap.so"
 DEMO_PATH = Path(__file__).parent / "bin" / "rsprof-demo"
@@ -160,7 +160,7 @@ def _record_headless(recorder: Recorder, child: subprocess.Popen[bytes] | None) 
 def _record_with_tui(
     recorder: Recorder, output: Path, pid: int, child: subprocess.Popen[bytes] | None
 ) -> RecordResult:
-    from tui import run_tui  # imported late: headless runs never pay for Textual
+    from rsprof.tui import run_tui  # imported late: headless runs never pay for Textual
 
     outcome: dict[str, object] = {}
     attached = threading.Event()

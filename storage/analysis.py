@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
 
-from storage.errors import ProfileError
-from storage.granularity import Entry, EntryTable, entry
-from storage.reader import Profile, ProfileSummary
-from storage.selection import WHOLE_CPU_PROFILE, SampleQuery, Selection, select
+from rsprof.storage.errors import ProfileError
+from rsprof.storage.granularity import Entry, EntryTable, entry
+from rsprof.storage.reader import Profile, ProfileSummary
+from rsprof.storage.selection import WHOLE_CPU_PROFILE, SampleQuery, Selection, select
 
 
 @dataclass(slots=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from storage.granularity import Entry, EntryTable
-from storage.selection import Selection
+from rsprof.storage.granularity import Entry, EntryTable
+from rsprof.storage.selection import Selection
 
 
 @dataclass(slots=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from storage.analysis import cpu_rows
-from storage.reader import Profile
-from storage.selection import WHOLE_CPU_PROFILE, SampleQuery, select
+from rsprof.storage.analysis import cpu_rows
+from rsprof.storage.reader import Profile
+from rsprof.storage.selection import WHOLE_CPU_PROFILE, SampleQuery, select
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from storage.samples import Frame, Line, Sample
+from rsprof.storage.samples import Frame, Line, Sample
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,9 @@ import json
 from collections.abc import Iterator
 from typing import TextIO
 
+from rsprof.storage.samples import Line, Sample, SampleSet
+
 from rsprof import __version__
-from storage.samples import Line, Sample, SampleSet
 
 SPEEDSCOPE_SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 # pprof's sample-type units mapped to speedscope's ValueUnit; anything else is a plain count.

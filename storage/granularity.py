@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storage.samples import Frame, Line, Sample
+from rsprof.storage.samples import Frame, Line, Sample
 
 GRANULARITIES = ("functions", "files", "lines", "addresses")
 

@@ -7,8 +7,8 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.errors import ProfileError
-from storage.schema import SCHEMA_VERSION
+from rsprof.storage.errors import ProfileError
+from rsprof.storage.schema import SCHEMA_VERSION
 
 
 def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from storage.callsite import call_site_position
-from storage.reader import Profile
+from rsprof.storage.callsite import call_site_position
+from rsprof.storage.reader import Profile
 
 CPU_SAMPLE_TYPES = (("samples", "count"), ("cpu", "nanoseconds"))
 HEAP_SAMPLE_TYPES = (

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from storage.errors import ProfileError
-from storage.filters import FrameFilter
-from storage.reader import Profile
-from storage.samples import SampleSet, TimeRange, load_samples
+from rsprof.storage.errors import ProfileError
+from rsprof.storage.filters import FrameFilter
+from rsprof.storage.reader import Profile
+from rsprof.storage.samples import SampleSet, TimeRange, load_samples
 
 
 class EmptySelection(ProfileError):

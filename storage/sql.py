@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from storage.errors import ProfileError
-from storage.reader import connect_readonly
+from rsprof.storage.errors import ProfileError
+from rsprof.storage.reader import connect_readonly
 
 
 def run_query(

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage.errors import ProfileError, StorageFullError
-from storage.schema import SCHEMA_VERSION, create_schema
+from rsprof.storage.errors import ProfileError, StorageFullError
+from rsprof.storage.schema import SCHEMA_VERSION, create_schema
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from storage.callsite import call_site, is_allocator_symbol, is_runtime_module
-from storage.writer import LocationKey
+from rsprof.storage.callsite import call_site, is_allocator_symbol, is_runtime_module
+from rsprof.storage.writer import LocationKey
 
 
 def _loc(function: str) -> LocationKey:

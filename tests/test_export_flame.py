@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 from conftest import run_rsprof
-
-from storage.flame import write_folded, write_speedscope
-from storage.reader import Profile
-from storage.samples import SampleSet, load_samples
+from rsprof.storage.flame import write_folded, write_speedscope
+from rsprof.storage.reader import Profile
+from rsprof.storage.samples import SampleSet, load_samples
 
 LEAK_BYTES = 60 * 4000  # leaky.c: leak_site() leaks 4000 B per tick, 60 ticks
 KEEP_BYTES = 123457

@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 from conftest import LEAKY_THREADS, LEAKY_TICKS, run_rsprof, top_json
-
-from storage.pprof import profile_pb2 as pb
-from storage.pprof.writer import write_pprof
-from storage.reader import Profile
-from storage.samples import (
+from rsprof.storage.pprof import profile_pb2 as pb
+from rsprof.storage.pprof.writer import write_pprof
+from rsprof.storage.reader import Profile
+from rsprof.storage.samples import (
     CPU_SAMPLE_TYPES,
     HEAP_SAMPLE_TYPES,
     Frame,

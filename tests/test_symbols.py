@@ -13,13 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from collector.symbols import SourceFrame, Symbolizer, demangle
-from collector.symbols import dwarf as dwarf_mod
-from collector.symbols import symbolizer as symbolizer_mod
-from collector.symbols.demangle import demangle_rust_legacy, demangle_rust_v0
-from collector.symbols.dwarf import DwarfIndex
-from collector.symbols.elf import ElfFile
+from rsprof.collector.symbols import SourceFrame, Symbolizer, demangle
+from rsprof.collector.symbols import dwarf as dwarf_mod
+from rsprof.collector.symbols import symbolizer as symbolizer_mod
+from rsprof.collector.symbols.demangle import demangle_rust_legacy, demangle_rust_v0
+from rsprof.collector.symbols.dwarf import DwarfIndex
+from rsprof.collector.symbols.elf import ElfFile
 
 TARGETS = Path(__file__).parent / "targets"
 BUILD_DIR = Path(os.environ.get("RSPROF_TEST_BUILD", "/tmp/rsprof-test-targets"))
@@ -28,12 +27,10 @@ BUILD_DIR = Path(os.environ.get("RSPROF_TEST_BUILD", "/tmp/rsprof-test-targets")
 def child_env() -> dict[str, str]:
     """Environment for helper processes: import the very packages this test process uses
     (the installed ones in CI, the source tree with an in-place build locally)."""
-    import collector
     import rsprof
 
-    roots = dict.fromkeys(str(Path(m.__file__ or "").resolve().parent.parent)
-                          for m in (collector, rsprof))
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(roots)}
+    root = str(Path(rsprof.__file__ or "").resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": root}
 
 
 needs_native = pytest.mark.skipif(
@@ -363,7 +360,7 @@ def test_cache_hit_in_another_process(target_binary: Callable[..., Path],
     expected = [as_tuples(c) for c in module.symbolize(addrs)]
     script = textwrap.dedent(f"""
         import sys
-        from collector.symbols import Symbolizer, dwarf
+        from rsprof.collector.symbols import Symbolizer, dwarf
         def boom(*a, **k):
             raise SystemExit("DWARF opened")
         dwarf.DwarfIndex.__init__ = boom
@@ -402,7 +399,7 @@ def test_concurrent_writers(target_binary: Callable[..., Path], tmp_path: Path) 
     addrs = function_addrs(binary, "outer_work") + function_addrs(binary, "leaf_sum")
     script = textwrap.dedent("""
         import sys
-        from collector.symbols import Symbolizer
+        from rsprof.collector.symbols import Symbolizer
         m = Symbolizer(cache_dir=sys.argv[1]).module(sys.argv[2])
         part = [int(a) for a in sys.argv[3].split(",")]
         for _ in range(5):

@@ -10,17 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rsprof.tui.app import RsprofApp
+from rsprof.tui.main_screen import MainScreen
+from rsprof.tui.model import View
+from rsprof.tui.screens import HelpScreen, ThreadPicker
+from rsprof.tui.target import TargetMonitor
+from rsprof.tui.widgets.chart import ProfileChart
+from rsprof.tui.widgets.header import ProfileHeader
+from rsprof.tui.widgets.table import ProfileTable
 from textual.pilot import Pilot
 from textual.widgets import Input, OptionList, Static
-
-from tui.app import RsprofApp
-from tui.main_screen import MainScreen
-from tui.model import View
-from tui.screens import HelpScreen, ThreadPicker
-from tui.target import TargetMonitor
-from tui.widgets.chart import ProfileChart
-from tui.widgets.header import ProfileHeader
-from tui.widgets.table import ProfileTable
 
 # tests/ is not a package: make its helpers importable under plain `pytest` too.
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from storage.live import TREND_LEN, LiveProfile
-from tui.format import fit_start, fmt_bytes, fmt_elapsed, sparkline
-from tui.model import ChartRequest, Query, View, build_snapshot, next_sort
+from rsprof.storage.live import TREND_LEN, LiveProfile
+from rsprof.tui.format import fit_start, fmt_bytes, fmt_elapsed, sparkline
+from rsprof.tui.model import ChartRequest, Query, View, build_snapshot, next_sort
 
 # tests/ is not a package: make its helpers importable under plain `pytest` too.
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -20,12 +20,11 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from storage.schema import create_schema
+from rsprof.storage.schema import create_schema
 
 if TYPE_CHECKING:
+    from rsprof.tui.app import RsprofApp
     from textual.pilot import Pilot
-
-    from tui.app import RsprofApp
 
 START_MS = 1_700_000_000_000
 PID = 4242
@@ -221,8 +220,8 @@ FAKE_NOW = START_MS / 1000 + 125.5  # the fake clock: 2 min 5 s after the record
 
 def make_app(path: str | Path, *, live: bool = False, **kwargs: Any) -> RsprofApp:
     """The app over `path` with a fixed clock, so the header's elapsed time is stable."""
-    from storage.live import LiveProfile
-    from tui.app import RsprofApp
+    from rsprof.storage.live import LiveProfile
+    from rsprof.tui.app import RsprofApp
 
     kwargs.setdefault("clock", lambda: FAKE_NOW)
     return RsprofApp(LiveProfile(path), live=live, **kwargs)

@@ -1,4 +1,4 @@
-"""`python -m tui FILE [--live] [--pid PID]`: the TUI without the rsprof CLI."""
+"""`python -m rsprof.tui FILE [--live] [--pid PID]`: the TUI without the rsprof CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from . import run_tui
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m tui", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m rsprof.tui", description=__doc__)
     parser.add_argument("file")
     parser.add_argument("--live", action="store_true", help="a recorder writes the file now")
     parser.add_argument("--pid", type=int, help="target PID (live mode: CPU, RSS, exit)")

@@ -6,9 +6,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rsprof.storage.live import LiveProfile
 from textual.app import App
-
-from storage.live import LiveProfile
 
 from .main_screen import MainScreen
 from .model import DataSource

@@ -14,7 +14,7 @@ from enum import StrEnum
 from operator import attrgetter
 from typing import Any, Literal, Protocol
 
-from storage.live import (
+from rsprof.storage.live import (
     CheckpointSummary,
     CpuRow,
     HeapRow,

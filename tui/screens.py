@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.table import Table
+from rsprof.storage.live import ThreadInfo
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import OptionList, Static
 from textual.widgets.option_list import Option
-
-from storage.live import ThreadInfo
 
 from .format import fmt_count
 

@@ -7,8 +7,8 @@ import gzip
 import re
 from typing import BinaryIO
 
-from storage.pprof import profile_pb2 as pb
-from storage.samples import Frame, Mapping, Sample, SampleSet
+from rsprof.storage.pprof import profile_pb2 as pb
+from rsprof.storage.samples import Frame, Mapping, Sample, SampleSet
 
 # rsprof's names for an address nothing resolved: `module+0xOFFSET`, or `0xADDRESS` for a
 # frame without locations (see docs/schema.md, locations.function).

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from rsprof.storage.live import Series
 from textual.binding import Binding, BindingType
 from textual_plotext import PlotextPlot
-
-from storage.live import Series
 
 from ..format import bytes_unit, fmt_offset
 
