@@ -58,8 +58,10 @@ def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int) -> subpro
         preload = f"{SHIM_PATH}:{preload}" if preload else str(SHIM_PATH)
         if heap_sample_bytes:
             env["RSPROF_HEAP_SAMPLE_BYTES"] = str(heap_sample_bytes)
-        # A target that exits within milliseconds waits (briefly) for us to drain its ring.
+        # A target that exits within milliseconds waits (briefly) for us to attach and drain
+        # its ring; only CMD itself (its parent is us), not the programs it starts.
         env.setdefault("RSPROF_HEAP_EXIT_WAIT_MS", "2000")
+        env["RSPROF_HEAP_WAIT_PPID"] = str(os.getpid())
         # 64 MiB holds ~40 ms of a 20 M pairs/s allocation storm: with the drain thread also
         # serving perf rings, the shim's 16 MiB default dropped ~2 % of such a storm.
         env.setdefault("RSPROF_HEAP_RING_MB", "64")

@@ -695,13 +695,14 @@ def test_python_runs_under_shim(tmp_path: Path) -> None:
 
 
 def test_exit_wait_lets_late_reader_attach(target_binary, flags, targets) -> None:
-    """RSPROF_HEAP_EXIT_WAIT_MS keeps the name at exit until a reader has drained it."""
+    """RSPROF_HEAP_EXIT_WAIT_MS keeps the name at exit until a reader has drained it, in
+    the process whose parent RSPROF_HEAP_WAIT_PPID names (the one rsprof started)."""
     binary = target_binary("heap_sites.c")
     t = start(
         targets,
         [str(binary), "100", str(flags)],
         flags,
-        env=shim_env(RSPROF_HEAP_EXIT_WAIT_MS="5000"),
+        env=shim_env(RSPROF_HEAP_EXIT_WAIT_MS="5000", RSPROF_HEAP_WAIT_PPID=str(os.getpid())),
     )
     pid = int(t.expect("ready")[0])
     t.signal("go")
@@ -718,3 +719,23 @@ def test_exit_wait_lets_late_reader_attach(target_binary, flags, targets) -> Non
     assert not ring_path(pid).exists()
     assert [1000 * 100, 100, 0, 0] in totals.sites.values()  # leak_site's stack
     reader.close()
+
+
+def test_exit_never_waits_for_a_reader_that_is_not_there(target_binary, flags, targets) -> None:
+    """Without a reader attached, a process that rsprof did not start itself (its parent is
+    not RSPROF_HEAP_WAIT_PPID: a descendant of the target) exits at once."""
+    binary = target_binary("heap_sites.c")
+    t = start(
+        targets,
+        [str(binary), "100", str(flags)],
+        flags,
+        env=shim_env(RSPROF_HEAP_EXIT_WAIT_MS="5000", RSPROF_HEAP_WAIT_PPID="1"),
+    )
+    pid = int(t.expect("ready")[0])
+    t.signal("go")
+    assert t.expect("done") == []
+    started = time.monotonic()
+    t.signal("exit")
+    assert t.proc.wait(timeout=10) == 0
+    assert time.monotonic() - started < 2.5
+    assert not ring_path(pid).exists()

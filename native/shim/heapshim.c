@@ -75,6 +75,7 @@ static uint64_t g_ring_mask;    /* ring_bytes / 8 - 1: word index mask */
 static uint64_t g_sample_bytes; /* 0 = record every event */
 static unsigned g_max_depth;
 static unsigned g_exit_wait_ms;
+static uint64_t g_wait_ppid; /* RSPROF_HEAP_WAIT_PPID: see finish_ring */
 static int g_debug;
 static size_t g_page;
 
@@ -102,6 +103,7 @@ static TLS int t_in_init;        /* this thread runs the one-time init */
 static TLS uint32_t t_tid;       /* 0 = thread state not initialised yet */
 static TLS uintptr_t t_stack_lo; /* frame pointers must stay within [lo, hi) */
 static TLS uintptr_t t_stack_hi;
+static TLS int t_bounds_known;   /* t_stack_lo/hi set (possibly to "unknown": 0, 0) */
 static TLS uint64_t t_read_pos;  /* last read_pos seen: it only grows, so stale is safe */
 static TLS int64_t t_countdown;  /* sampled mode: bytes left until the next sample */
 static TLS uint64_t t_rng;       /* xorshift64* state, 0 = not seeded */
@@ -460,39 +462,99 @@ static ALWAYS_INLINE struct rsprof_heap_header *ring(void) {
 
 /* ------------------------------------------------------------------ thread state */
 
+/* Stack bounds of the current thread, for the frame-pointer walk.  Nothing here may take
+ * a lock or allocate: thread_init runs inside malloc, and the target may call malloc while
+ * holding any lock (Rust's std calls pthread_getattr_np at thread start, which reallocs
+ * while glibc holds the thread's lock: calling pthread_getattr_np from in here deadlocked
+ * every multi-threaded Rust program).  So:
+ *  - the main thread's frames live below __libc_stack_end, down to RLIMIT_STACK;
+ *  - threads started through pthread_create get their bounds in thread_trampoline, before
+ *    the thread's own code runs (outside any allocator call);
+ *  - anything else (raw clone, threads started before the shim, coroutine stacks) has no
+ *    known bounds and records only the direct caller. */
 static NOINLINE void thread_init(void) {
     t_guard++;
     t_tid = (uint32_t)syscall(SYS_gettid);
-    uintptr_t lo = 0, hi = 0;
-    /* Main thread: frames live below __libc_stack_end and the stack can grow down to
-     * RLIMIT_STACK (pthread_getattr_np would read /proc/self/maps for it, and allocate).
-     * Decided by where this frame is, not by tid == pid: in a child forked from another
-     * thread, that thread is the child's "main" thread but runs on its pthread stack. */
-    struct rlimit rl;
-    uint64_t span = 1ull << 30;
-    if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < span)
-        span = rl.rlim_cur;
-    uintptr_t main_hi = (uintptr_t)__libc_stack_end;
-    uintptr_t main_lo = main_hi > span ? main_hi - span : 0;
-    uintptr_t here = (uintptr_t)__builtin_frame_address(0);
-    if (here >= main_lo && here < main_hi) {
-        lo = main_lo;
-        hi = main_hi;
-    } else {
-        pthread_attr_t attr;
-        if (pthread_getattr_np(pthread_self(), &attr) == 0) {
-            void *addr;
-            size_t size;
-            if (pthread_attr_getstack(&attr, &addr, &size) == 0) {
-                lo = (uintptr_t)addr;
-                hi = lo + size;
-            }
-            pthread_attr_destroy(&attr);
+    if (!t_bounds_known) {
+        uintptr_t lo = 0, hi = 0;
+        /* Decided by where this frame is, not by tid == pid: in a child forked from another
+         * thread, that thread is the child's "main" thread but runs on its pthread stack. */
+        struct rlimit rl;
+        uint64_t span = 1ull << 30;
+        if (getrlimit(RLIMIT_STACK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+            rl.rlim_cur < span)
+            span = rl.rlim_cur;
+        uintptr_t main_hi = (uintptr_t)__libc_stack_end;
+        uintptr_t main_lo = main_hi > span ? main_hi - span : 0;
+        uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+        if (here >= main_lo && here < main_hi) {
+            lo = main_lo;
+            hi = main_hi;
         }
+        t_stack_lo = lo;
+        t_stack_hi = hi;
+        t_bounds_known = 1;
     }
+    t_guard--;
+}
+
+/* pthread_create is wrapped so that each new thread learns its stack bounds before it
+ * runs any code of its own.  pthread_getattr_np is safe there: the thread holds no lock
+ * yet, and the realloc it makes is not recorded (t_guard). */
+typedef struct {
+    void *(*fn)(void *);
+    void *arg;
+} thread_start;
+
+static int (*real_pthread_create)(pthread_t *, const pthread_attr_t *, void *(*)(void *),
+                                  void *);
+
+static void *thread_trampoline(void *p) {
+    thread_start start = *(thread_start *)p;
+    t_guard++;
+    real_free(p);
+    uintptr_t lo = 0, hi = 0;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+        void *addr;
+        size_t size;
+        if (pthread_attr_getstack(&attr, &addr, &size) == 0) {
+            lo = (uintptr_t)addr;
+            hi = lo + size;
+        }
+        pthread_attr_destroy(&attr);
+    }
+    /* Frames above this one belong to libc's thread start: the walk ends here. */
+    uintptr_t top = (uintptr_t)__builtin_frame_address(0) + 16;
+    if (hi > top && top > lo) hi = top;
     t_stack_lo = lo;
     t_stack_hi = hi;
+    t_bounds_known = 1;
     t_guard--;
+    return start.fn(start.arg);
+}
+
+static NOINLINE int shim_ready_for_threads(void);
+
+EXPORT int pthread_create(pthread_t *thread, const pthread_attr_t *attr,
+                          void *(*fn)(void *), void *arg) {
+    if (!shim_ready_for_threads()) return EAGAIN;
+    thread_start *start = NULL;
+    if (!g_disabled) {
+        t_guard++;
+        start = real_malloc(sizeof *start);
+        t_guard--;
+    }
+    if (start == NULL) return real_pthread_create(thread, attr, fn, arg);
+    start->fn = fn;
+    start->arg = arg;
+    int r = real_pthread_create(thread, attr, thread_trampoline, start);
+    if (r != 0) {
+        t_guard++;
+        real_free(start);
+        t_guard--;
+    }
+    return r;
 }
 
 /* ------------------------------------------------------------------ code ranges */
@@ -603,8 +665,12 @@ static int code_return(uintptr_t v) {
     return 0;
 }
 
+/* A saved frame pointer is followed only if it lies strictly above the current one, is
+ * 8-aligned and its whole 16-byte record lies below hi.  Written so that nothing can
+ * wrap: code without frame pointers calls malloc with any value in %rbp (binutils: seen
+ * 0xfffffffffffffff0, for which `next + 16 <= hi` wraps to 0 and passes). */
 static ALWAYS_INLINE int frame_ok(uintptr_t next, uintptr_t fp, uintptr_t hi) {
-    return next > fp && !(next & 7) && next + 16 <= hi;
+    return next > fp && !(next & 7) && next < hi && hi - next >= 16;
 }
 
 /* ips[0] is inside a frame-pointer-less library.  Scan the stack words between our frame
@@ -655,7 +721,7 @@ static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *fla
     const unsigned max = g_max_depth;
     unsigned n = 0;
     ips[n++] = ((const uintptr_t *)fp)[1];
-    if (fp < lo || fp + 16 > hi) return n;
+    if (fp < lo || fp >= hi || hi - fp < 16) return n;
     uintptr_t next = 0;
     if (UNLIKELY(__atomic_load_n(&g_maps_state, __ATOMIC_ACQUIRE) != 2)) read_maps();
     else if (UNLIKELY(in_ranges(g_fpless, g_nfpless, ips[0])))
@@ -803,22 +869,34 @@ static ALWAYS_INLINE void on_free(void *p, unsigned flags) {
 
 /* ------------------------------------------------------------------ exit, fork */
 
-/* Marks the ring exited, optionally waits for the reader, unlinks the name.  Only the
+/* Is the reader recorded in the header alive?  (A reader killed without close() leaves
+ * its pid behind; kill(pid, 0) is one syscall and takes no lock.) */
+static int reader_alive(const struct rsprof_heap_header *h) {
+    int32_t pid = __atomic_load_n(&h->reader_pid, __ATOMIC_ACQUIRE);
+    return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH);
+}
+
+/* Marks the ring exited, waits (bounded) for the reader, unlinks the name.  Only the
  * process the ring is named after does this (not a fork child that inherited our state
- * before its own ring exists, nor a vfork child running in our address space). */
+ * before its own ring exists, nor a vfork child running in our address space).
+ *
+ * Waiting never happens for a reader that is not there: a process waits for a reader to
+ * attach only if rsprof started it (RSPROF_HEAP_WAIT_PPID is its parent: the process
+ * `rsprof run` execs, also after further execs), so the programs it starts in turn exit at
+ * once; with a live reader attached, any process waits until its events are drained. */
 static void finish_ring(void) {
     struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
     if (h == NULL || g_unlinked || g_ring_pid != getpid()) return;
     g_unlinked = 1;
     __atomic_or_fetch(&h->flags, RSPROF_HEAP_HF_EXITED, __ATOMIC_RELEASE);
     if (g_exit_wait_ms) {
-        /* RSPROF_HEAP_EXIT_WAIT_MS: give a reader time to attach and drain before the
-         * name goes away (a reader that has the ring mapped keeps it after unlink). */
+        int may_wait_for_attach = g_wait_ppid != 0 && (pid_t)g_wait_ppid == getppid();
         struct timespec nap = {0, 1000000};
         for (unsigned waited = 0; waited < g_exit_wait_ms; waited++) {
-            if (__atomic_load_n(&h->reader_pid, __ATOMIC_ACQUIRE) != 0 &&
-                __atomic_load_n(&h->read_pos, __ATOMIC_ACQUIRE) >=
-                    __atomic_load_n(&h->write_pos, __ATOMIC_ACQUIRE))
+            int attached = reader_alive(h);
+            if (!attached && !may_wait_for_attach) break;
+            if (attached && __atomic_load_n(&h->read_pos, __ATOMIC_ACQUIRE) >=
+                                __atomic_load_n(&h->write_pos, __ATOMIC_ACQUIRE))
                 break;
             nanosleep(&nap, NULL);
         }
@@ -875,7 +953,8 @@ static void resolve_real(void) {
     void *pv = dlsym(RTLD_NEXT, "pvalloc");
     void *us = dlsym(RTLD_NEXT, "malloc_usable_size");
     void *ex = dlsym(RTLD_NEXT, "_exit");
-    if (!m || !f || !c || !r || !pm || !aa || !ma || !va || !pv) {
+    void *pc = dlsym(RTLD_NEXT, "pthread_create");
+    if (!m || !f || !c || !r || !pm || !aa || !ma || !va || !pv || !pc) {
         static const char msg[] = "rsprof-heap: cannot resolve the real allocator\n";
         ssize_t w = write(2, msg, sizeof msg - 1);
         (void)w;
@@ -892,6 +971,8 @@ static void resolve_real(void) {
     real_pvalloc = (void *(*)(size_t))pv;
     real_malloc_usable_size = (size_t(*)(void *))us;
     real__exit = (void (*)(int))ex;
+    real_pthread_create =
+        (int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *))pc;
     __atomic_store_n(&g_resolved, 1, __ATOMIC_RELEASE);
 }
 
@@ -925,6 +1006,7 @@ static void read_config(void) {
     if (g_max_depth > RSPROF_HEAP_MAX_DEPTH) g_max_depth = RSPROF_HEAP_MAX_DEPTH;
     g_exit_wait_ms = (unsigned)env_u64("RSPROF_HEAP_EXIT_WAIT_MS", 0);
     if (g_exit_wait_ms > 60000) g_exit_wait_ms = 60000;
+    g_wait_ppid = env_u64("RSPROF_HEAP_WAIT_PPID", 0);
     g_sample_bytes = env_u64("RSPROF_HEAP_SAMPLE_BYTES", 0);
     if (g_sample_bytes && !set_create()) {
         shim_log("cannot map the sampled-address set: heap tracking off");
@@ -960,6 +1042,10 @@ static NOINLINE int slow_init(void) {
 
 static ALWAYS_INLINE int ready(void) {
     return LIKELY(__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_READY) || slow_init();
+}
+
+static NOINLINE int shim_ready_for_threads(void) {
+    return ready() && __atomic_load_n(&g_resolved, __ATOMIC_ACQUIRE);
 }
 
 __attribute__((constructor)) static void shim_init(void) { ready(); }
