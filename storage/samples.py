@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from rsprof.storage.callsite import call_site_position
 from rsprof.storage.reader import Profile
+from rsprof.storage.schema import u64_from_sql
 
 CPU_SAMPLE_TYPES = (("samples", "count"), ("cpu", "nanoseconds"))
 HEAP_SAMPLE_TYPES = (
@@ -254,8 +255,11 @@ class _FrameTable:
             " ORDER BY mp.start"
         ):
             mappings.setdefault(module_id, []).append(
-                Mapping(mapping_id, start, end, offset, path, build_id)
+                Mapping(mapping_id, u64_from_sql(start), u64_from_sql(end),
+                        u64_from_sql(offset), path, build_id)
             )
+        for module_mappings in mappings.values():
+            module_mappings.sort(key=lambda mapping: mapping.start)
         for module_id, path in profile.rows("SELECT id, path FROM modules"):
             modules[module_id] = path
         self._mappings = mappings
@@ -274,10 +278,11 @@ class _FrameTable:
         ):
             lines.setdefault(frame_id, []).append(Line(location_id, function, system_name, file,
                                                        line))
-        for frame_id, address, module_id, offset in self.profile.rows(
+        for frame_id, stored_address, module_id, stored_offset in self.profile.rows(
             "SELECT id, address, module_id, COALESCE(module_offset, 0) FROM frames"
             f" WHERE id IN ({_id_list(missing)})"
         ):
+            address, offset = u64_from_sql(stored_address), u64_from_sql(stored_offset)
             module = self._modules.get(module_id, "") if module_id is not None else ""
             chain = lines.get(frame_id) or [Line(0, f"0x{address:x}", f"0x{address:x}", "", 0)]
             self._frames[frame_id] = Frame(frame_id, address, module, offset,

@@ -6,6 +6,25 @@ import sqlite3
 
 SCHEMA_VERSION = 1
 
+# SQLite integers are signed 64-bit; addresses, offsets and counters are unsigned 64-bit
+# (return addresses >= 2^63 occur, and so does [vsyscall] at 0xffffffffff600000). One
+# mapping for every such column: stored as the two's-complement signed value, read back
+# with `& 0xFFFFFFFFFFFFFFFF` (SQL: `address & 0xFFFFFFFFFFFFFFFF` does not help, SQLite
+# has no unsigned type; compare with `printf('%x', address)` or convert in the client).
+_U64_MASK = (1 << 64) - 1
+_I64_SPAN = 1 << 64
+
+
+def u64_to_sql(value: int) -> int:
+    """An unsigned 64-bit value as the signed 64-bit integer SQLite stores."""
+    value &= _U64_MASK
+    return value - _I64_SPAN if value >= 1 << 63 else value
+
+
+def u64_from_sql(value: int) -> int:
+    """The unsigned 64-bit value behind a stored signed integer (inverse of u64_to_sql)."""
+    return value & _U64_MASK
+
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS checkpoints (

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rsprof.storage.errors import ProfileError, StorageFullError
-from rsprof.storage.schema import SCHEMA_VERSION, create_schema
+from rsprof.storage.schema import SCHEMA_VERSION, create_schema, u64_from_sql, u64_to_sql
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,7 @@ class ProfileWriter:
         except sqlite3.Error as error:
             raise ProfileError(f"cannot write {self.path}: {error}") from error
         self._modules: dict[tuple[str, str | None], int] = {}
-        self._locations: dict[LocationKey, int] = {}
+        self._locations: dict[tuple[str, str, int, int | None], int] = {}
         self._frames: dict[tuple[int, int | None], int] = {}
         self._stacks: dict[tuple[int, ...], int] = {}
         self._stack_leaf_location: dict[int, int] = {}
@@ -110,11 +110,11 @@ class ProfileWriter:
         for row in self.conn.execute(
             "SELECT id, function, file, line, module_id, system_name FROM locations"
         ):
-            self._locations[LocationKey(row[1], row[2], row[3], row[4], row[5])] = row[0]
+            self._locations[(row[1], row[2], row[3], row[4])] = row[0]
         for fid, address, module_id in self.conn.execute(
             "SELECT id, address, module_id FROM frames"
         ):
-            self._frames[(address, module_id)] = fid
+            self._frames[(u64_from_sql(address), module_id)] = fid
         stack_frames: dict[int, list[int]] = {}
         for stack_id, frame_id in self.conn.execute(
             "SELECT stack_id, frame_id FROM stack_frames ORDER BY stack_id, position"
@@ -155,18 +155,22 @@ class ProfileWriter:
     def add_mapping(self, module_id: int, start: int, end: int, file_offset: int) -> None:
         self._execute(
             'INSERT INTO mappings (module_id, start, "end", file_offset) VALUES (?, ?, ?, ?)',
-            (module_id, start, end, file_offset),
+            (module_id, u64_to_sql(start), u64_to_sql(end), u64_to_sql(file_offset)),
         )
 
     def location_id(self, key: LocationKey) -> int:
-        found = self._locations.get(key)
+        """One row per (function, file, line, module): the schema's UNIQUE rule, so GCC
+        clones (`work` and `work.constprop.0` share their source lines) are one location;
+        the first linker name seen is kept as system_name."""
+        unique = (key.function, key.file, key.line, key.module_id)
+        found = self._locations.get(unique)
         if found is None:
             cursor = self._execute(
                 "INSERT INTO locations (function, file, line, module_id, system_name)"
                 " VALUES (?, ?, ?, ?, ?)",
                 (key.function, key.file, key.line, key.module_id, key.system_name),
             )
-            found = self._locations[key] = int(cursor.lastrowid or 0)
+            found = self._locations[unique] = int(cursor.lastrowid or 0)
         return found
 
     def frame_id(
@@ -183,7 +187,11 @@ class ProfileWriter:
             return found
         cursor = self._execute(
             "INSERT INTO frames (address, module_id, module_offset) VALUES (?, ?, ?)",
-            (address, module_id, module_offset),
+            (
+                u64_to_sql(address),
+                module_id,
+                None if module_offset is None else u64_to_sql(module_offset),
+            ),
         )
         found = self._frames[key] = int(cursor.lastrowid or 0)
         location_ids = [self.location_id(location) for location in locations]
