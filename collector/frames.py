@@ -18,6 +18,12 @@ from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.writer import LocationKey, ProfileWriter
 
 
+# The root frame of a stack whose walk stopped at an address outside every mapping.
+# Address 0 is never a caller, so it cannot collide with a real frame.
+TRUNCATED_ADDRESS = 0
+TRUNCATED_FUNCTION = "[truncated]"
+
+
 def _display_name(path: str) -> str:
     return os.path.basename(path) or path
 
@@ -102,7 +108,13 @@ class FrameResolver:
     # -- stacks --------------------------------------------------------------------------
 
     def resolve_stacks(self, stacks: Sequence[tuple[int, Sequence[int]]]) -> dict[int, int]:
-        """Maps native stack ids (from a C reader) to stored stack ids."""
+        """Maps native stack ids (from a C reader) to stored stack ids.
+
+        A caller address outside every executable mapping is no function: a frame-pointer
+        walk through code built without frame pointers read garbage there (seen: bytes of
+        the file being compressed). The stack ends at the last justified frame and gets a
+        `[truncated]` root, so shares stay honest and no junk name is ever reported."""
+        stacks = [(native_id, self._justified(ips)) for native_id, ips in stacks]
         needed = {
             (address, position > 0)
             for _, ips in stacks
@@ -126,6 +138,9 @@ class FrameResolver:
         for mapping, keys in by_mapping.items():
             if mapping is None:
                 for address, is_caller in keys:
+                    if address == TRUNCATED_ADDRESS and is_caller:
+                        self._frame_ids[(address, is_caller)] = self._truncated_frame()
+                        continue
                     name = f"0x{address:x}"
                     location = LocationKey(name, "", 0, None)
                     frame_id = self.writer.frame_id(address, None, None, [location])
@@ -133,6 +148,18 @@ class FrameResolver:
                     self.frame_info[frame_id] = ("", (location,))
                 continue
             self._resolve_in_mapping(mapping, keys)
+
+    def _justified(self, ips: Sequence[int]) -> Sequence[int]:
+        for position in range(1, len(ips)):
+            if self.space.find(ips[position]) is None:
+                return (*ips[:position], TRUNCATED_ADDRESS)
+        return ips
+
+    def _truncated_frame(self) -> int:
+        location = LocationKey(TRUNCATED_FUNCTION, "", 0, None)
+        frame_id = self.writer.frame_id(TRUNCATED_ADDRESS, None, None, [location])
+        self.frame_info[frame_id] = ("", (location,))
+        return frame_id
 
     def _resolve_in_mapping(self, mapping: Mapping, keys: list[tuple[int, bool]]) -> None:
         module_id = self._module_id(mapping.path, mapping.build_id)
