@@ -212,6 +212,11 @@ class Recorder:
                     self._heap = HeapTracker.attach(self.target.pid, self.resolver)
                 if self._heap:
                     self._heap.drain()
+                # Notice the target's exit within one poll, not at the next checkpoint: a
+                # short command under `rsprof run` must not cost a whole interval.
+                if not self._target_alive():
+                    self.request_stop("target-exited")
+                    return
         except BaseException as error:  # surfaced to the main loop, never lost
             self._drain_error = error
             self.stop_event.set()
