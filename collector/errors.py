@@ -1,12 +1,6 @@
-"""Errors the collector raises; each carries the CLI exit code rsprof documents."""
+"""Errors the collector raises. The CLI maps each kind to an exit code (rsprof/exit_codes.py)."""
 
 from __future__ import annotations
-
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_NOT_FOUND = 3
-EXIT_PERMISSION = 4
-EXIT_DATABASE = 6
 
 PERMISSION_HINT = (
     "run as root, or give the profiler CAP_PERFMON, or lower"
@@ -15,18 +9,16 @@ PERMISSION_HINT = (
 
 
 class CollectorError(Exception):
-    exit_code = EXIT_ERROR
+    """Recording failed; the message says why, in one line."""
 
 
 class ProcessNotFound(CollectorError):
-    exit_code = EXIT_NOT_FOUND
+    """No such process (or it exited before it could be sampled)."""
 
 
 class NotProfilable(CollectorError):
     """The process exists but has nothing to sample (a kernel thread, a zombie)."""
 
-    exit_code = EXIT_ERROR
-
 
 class PermissionDenied(CollectorError):
-    exit_code = EXIT_PERMISSION
+    """The kernel refused perf_event_open or reading the process."""

@@ -17,7 +17,6 @@ from rsprof.collector.maps import AddressSpace, Mapping
 from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.writer import LocationKey, ProfileWriter
 
-
 # The root frame of a stack whose walk stopped at an address outside every mapping.
 # Address 0 is never a caller, so it cannot collide with a real frame.
 TRUNCATED_ADDRESS = 0

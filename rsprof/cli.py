@@ -16,11 +16,23 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rsprof import __version__, render, report_commands
-from rsprof.collector.errors import EXIT_DATABASE, EXIT_ERROR, EXIT_USAGE, CollectorError
+from rsprof.collector.errors import (
+    CollectorError,
+    PermissionDenied,
+    ProcessNotFound,
+)
 from rsprof.durations import parse_duration
+from rsprof.exit_codes import (
+    EXIT_DATABASE,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_PERMISSION,
+    EXIT_USAGE,
+)
 from rsprof.options import CONTEXT
 from rsprof.storage import analysis
-from rsprof.storage.errors import ProfileError
+from rsprof.storage.errors import ProfileError, ProfileExists
 from rsprof.storage.reader import Profile
 from rsprof.storage.selection import EmptySelection
 
@@ -85,6 +97,23 @@ def cli(ctx: click.Context, pid: int | None, process_name: str | None, **options
     if pid is None and process_name is None:
         click.echo(ctx.get_help())
         return
+    _attach(pid, process_name, options)
+
+
+@cli.command("record", context_settings=CONTEXT)
+@click.option("-p", "--pid", type=int, help="Attach to this process.")
+@click.option("-P", "--process", "process_name",
+              help="Attach to the process whose name contains this.")
+@record_options
+def record(pid: int | None, process_name: str | None, **options: object) -> None:
+    """Attach to a running process: the same as `rsprof -p PID` (perf and py-spy users
+    type `record`). To start a program under rsprof, use `rsprof run -- CMD`."""
+    if pid is None and process_name is None:
+        raise click.UsageError("give -p PID or -P NAME (or use `rsprof run -- CMD`)")
+    _attach(pid, process_name, options)
+
+
+def _attach(pid: int | None, process_name: str | None, options: dict[str, object]) -> None:
     if pid is not None and process_name is not None:
         raise click.UsageError("give -p PID or -P NAME, not both")
     _check_record_options(options["cpu_freq"], options["interval"])  # type: ignore[arg-type]
@@ -235,6 +264,12 @@ def view(file: Path | None) -> None:
             raise Failure("no profile in this folder; give a FILE", EXIT_DATABASE)
         file = found[0].path
     Profile(file).close()  # one clear error for a missing or foreign file, before Textual
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise Failure(
+            "view needs a terminal (stdin and stdout); in scripts use `rsprof top` or"
+            " `rsprof query`",
+            EXIT_USAGE,
+        )
     from rsprof.tui import run_tui
 
     sys.exit(run_tui(str(file), live=False))
@@ -242,6 +277,14 @@ def view(file: Path | None) -> None:
 
 for _command in report_commands.COMMANDS:
     cli.add_command(_command)
+
+
+def _collector_exit_code(error: CollectorError) -> int:
+    if isinstance(error, ProcessNotFound):
+        return EXIT_NOT_FOUND
+    if isinstance(error, PermissionDenied):
+        return EXIT_PERMISSION
+    return EXIT_ERROR
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,13 +303,16 @@ def main(argv: list[str] | None = None) -> int:
         return error.exit_code
     except click.Abort:
         click.echo("rsprof: interrupted", err=True)
-        return 130
+        return EXIT_INTERRUPTED
     except CollectorError as error:
         click.echo(f"rsprof: error: {error}", err=True)
-        return error.exit_code
+        return _collector_exit_code(error)
     except EmptySelection as error:
         click.echo(f"rsprof: error: {error}", err=True)
         return EXIT_ERROR
+    except ProfileExists as error:
+        click.echo(f"rsprof: error: {error} (use -a/--append to add to it)", err=True)
+        return EXIT_DATABASE
     except ProfileError as error:
         click.echo(f"rsprof: error: {error}", err=True)
         return EXIT_DATABASE
@@ -277,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         click.echo("rsprof: interrupted", err=True)
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as error:  # a bug: still one line, the traceback only on request
         if os.environ.get("RSPROF_DEBUG"):
             raise

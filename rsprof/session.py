@@ -118,7 +118,7 @@ def record(
         if quiet:
             result = _record_headless(recorder, child)
         else:
-            result = _record_with_tui(recorder, output, target.pid, child)
+            result = _record_with_tui(recorder, output, child)
     except StorageFullError:
         _finish_quietly(writer, "error: disk full")
         raise
@@ -160,7 +160,7 @@ def _record_headless(recorder: Recorder, child: subprocess.Popen[bytes] | None) 
 
 
 def _record_with_tui(
-    recorder: Recorder, output: Path, pid: int, child: subprocess.Popen[bytes] | None
+    recorder: Recorder, output: Path, child: subprocess.Popen[bytes] | None
 ) -> RecordResult:
     from rsprof.tui import run_tui  # imported late: headless runs never pay for Textual
 
@@ -187,7 +187,7 @@ def _record_with_tui(
     if "error" not in outcome:
         previous = signal.signal(signal.SIGTERM, lambda *_: recorder.request_stop("terminated"))
         try:
-            run_tui(str(output), live=True, target_pid=pid)
+            run_tui(str(output), live=True)
         finally:
             signal.signal(signal.SIGTERM, previous)
         recorder.request_stop("user-quit")

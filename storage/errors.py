@@ -5,5 +5,9 @@ class ProfileError(Exception):
     """A file that is missing, is not a profile, or cannot be read or written."""
 
 
+class ProfileExists(ProfileError):
+    """A new profile was asked for at a path that already holds a file."""
+
+
 class StorageFullError(ProfileError):
     """The disk filled up while recording; checkpoints already committed are intact."""

@@ -134,10 +134,76 @@ FROM heap_site_samples h JOIN locations l ON l.id = h.location_id
 GROUP BY h.location_id;
 """
 
+# Views for the common questions, for any SQLite client (docs/schema.md, "Views"). Kept
+# apart from DDL so `rsprof query` can add them as TEMP views to files written before them.
+VIEWS = {
+    "cpu_functions": """
+SELECT sfn.function AS function,
+       COALESCE(m.path, '') AS module,
+       COALESCE(SUM(CASE WHEN lf.stack_id IS NOT NULL THEN sc.samples END), 0) AS self,
+       ROUND(100.0 * COALESCE(SUM(CASE WHEN lf.stack_id IS NOT NULL THEN sc.samples END), 0)
+             / (SELECT MAX(1, SUM(count)) FROM cpu_stack_samples), 2) AS self_pct,
+       SUM(sc.samples) AS total,
+       ROUND(100.0 * SUM(sc.samples)
+             / (SELECT MAX(1, SUM(count)) FROM cpu_stack_samples), 2) AS total_pct
+FROM (SELECT DISTINCT sf.stack_id, l.function, l.module_id
+      FROM stack_frames sf
+      JOIN frame_locations fl ON fl.frame_id = sf.frame_id
+      JOIN locations l ON l.id = fl.location_id) AS sfn
+JOIN (SELECT stack_id, SUM(count) AS samples FROM cpu_stack_samples GROUP BY stack_id) AS sc
+  ON sc.stack_id = sfn.stack_id
+LEFT JOIN (SELECT sf.stack_id, l.function, l.module_id
+           FROM stack_frames sf
+           JOIN frame_locations fl ON fl.frame_id = sf.frame_id AND fl.inline_depth = 0
+           JOIN locations l ON l.id = fl.location_id
+           WHERE sf.position = 0) AS lf
+  ON lf.stack_id = sfn.stack_id AND lf.function = sfn.function
+     AND lf.module_id IS sfn.module_id
+LEFT JOIN modules m ON m.id = sfn.module_id
+GROUP BY sfn.function, sfn.module_id""",
+    "cpu_threads": """
+SELECT t.tid AS tid,
+       t.name AS name,
+       COALESCE(SUM(c.count), 0) AS samples,
+       ROUND(100.0 * COALESCE(SUM(c.count), 0)
+             / (SELECT MAX(1, SUM(count)) FROM cpu_stack_samples), 2) AS pct,
+       t.exited AS exited
+FROM threads t LEFT JOIN cpu_stack_samples c ON c.tid = t.tid
+GROUP BY t.tid""",
+    "heap_sites": """
+SELECT l.function AS function,
+       l.file AS file,
+       l.line AS line,
+       SUM(h.alloc_bytes) AS alloc_bytes,
+       SUM(h.alloc_count) AS allocs,
+       SUM(h.free_bytes) AS free_bytes,
+       SUM(h.free_count) AS frees,
+       SUM(h.alloc_bytes) - SUM(h.free_bytes) AS leaked_bytes,
+       SUM(h.alloc_count) - SUM(h.free_count) AS leaked_count
+FROM heap_site_samples h JOIN locations l ON l.id = h.location_id
+GROUP BY h.location_id""",
+}
+
+
+def create_views(conn: sqlite3.Connection, *, temporary: bool = False) -> None:
+    """Creates the VIEWS that do not exist yet (as TEMP views on a read-only connection)."""
+    existing = {
+        name
+        for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'view'"
+            " UNION SELECT name FROM sqlite_temp_master WHERE type = 'view'"
+        )
+    }
+    kind = "TEMP VIEW" if temporary else "VIEW"
+    for name, body in VIEWS.items():
+        if name not in existing:
+            conn.execute(f"CREATE {kind} {name} AS {body}")
+
 
 def create_schema(conn: sqlite3.Connection) -> None:
     """Creates every table and view of the current schema version (idempotent)."""
     conn.executescript(DDL)
+    create_views(conn)
     conn.execute(
         "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
         (str(SCHEMA_VERSION),),

@@ -7,6 +7,7 @@ import sqlite3
 
 from rsprof.storage.errors import ProfileError
 from rsprof.storage.reader import connect_readonly
+from rsprof.storage.schema import create_views
 
 
 def run_query(
@@ -15,6 +16,7 @@ def run_query(
     """Column names and rows; a write (or any SQL error) raises ProfileError, file untouched."""
     conn = connect_readonly(path)
     try:
+        create_views(conn, temporary=True)  # files written before the views existed
         cursor = conn.execute(sql)
         columns = [d[0] for d in cursor.description] if cursor.description else []
         return columns, cursor.fetchall()

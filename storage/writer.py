@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rsprof.storage.errors import ProfileError, StorageFullError
+from rsprof.storage.errors import ProfileError, ProfileExists, StorageFullError
 from rsprof.storage.schema import SCHEMA_VERSION, create_schema, u64_from_sql, u64_to_sql
 
 
@@ -65,7 +65,7 @@ class ProfileWriter:
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = Path(path)
         if self.path.exists() and not append:
-            raise ProfileError(f"{self.path} already exists (use -a/--append to add to it)")
+            raise ProfileExists(f"{self.path} already exists")
         try:
             self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self.conn.execute("PRAGMA journal_mode=WAL")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
+import sqlite3
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,7 +14,6 @@ from rsprof.tui.app import RsprofApp
 from rsprof.tui.main_screen import MainScreen
 from rsprof.tui.model import View
 from rsprof.tui.screens import HelpScreen, ThreadPicker
-from rsprof.tui.target import TargetMonitor
 from rsprof.tui.widgets.chart import ProfileChart
 from rsprof.tui.widgets.header import ProfileHeader
 from rsprof.tui.widgets.table import ProfileTable
@@ -329,16 +328,20 @@ def test_p_is_for_live_mode_only(profile: Path) -> None:
     drive(make_app(profile), scenario)
 
 
-def test_target_pid_disappears(tmp_path: Path) -> None:
+def test_target_exit_comes_from_the_file(tmp_path: Path) -> None:
+    """The TUI learns that the target exited from what the recorder stores, like every
+    other number (it polls no process itself)."""
     path = build_profile(tmp_path / "live.db", 30, state="recording")
-    proc = subprocess.Popen(["sleep", "30"])
-    monitor = TargetMonitor(proc.pid)
 
     async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
         main = app.main
         assert "RECORDING" in main.query_one(ProfileHeader).plain
-        proc.kill()
-        proc.wait()
+        db = sqlite3.connect(path)
+        db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                       [("state", "finished"), ("stop_reason", "target-exited"),
+                        ("target_exit_code", "0")])
+        db.commit()
+        db.close()
         await pilot.pause(0.2)
         await settle(pilot)
         text = main.query_one(ProfileHeader).plain
@@ -347,8 +350,4 @@ def test_target_pid_disappears(tmp_path: Path) -> None:
         assert f"{samples:,} samples" in text
         assert len(main.query_one(ProfileTable).rows) == 9  # numbers stay
 
-    try:
-        drive(make_app(path, live=True, refresh_interval=0.05, monitor=monitor), scenario)
-    finally:
-        proc.kill()
-        proc.wait()
+    drive(make_app(path, live=True, refresh_interval=0.05), scenario)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 
-def run_tui(db_path: str, *, live: bool, target_pid: int | None = None) -> int:
+def run_tui(db_path: str, *, live: bool) -> int:
     """Runs the TUI on a profile file; see `tui.app.run_tui`."""
     from .app import run_tui as _run_tui
 
-    return _run_tui(db_path, live=live, target_pid=target_pid)
+    return _run_tui(db_path, live=live)
 
 
 __all__ = ["run_tui"]

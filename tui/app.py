@@ -11,7 +11,6 @@ from textual.app import App
 
 from .main_screen import MainScreen
 from .model import DataSource
-from .target import TargetMonitor
 
 
 class RsprofApp(App[int]):
@@ -30,19 +29,14 @@ class RsprofApp(App[int]):
         source: DataSource,
         *,
         live: bool = False,
-        target_pid: int | None = None,
         clock: Callable[[], float] = time.time,
         refresh_interval: float = 0.5,
-        monitor: TargetMonitor | None = None,
     ) -> None:
         super().__init__()
         self.source = source
         self.live = live
         self.clock = clock
         self.refresh_interval = refresh_interval
-        self.monitor = monitor
-        if monitor is None and live and target_pid is not None:
-            self.monitor = TargetMonitor(target_pid)
 
     def on_mount(self) -> None:
         self.push_screen(MainScreen())
@@ -53,12 +47,13 @@ class RsprofApp(App[int]):
         return next(s for s in self.screen_stack if isinstance(s, MainScreen))
 
 
-def run_tui(db_path: str, *, live: bool, target_pid: int | None = None) -> int:
+def run_tui(db_path: str, *, live: bool) -> int:
     """Runs the TUI on `db_path` until the user quits; returns the exit code (0).
 
     `live=True`: a recorder is writing the file now (RECORDING / PAUSED modes, follows new
-    checkpoints, shows the target's CPU and RSS). `live=False`: VIEW mode, which still
-    follows new checkpoints while the file's meta state is `recording`.
+    checkpoints, shows the target's CPU and RSS as the recorder stores them). `live=False`:
+    VIEW mode, which still follows new checkpoints while the file's meta state is
+    `recording`.
     """
     path = Path(db_path)
     deadline = time.monotonic() + 10
@@ -66,7 +61,7 @@ def run_tui(db_path: str, *, live: bool, target_pid: int | None = None) -> int:
         time.sleep(0.05)  # the recorder may not have created the file yet
     source = LiveProfile(path)
     try:
-        app = RsprofApp(source, live=live, target_pid=target_pid)
+        app = RsprofApp(source, live=live)
         result = app.run()
     finally:
         source.close()

@@ -28,7 +28,6 @@ from .model import (
     ChartRequest,
     Query,
     Snapshot,
-    TargetStatus,
     View,
     build_snapshot,
     column,
@@ -90,7 +89,6 @@ class MainScreen(Screen[None]):
         self.snapshot: Snapshot | None = None
         self._job_running = False
         self._job_pending: bool | None = None  # None: nothing pending, else "refresh" flag
-        self._target = TargetStatus()
         self._job_started = 0.0
         self.last_update_s = 0.0  # request to drawn widgets, for the benchmark
 
@@ -144,9 +142,8 @@ class MainScreen(Screen[None]):
         if source.thread != query.thread:
             source.set_thread(query.thread)
             refresh = True
-        target = app.monitor.poll() if app.monitor and refresh else None
         try:
-            snapshot = build_snapshot(source, query, refresh=refresh, target=target)
+            snapshot = build_snapshot(source, query, refresh=refresh)
         except Exception as exc:  # keep the UI alive; show what went wrong
             self.app.call_from_thread(self._failed, exc)
             return
@@ -180,8 +177,6 @@ class MainScreen(Screen[None]):
 
     def _draw(self, snapshot: Snapshot) -> None:
         previous, self.snapshot = self.snapshot, snapshot
-        if snapshot.target != TargetStatus():
-            self._target = snapshot.target
         q = snapshot.query
         table = self.query_one(ProfileTable)
         no_heap = q.view is View.MEMORY and not snapshot.heap_available
@@ -235,8 +230,6 @@ class MainScreen(Screen[None]):
         code = f" (exit code {info.target_exit_code})" if info.target_exit_code is not None else ""
         if info.state == "finished" and info.stop_reason == "target-exited":
             return "target exited" + code
-        if self.rsprof.live and not snapshot.target.alive:
-            return "target exited"
         if self.rsprof.live and info.state == "finished":
             return f"recording stopped: {info.stop_reason or 'finished'}"
         return ""
@@ -264,8 +257,6 @@ class MainScreen(Screen[None]):
         else:
             end = info.end_time_ms or summary.last_timestamp_ms or start
         cpu, rss = summary.target_cpu_pct, summary.target_rss_bytes
-        if self._target.cpu_pct is not None:
-            cpu, rss = self._target.cpu_pct, self._target.rss_bytes
         thread = "all"
         if snap.query.thread is not None:
             names = {t.tid: t.name for t in snap.threads}

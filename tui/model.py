@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
 from typing import Any, Literal, Protocol
@@ -191,15 +191,6 @@ class Query:
     chart: ChartRequest | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TargetStatus:
-    """The target process as seen from outside (psutil), when the TUI knows its PID."""
-
-    cpu_pct: float | None = None
-    rss_bytes: int | None = None
-    alive: bool = True
-
-
 @dataclass(frozen=True)
 class Snapshot:
     query: Query
@@ -210,11 +201,10 @@ class Snapshot:
     threads: list[ThreadInfo]
     heap_available: bool
     series: Series | None = None
-    target: TargetStatus = field(default_factory=TargetStatus)
 
 
 def build_snapshot(
-    source: DataSource, query: Query, *, refresh: bool = True, target: TargetStatus | None = None
+    source: DataSource, query: Query, *, refresh: bool = True
 ) -> Snapshot:
     """Refreshes `source` (new checkpoints only) and computes what `query` asks for."""
     if refresh:
@@ -248,5 +238,4 @@ def build_snapshot(
         threads=source.threads(),
         heap_available=heap_available,
         series=series,
-        target=target or TargetStatus(),
     )
