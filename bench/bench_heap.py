@@ -130,7 +130,7 @@ def run_with_reader(exe: Path, pairs: int, env: dict[str, str]) -> Run:
     proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"storm failed with {proc.returncode}")
-    return Run(loop_time(out), time.perf_counter() - t0, events, batch["lost"], busy)
+    return Run(loop_time(out), time.perf_counter() - t0, events, batch.lost, busy)
 
 
 def run_noreader(exe: Path, pairs: int, env: dict[str, str]) -> Run:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from rsprof._native import HeapReader
 from rsprof.collector.frames import FrameResolver
 from rsprof.storage.callsite import call_site
 from rsprof.storage.writer import Checkpoint, HeapDelta
+
+from rsprof._native import HeapReader
 
 
 class HeapTracker:
@@ -52,14 +53,14 @@ class HeapTracker:
     def fill_checkpoint(self, checkpoint: Checkpoint) -> None:
         with self._lock:
             batch = self.reader.take()
-        self.sample_bytes = batch["sample_bytes"]
+        self.sample_bytes = batch.sample_bytes
         self.mode = "sampled" if self.sample_bytes else "full"
-        stored = self.resolver.resolve_stacks(batch["new_stacks"])
+        stored = self.resolver.resolve_stacks(batch.new_stacks)
         self._native_to_stored.update(stored)
         for stack_id in stored.values():
             self._site_of_stack.setdefault(stack_id, self._site_location(stack_id))
         heap: dict[int, HeapDelta] = {}
-        for native_id, alloc_bytes, alloc_count, free_bytes, free_count in batch["sites"]:
+        for native_id, alloc_bytes, alloc_count, free_bytes, free_count in batch.sites:
             stack_id = self._native_to_stored[native_id]
             delta = heap.setdefault(stack_id, HeapDelta())
             delta.alloc_bytes += alloc_bytes
@@ -68,8 +69,8 @@ class HeapTracker:
             delta.free_count += free_count
         checkpoint.heap = heap
         checkpoint.heap_sites = {sid: self._site_of_stack[sid] for sid in heap}
-        checkpoint.heap_events = batch["events"]
-        checkpoint.heap_lost_events = batch["lost"]
+        checkpoint.heap_events = batch.events
+        checkpoint.heap_lost_events = batch.lost
 
     def _site_location(self, stack_id: int) -> int:
         frames = [self.resolver.frame_info[fid] for fid in self.resolver.stack_frames[stack_id]]

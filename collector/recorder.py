@@ -15,10 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import psutil
-from rsprof._native import PerfSampler
 from rsprof.collector import process
 from rsprof.collector.errors import PERMISSION_HINT, PermissionDenied, ProcessNotFound
 from rsprof.collector.frames import FrameResolver
@@ -29,6 +27,7 @@ from rsprof.collector.symbols import Symbolizer
 from rsprof.storage.writer import Checkpoint, ProfileWriter
 
 from rsprof import __version__
+from rsprof._native import PerfSampler
 
 
 @dataclass(slots=True)
@@ -69,7 +68,7 @@ class Recorder:
         self.resolver = FrameResolver(target.pid, writer, symbolizer or Symbolizer())
         self.stop_event = threading.Event()
         self.stop_reason: str | None = None
-        self._sampler: Any = None
+        self._sampler: PerfSampler | None = None
         self._heap: HeapTracker | None = None
         self._thread_names: dict[int, str | None] = {}
         self._exited: set[int] = set()
@@ -82,6 +81,12 @@ class Recorder:
         # Called once sampling is enabled; `rsprof run` releases the held child from here.
         self.on_attached: Callable[[], None] | None = None
         self._heap_meta_written = False
+
+    @property
+    def sampler(self) -> PerfSampler:
+        if self._sampler is None:
+            raise RuntimeError("the recorder is not attached yet")
+        return self._sampler
 
     # -- control -------------------------------------------------------------------------
 
@@ -121,13 +126,13 @@ class Recorder:
         if self.options.heap:
             HeapTracker.sweep_stale()
             self._heap = HeapTracker.attach(pid, self.resolver)
-        self._sampler.enable()
+        self.sampler.enable()
         if self.on_attached is not None:
             self.on_attached()
 
     def _open_thread(self, tid: int) -> bool:
         try:
-            self._sampler.add_thread(tid)
+            self.sampler.add_thread(tid)
         except OSError as error:
             if error.errno in (errno.EACCES, errno.EPERM):
                 raise PermissionDenied(
@@ -191,7 +196,7 @@ class Recorder:
         finally:
             self._stop_drain(drain)
         self._checkpoint(final=True)
-        self._sampler.close()
+        self.sampler.close()
         if self._heap:
             self._heap.close()
         result = self._totals
@@ -205,7 +210,7 @@ class Recorder:
             while not self._drain_stop.is_set():
                 # The heap ring fills in milliseconds under an allocation storm: with a
                 # heap attached, wake often and drain it until it is empty.
-                self._sampler.poll(5 if self._heap else 50)
+                self.sampler.poll(5 if self._heap else 50)
                 if self._heap is None and self.options.heap:
                     # A launched target creates its ring only after exec, and a short one
                     # may be gone before the first checkpoint: look for it on every poll.
@@ -224,38 +229,38 @@ class Recorder:
     def _stop_drain(self, drain: threading.Thread) -> None:
         self._drain_stop.set()
         drain.join()
-        self._sampler.poll(0)
+        self.sampler.poll(0)
         if self._heap:
             self._heap.drain()
 
     def _checkpoint(self, final: bool = False) -> bool:
         """Writes one checkpoint; returns True when the target has exited."""
-        batch = self._sampler.take()
-        for start, length, pgoff, path, build_id in batch["mmaps"]:
+        batch = self.sampler.take()
+        for start, length, pgoff, path, build_id in batch.mmaps:
             self.resolver.add_mapping(
                 Mapping(start, start + length, pgoff, path, build_id.hex() if build_id else None)
             )
-        for tid in batch["new_threads"]:
+        for tid in batch.new_threads:
             self._thread_names.setdefault(tid, process.thread_name(self.target.pid, tid))
-        for tid, name in batch["comms"]:
+        for tid, name in batch.comms:
             self._thread_names[tid] = name
         if not final:
             self._follow_missed_threads()
-        stack_ids = self.resolver.resolve_stacks(batch["new_stacks"])
+        stack_ids = self.resolver.resolve_stacks(batch.new_stacks)
         self._native_to_stored.update(stack_ids)
         cpu: dict[tuple[int, int], int] = {}
-        for native_id, tid, count in batch["counts"]:
+        for native_id, tid, count in batch.counts:
             key = (self._native_to_stored[native_id], tid)
             cpu[key] = cpu.get(key, 0) + count
         seen_tids = {tid for (_, tid) in cpu}
-        self._exited.update(batch["exited_threads"])
+        self._exited.update(batch.exited_threads)
         checkpoint = Checkpoint(
             timestamp_ms=int(time.time() * 1000),
-            samples=batch["samples"],
-            lost_samples=batch["lost"],
+            samples=batch.samples,
+            lost_samples=batch.lost,
             cpu=cpu,
             threads={tid: self._thread_names.get(tid) for tid in seen_tids | set(self._new_tids())},
-            exited_threads=batch["exited_threads"],
+            exited_threads=batch.exited_threads,
         )
         if self._heap:
             self._heap.fill_checkpoint(checkpoint)
@@ -268,9 +273,9 @@ class Recorder:
         self.writer.write_checkpoint(checkpoint)
         totals = self._totals
         totals.checkpoints += 1
-        totals.samples += batch["samples"]
-        totals.lost_samples += batch["lost"]
-        return bool(batch["target_exited"]) or not self._target_alive()
+        totals.samples += batch.samples
+        totals.lost_samples += batch.lost
+        return bool(batch.target_exited) or not self._target_alive()
 
     def _new_tids(self) -> list[int]:
         """Threads never written yet, so the threads table lists idle ones too."""
@@ -280,7 +285,7 @@ class Recorder:
 
     def _follow_missed_threads(self) -> None:
         """Catches threads the FORK records could not announce (created during attach)."""
-        tracked = set(self._sampler.threads())
+        tracked = set(self.sampler.threads())
         for tid in process.thread_ids(self.target.pid):
             if tid not in tracked and tid not in self._exited:
                 self._open_thread(tid)

@@ -676,6 +676,27 @@ static inline PyObject *units(const HeapReaderObject *r, int64_t v) {
     return PyLong_FromLongLong(q);
 }
 
+/* What take() returns: a struct sequence typed in rsprof/_native.pyi. */
+enum { HB_NFIELDS = 10 };
+static PyStructSequence_Field heap_batch_fields[] = {
+    {"events", "ring records read since the last take()"},
+    {"lost", "records the shim dropped because the ring was full"},
+    {"new_stacks", "[(stack_id, (ip, ...)), ...] call sites first seen in this batch"},
+    {"sites", "[(stack_id, alloc_bytes, alloc_count, free_bytes, free_count), ...] deltas"},
+    {"unknown_frees", "frees of blocks allocated before tracking began"},
+    {"live_bytes", "bytes allocated and not yet freed"},
+    {"live_blocks", "blocks allocated and not yet freed"},
+    {"exited", "the target has exited"},
+    {"execed", "the target called exec (the shim's ring ends there)"},
+    {"sample_bytes", "sampling interval in bytes; 0 = every allocation"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc heap_batch_desc = {
+    "rsprof._native.HeapBatch", "What HeapReader.take() collected since the last call.",
+    heap_batch_fields, HB_NFIELDS,
+};
+static PyTypeObject *HeapBatchType;
+
 static PyObject *build_take(HeapReaderObject *r) {
     PyObject *result = NULL, *new_stacks = NULL, *sites = NULL;
     new_stacks = PyList_New(0);
@@ -719,14 +740,27 @@ static PyObject *build_take(HeapReaderObject *r) {
     bool gone = r->start_time != 0 ? heapring_start_time(r->pid) != r->start_time
                                    : !pid_alive(r->pid);
     bool exited = (flags & RSPROF_HEAP_HF_EXITED) || gone;
-    result = Py_BuildValue(
-        "{s:K,s:K,s:O,s:O,s:K,s:N,s:N,s:O,s:O,s:K}", "events", (unsigned long long)r->events,
-        "lost", (unsigned long long)(lost - r->lost_seen), "new_stacks", new_stacks, "sites",
-        sites, "unknown_frees", (unsigned long long)r->unknown_frees, "live_bytes",
-        units(r, r->live_bytes), "live_blocks", units(r, r->live_blocks), "exited",
-        exited ? Py_True : Py_False, "execed",
-        (flags & RSPROF_HEAP_HF_EXECED) ? Py_True : Py_False, "sample_bytes",
-        (unsigned long long)r->sample_bytes);
+    PyObject *vals[HB_NFIELDS] = {
+        PyLong_FromUnsignedLongLong(r->events),
+        PyLong_FromUnsignedLongLong(lost - r->lost_seen),
+        Py_NewRef(new_stacks),
+        Py_NewRef(sites),
+        PyLong_FromUnsignedLongLong(r->unknown_frees),
+        units(r, r->live_bytes),
+        units(r, r->live_blocks),
+        PyBool_FromLong(exited),
+        PyBool_FromLong((flags & RSPROF_HEAP_HF_EXECED) != 0),
+        PyLong_FromUnsignedLongLong(r->sample_bytes),
+    };
+    result = PyStructSequence_New(HeapBatchType);
+    for (int k = 0; k < HB_NFIELDS; k++) {
+        if (result == NULL || vals[k] == NULL) Py_CLEAR(result);
+    }
+    if (result == NULL) {
+        for (int k = 0; k < HB_NFIELDS; k++) Py_XDECREF(vals[k]);
+    } else {
+        for (int k = 0; k < HB_NFIELDS; k++) PyStructSequence_SetItem(result, k, vals[k]);
+    }
     if (result == NULL) goto fail;
     Py_DECREF(new_stacks);
     Py_DECREF(sites);
@@ -833,7 +867,7 @@ static PyMethodDef HeapReader_methods[] = {
     {"poll", (PyCFunction)HeapReader_poll, METH_NOARGS,
      "poll() -> int: drain the events available now; returns how many."},
     {"take", (PyCFunction)HeapReader_take, METH_NOARGS,
-     "take() -> dict: aggregates since the previous take(), then reset them."},
+     "take() -> HeapBatch: aggregates since the previous take(), then reset them."},
     {"close", (PyCFunction)HeapReader_close, METH_NOARGS, "close(): unmap the ring."},
     {"sweep_stale", (PyCFunction)HeapReader_sweep_stale, METH_NOARGS | METH_STATIC,
      "sweep_stale() -> list[int]: remove rings of dead processes; returns their pids."},
@@ -863,5 +897,8 @@ static PyTypeObject HeapReaderType = {
 
 int rsprof_heap_register(PyObject *module) {
     if (PyType_Ready(&HeapReaderType) < 0) return -1;
+    HeapBatchType = PyStructSequence_NewType(&heap_batch_desc);
+    if (HeapBatchType == NULL) return -1;
+    if (PyModule_AddObjectRef(module, "HeapBatch", (PyObject *)HeapBatchType) < 0) return -1;
     return PyModule_AddObjectRef(module, "HeapReader", (PyObject *)&HeapReaderType);
 }

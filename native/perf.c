@@ -658,19 +658,55 @@ static PyObject *PerfSampler_poll(PerfSampler *self, PyObject *arg) {
     return PyLong_FromSize_t(processed);
 }
 
-static PyObject *perf_batch_to_dict(PerfSampler *self, const perf_batch *b) {
-    PyObject *d = PyDict_New(), *v = NULL;
+/* What take() returns: struct sequences (typed in rsprof/_native.pyi), not string-keyed
+ * dicts, so a misspelt field is an AttributeError at the boundary, not a silent KeyError later. */
+enum {
+    PB_SAMPLES, PB_LOST, PB_NEW_STACKS, PB_COUNTS, PB_NEW_THREADS, PB_EXITED_THREADS, PB_COMMS,
+    PB_MMAPS, PB_TARGET_EXITED, PB_FIRST_TIME_NS, PB_LAST_TIME_NS, PB_NFIELDS
+};
+static PyStructSequence_Field perf_batch_fields[] = {
+    {"samples", "samples read from the rings since the last take()"},
+    {"lost", "samples the kernel dropped (PERF_RECORD_LOST)"},
+    {"new_stacks", "[(stack_id, (ip, ...)), ...] stacks first seen in this batch"},
+    {"counts", "[(stack_id, tid, count), ...]"},
+    {"new_threads", "[tid, ...] threads that appeared"},
+    {"exited_threads", "[tid, ...] threads that ended"},
+    {"comms", "[(tid, name), ...] thread names (PERF_RECORD_COMM)"},
+    {"mmaps", "[PerfMmap, ...] executable mappings (PERF_RECORD_MMAP2)"},
+    {"target_exited", "the whole target process has exited"},
+    {"first_time_ns", "perf clock of the first record in the batch (0: none)"},
+    {"last_time_ns", "perf clock of the last record in the batch (0: none)"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc perf_batch_desc = {
+    "rsprof._native.PerfBatch", "What PerfSampler.take() collected since the last call.",
+    perf_batch_fields, PB_NFIELDS,
+};
+static PyStructSequence_Field perf_mmap_fields[] = {
+    {"start", "first address"}, {"length", "bytes mapped"}, {"pgoff", "file offset"},
+    {"path", "file name as the kernel reports it"}, {"build_id", "GNU build id, or None"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc perf_mmap_desc = {
+    "rsprof._native.PerfMmap", "One executable mapping seen by the kernel.", perf_mmap_fields, 5,
+};
+static PyTypeObject *PerfBatchType, *PerfMmapType;
+
+static PyObject *perf_batch_to_struct(PerfSampler *self, const perf_batch *b) {
+    PyObject *d = PyStructSequence_New(PerfBatchType), *v = NULL;
     if (d == NULL) return NULL;
 
+    /* PyStructSequence_SetItem steals the reference, so v is not cleared after it. */
 #define SET_ITEM(key, expr)                                          \
     do {                                                             \
         v = (expr);                                                  \
-        if (v == NULL || PyDict_SetItemString(d, key, v) < 0) goto fail; \
-        Py_CLEAR(v);                                                 \
+        if (v == NULL) goto fail;                                    \
+        PyStructSequence_SetItem(d, key, v);                         \
+        v = NULL;                                                    \
     } while (0)
 
-    SET_ITEM("samples", PyLong_FromUnsignedLongLong(b->samples));
-    SET_ITEM("lost", PyLong_FromUnsignedLongLong(b->lost));
+    SET_ITEM(PB_SAMPLES, PyLong_FromUnsignedLongLong(b->samples));
+    SET_ITEM(PB_LOST, PyLong_FromUnsignedLongLong(b->lost));
 
     /* new_stacks: [(id, (ip, ...)), ...] */
     {
@@ -697,8 +733,8 @@ static PyObject *perf_batch_to_dict(PerfSampler *self, const perf_batch *b) {
             Py_DECREF(item);
             off += 2 + depth;
         }
-        if (PyDict_SetItemString(d, "new_stacks", lst) < 0) goto fail;
-        Py_CLEAR(v);
+        PyStructSequence_SetItem(d, PB_NEW_STACKS, lst);
+        v = NULL;
     }
 
     /* counts: [(stack_id, tid, count), ...] */
@@ -715,15 +751,15 @@ static PyObject *perf_batch_to_dict(PerfSampler *self, const perf_batch *b) {
             if (item == NULL) goto fail;
             PyList_SET_ITEM(lst, k++, item);
         }
-        if (PyDict_SetItemString(d, "counts", lst) < 0) goto fail;
-        Py_CLEAR(v);
+        PyStructSequence_SetItem(d, PB_COUNTS, lst);
+        v = NULL;
     }
 
     /* new_threads / exited_threads: [tid, ...] */
     {
         const int32_t *src[2] = {b->new_threads, b->exited};
         size_t cnt[2] = {b->n_new_threads, b->n_exited};
-        const char *keys[2] = {"new_threads", "exited_threads"};
+        const int idx[2] = {PB_NEW_THREADS, PB_EXITED_THREADS};
         for (int j = 0; j < 2; j++) {
             PyObject *lst = PyList_New((Py_ssize_t)cnt[j]);
             if (lst == NULL) goto fail;
@@ -733,8 +769,8 @@ static PyObject *perf_batch_to_dict(PerfSampler *self, const perf_batch *b) {
                 if (t == NULL) goto fail;
                 PyList_SET_ITEM(lst, (Py_ssize_t)k, t);
             }
-            if (PyDict_SetItemString(d, keys[j], lst) < 0) goto fail;
-            Py_CLEAR(v);
+            PyStructSequence_SetItem(d, idx[j], lst);
+            v = NULL;
         }
     }
 
@@ -751,8 +787,8 @@ static PyObject *perf_batch_to_dict(PerfSampler *self, const perf_batch *b) {
             if (item == NULL) goto fail;
             PyList_SET_ITEM(lst, (Py_ssize_t)k, item);
         }
-        if (PyDict_SetItemString(d, "comms", lst) < 0) goto fail;
-        Py_CLEAR(v);
+        PyStructSequence_SetItem(d, PB_COMMS, lst);
+        v = NULL;
     }
 
     /* mmaps: [(start, length, pgoff, filename, build_id | None), ...] */
@@ -774,19 +810,33 @@ static PyObject *perf_batch_to_dict(PerfSampler *self, const perf_batch *b) {
             } else {
                 bid = Py_NewRef(Py_None);
             }
-            PyObject *item = Py_BuildValue("(KKKNN)", (unsigned long long)m->start,
-                                           (unsigned long long)m->len,
-                                           (unsigned long long)m->pgoff, name, bid);
-            if (item == NULL) goto fail;
+            PyObject *item = PyStructSequence_New(PerfMmapType);
+            PyObject *start = PyLong_FromUnsignedLongLong(m->start);
+            PyObject *len = PyLong_FromUnsignedLongLong(m->len);
+            PyObject *pgoff = PyLong_FromUnsignedLongLong(m->pgoff);
+            if (item == NULL || start == NULL || len == NULL || pgoff == NULL) {
+                Py_XDECREF(item);
+                Py_XDECREF(start);
+                Py_XDECREF(len);
+                Py_XDECREF(pgoff);
+                Py_DECREF(name);
+                Py_DECREF(bid);
+                goto fail;
+            }
+            PyStructSequence_SetItem(item, 0, start);
+            PyStructSequence_SetItem(item, 1, len);
+            PyStructSequence_SetItem(item, 2, pgoff);
+            PyStructSequence_SetItem(item, 3, name);
+            PyStructSequence_SetItem(item, 4, bid);
             PyList_SET_ITEM(lst, (Py_ssize_t)k, item);
         }
-        if (PyDict_SetItemString(d, "mmaps", lst) < 0) goto fail;
-        Py_CLEAR(v);
+        PyStructSequence_SetItem(d, PB_MMAPS, lst);
+        v = NULL;
     }
 
-    SET_ITEM("target_exited", PyBool_FromLong(b->target_exited));
-    SET_ITEM("first_time_ns", PyLong_FromUnsignedLongLong(b->first_time));
-    SET_ITEM("last_time_ns", PyLong_FromUnsignedLongLong(b->last_time));
+    SET_ITEM(PB_TARGET_EXITED, PyBool_FromLong(b->target_exited));
+    SET_ITEM(PB_FIRST_TIME_NS, PyLong_FromUnsignedLongLong(b->first_time));
+    SET_ITEM(PB_LAST_TIME_NS, PyLong_FromUnsignedLongLong(b->last_time));
 #undef SET_ITEM
     (void)self;
     return d;
@@ -805,7 +855,7 @@ static PyObject *PerfSampler_take(PerfSampler *self, PyObject *Py_UNUSED(ignored
     b = self->batch;
     memset(&self->batch, 0, sizeof(self->batch));
     perf_unlock(self);
-    PyObject *d = perf_batch_to_dict(self, &b);
+    PyObject *d = perf_batch_to_struct(self, &b);
     perf_batch_free(&b);
     return d;
 }
@@ -868,7 +918,7 @@ static PyMethodDef PerfSampler_methods[] = {
      "poll(timeout_ms) -> int\n\nWait (GIL released) up to timeout_ms for ring data, then "
      "drain every ring into the aggregates. Returns the number of records processed."},
     {"take", (PyCFunction)PerfSampler_take, METH_NOARGS,
-     "take() -> dict\n\nReturn and reset everything aggregated since the previous take()."},
+     "take() -> PerfBatch\n\nReturn and reset everything aggregated since the previous take()."},
     {"threads", (PyCFunction)PerfSampler_threads, METH_NOARGS,
      "threads() -> list[int]\n\nCurrently tracked thread ids."},
     {"close", (PyCFunction)PerfSampler_close, METH_NOARGS,
@@ -899,5 +949,11 @@ static PyTypeObject PerfSamplerType = {
 
 int rsprof_perf_register(PyObject *module) {
     if (PyType_Ready(&PerfSamplerType) < 0) return -1;
+    PerfBatchType = PyStructSequence_NewType(&perf_batch_desc);
+    PerfMmapType = PyStructSequence_NewType(&perf_mmap_desc);
+    if (PerfBatchType == NULL || PerfMmapType == NULL) return -1;
+    if (PyModule_AddObjectRef(module, "PerfBatch", (PyObject *)PerfBatchType) < 0 ||
+        PyModule_AddObjectRef(module, "PerfMmap", (PyObject *)PerfMmapType) < 0)
+        return -1;
     return PyModule_AddObjectRef(module, "PerfSampler", (PyObject *)&PerfSamplerType);
 }

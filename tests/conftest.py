@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +19,19 @@ TARGETS = Path(__file__).parent / "targets"
 # Frame pointers everywhere (GCC 12 drops the leaf frame without the second flag).
 C_FLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-pthread"]
 BUILD_DIR = Path(os.environ.get("RSPROF_TEST_BUILD", "/tmp/rsprof-test-targets"))
+
+
+def assert_share(part: float, rest: float, expected: float, *, floor: float = 0.04) -> None:
+    """`part / (part + rest)` is `expected` within sampling error: four standard deviations
+    of a binomial share over the samples at hand, never tighter than `floor`. Sample counts
+    shrink when the machine is busy (cpu-clock counts the target's CPU time, not wall time),
+    so a fixed tolerance is either loose on a quiet machine or a false alarm on a busy one."""
+    n = part + rest
+    assert n >= 20, f"too few samples to judge a share: {part} + {rest}"
+    share = part / n
+    tolerance = max(floor, 4 * math.sqrt(expected * (1 - expected) / n))
+    assert abs(share - expected) <= tolerance, (
+        f"share {share:.3f} of {n:.0f} samples, expected {expected:.3f} ± {tolerance:.3f}")
 
 
 def build_target(source_name: str, extra_flags: tuple[str, ...] = ()) -> Path:
@@ -91,11 +106,11 @@ def rsprof() -> Callable[..., subprocess.CompletedProcess[str]]:
     return run_rsprof
 
 
-def top_json(profile: Path, kind: str, *extra: str) -> list[dict[str, object]]:
+def top_json(profile: Path, kind: str, *extra: str) -> list[dict[str, Any]]:
     """`rsprof top KIND FILE --json -n 0`: every row, parsed."""
     result = run_rsprof("top", kind, str(profile), "--json", "-n", "0", *extra)
     assert result.returncode == 0, result.stderr
-    rows: list[dict[str, object]] = json.loads(result.stdout)
+    rows: list[dict[str, Any]] = json.loads(result.stdout)
     return rows
 
 

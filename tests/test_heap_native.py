@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from rsprof._native import HeapReader
 
 import rsprof
+from rsprof._native import HeapBatch, HeapReader
 
 # The shim next to the rsprof package under test (installed, or built in place).
 SHIM = Path(rsprof.__file__).resolve().parent / "lib" / "librsprof_heap.so"
@@ -97,26 +97,26 @@ class Totals:
         self.exited = self.execed = False
         self.sample_bytes = 0
 
-    def add(self, batch: dict) -> None:
-        for stack_id, ips in batch["new_stacks"]:
+    def add(self, batch: HeapBatch) -> None:
+        for stack_id, ips in batch.new_stacks:
             assert stack_id not in self.stacks
             assert len(ips) >= 1
             self.stacks[stack_id] = ips
-        for stack_id, ab, ac, fb, fc in batch["sites"]:
+        for stack_id, ab, ac, fb, fc in batch.sites:
             assert stack_id in self.stacks
             site = self.sites[stack_id]
             site[0] += ab
             site[1] += ac
             site[2] += fb
             site[3] += fc
-        self.events += batch["events"]
-        self.lost += batch["lost"]
-        self.unknown_frees += batch["unknown_frees"]
-        self.live_bytes = batch["live_bytes"]
-        self.live_blocks = batch["live_blocks"]
-        self.exited = batch["exited"]
-        self.execed = batch["execed"]
-        self.sample_bytes = batch["sample_bytes"]
+        self.events += batch.events
+        self.lost += batch.lost
+        self.unknown_frees += batch.unknown_frees
+        self.live_bytes = batch.live_bytes
+        self.live_blocks = batch.live_blocks
+        self.exited = batch.exited
+        self.execed = batch.execed
+        self.sample_bytes = batch.sample_bytes
 
     def by_function(self, symbols: Symbols) -> dict[str | None, list[int]]:
         """Sites summed by the function of their first frame."""
@@ -609,7 +609,7 @@ def test_killed_target_leaves_ring_for_sweep(target_binary, flags, targets) -> N
     t.proc.send_signal(signal.SIGKILL)
     t.proc.wait()
     reader.poll()
-    assert reader.take()["exited"]  # no flag, but the process is gone
+    assert reader.take().exited  # no flag, but the process is gone
     reader.close()
     assert ring_path(pid).exists()  # nobody could remove it...
     assert pid in HeapReader.sweep_stale()  # ...until a sweep

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from rsprof._native import PerfSampler
+
+from rsprof._native import PerfBatch, PerfSampler
 
 TARGETS = Path(__file__).parent / "targets"
 
@@ -68,26 +69,33 @@ class Batch:
         self.mmaps: list[tuple[int, int, int, str, bytes | None]] = []
         self.target_exited = False
 
-    def add(self, d: dict) -> None:
-        for sid, ips in d["new_stacks"]:
+    def add(self, d: PerfBatch) -> None:
+        for sid, ips in d.new_stacks:
             assert sid not in self.stacks, "stack ids are assigned once"
             self.stacks[sid] = ips
-        for sid, tid, n in d["counts"]:
+        for sid, tid, n in d.counts:
             assert sid in self.stacks, "counts only name stacks already announced"
             self.counts[sid, tid] += n
-        self.samples += d["samples"]
-        self.lost += d["lost"]
-        self.new_threads += d["new_threads"]
-        self.exited += d["exited_threads"]
-        self.comms += d["comms"]
-        self.mmaps += d["mmaps"]
-        self.target_exited |= d["target_exited"]
+        self.samples += d.samples
+        self.lost += d.lost
+        self.new_threads += d.new_threads
+        self.exited += d.exited_threads
+        self.comms += d.comms
+        self.mmaps += d.mmaps
+        self.target_exited |= d.target_exited
 
     def per_tid(self) -> collections.Counter[int]:
         out: collections.Counter[int] = collections.Counter()
         for (_, tid), n in self.counts.items():
             out[tid] += n
         return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a whole process (a zombie's too), from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def collect(t: Target, seconds: float, batch: Batch | None = None, until=None) -> Batch:
@@ -165,9 +173,18 @@ def run_target(perf_target):
 def test_split_three_to_one_with_caller_frames(run_target):
     t = run_target("split", "2.2", freq_hz=999)
     sym = Symbolizer(t.binary, t.pid)
+    cpu_before = cpu_seconds(t.pid)
     t.go()
     b = collect(t, 2.0)
-    assert b.samples > 500, b.samples
+    t.sampler.poll(0)
+    cpu_used = cpu_seconds(t.pid) - cpu_before
+    b.add(t.sampler.take())
+    # The oracle for the rate: the CPU time the kernel charged the target in the window.
+    # cpu-clock at 999 Hz is one sample per ms of it, however busy the machine.
+    assert 0.75 * cpu_used * 999 <= b.samples <= 1.1 * cpu_used * 999 + 20, (b.samples, cpu_used)
+    # Floors low enough for a loaded machine (cpu-clock counts the target's CPU time, which
+    # shrinks when it competes for the cores); the share below is what is being tested.
+    assert b.samples > 100, b.samples
     leaf: collections.Counter[str] = collections.Counter()
     with_caller = 0
     for (sid, tid), n in b.counts.items():
@@ -215,7 +232,7 @@ def test_two_threads_existing_at_attach_and_background_poll(run_target):
     b.add(t.sampler.take())
     per_tid = b.per_tid()
     for tid in tids:
-        assert per_tid[tid] > 100, per_tid
+        assert per_tid[tid] > 30, per_tid
     assert sum(per_tid.values()) <= b.samples
 
 
@@ -226,7 +243,7 @@ def test_thread_created_after_attach_is_followed(run_target):
     late_tid = int(t.readline().split()[1])  # printed by the new thread once it runs
     b = collect(t, 3.0, until=lambda b: b.target_exited)
     assert late_tid in b.new_threads
-    assert b.per_tid()[late_tid] > 200, b.per_tid()
+    assert b.per_tid()[late_tid] > 40, b.per_tid()
     assert any("late_worker" in sym.frames(b.stacks[s]) for s, tid in b.counts if tid == late_tid)
     assert (late_tid, "perf-late") in b.comms
     assert late_tid in b.exited and t.pid in b.exited
@@ -288,9 +305,9 @@ def test_small_ring_counts_lost(run_target):
     time.sleep(0.1)
     t.sampler.poll(0)
     d = t.sampler.take()
-    assert d["lost"] > 0, d["lost"]
-    assert d["samples"] > 0
-    assert d["first_time_ns"] <= d["last_time_ns"] <= time.monotonic_ns()
+    assert d.lost > 0, d.lost
+    assert d.samples > 0
+    assert d.first_time_ns <= d.last_time_ns <= time.monotonic_ns()
 
 
 def test_argument_validation(perf_target):
@@ -304,4 +321,4 @@ def test_argument_validation(perf_target):
     with pytest.raises(ValueError):
         s.add_thread(os.getpid())
     d = s.take()
-    assert d["samples"] == 0 and d["new_stacks"] == [] and d["first_time_ns"] == 0
+    assert d.samples == 0 and d.new_stacks == [] and d.first_time_ns == 0

@@ -5,12 +5,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import BUILD_DIR, build_target, run_rsprof, top_json
 
 
-def _functions(profile: Path) -> dict[str, dict[str, object]]:
+def _functions(profile: Path) -> dict[str, dict[str, Any]]:
     return {str(row["function"]): row for row in top_json(profile, "cpu")}
 
 
@@ -22,7 +23,7 @@ def test_cpp_template_method_is_demangled(tmp_path: Path) -> None:
     functions = _functions(out)
     name = "geometry::Mesh<long>::refine(int)"
     assert name in functions, sorted(functions)[:20]
-    assert functions[name]["self_pct"] > 80  # type: ignore[operator]
+    assert functions[name]["self_pct"] > 80
     system = run_rsprof("query", str(out),
                         f"SELECT system_name FROM locations WHERE function = '{name}' LIMIT 1")
     assert system.stdout.splitlines()[1].startswith("_ZN8geometry4MeshIlE6refineEi")
@@ -43,7 +44,7 @@ def test_rust_function_is_demangled(tmp_path: Path, mangling: str) -> None:
     functions = _functions(out)
     hot = [name for name in functions if name.endswith("physics::integrate_orbits")]
     assert hot, sorted(functions)[:30]
-    assert functions[hot[0]]["total_pct"] > 80  # type: ignore[operator]
+    assert functions[hot[0]]["total_pct"] > 80
     assert not any("17h" in name and name.endswith("E") for name in functions)
     # Rust's standard library frames come out demangled too (a frameless leaf hides its
     # direct caller from the frame-pointer walk, so main itself may not be on the stack).

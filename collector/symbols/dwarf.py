@@ -18,8 +18,11 @@ from typing import Any
 
 from .elf import ElfFile
 
+_NativeReader: type[_native.DwarfReader] | None
 try:
-    from rsprof._native import DwarfReader as _NativeReader
+    from rsprof import _native
+
+    _NativeReader = _native.DwarfReader
 except ImportError:  # extension not built: symbol tables only (see Module)
     _NativeReader = None
 
