@@ -41,6 +41,20 @@ class FrameResolver:
         self.frame_info: dict[int, tuple[str, tuple[LocationKey, ...]]] = {}
         self.stack_frames: dict[int, tuple[int, ...]] = {}
 
+    def for_new_image(self, pid: int, *, forked: bool) -> FrameResolver:
+        """The resolver of another process image: a forked child (`forked`) starts with its
+        parent's mappings, and so its frames; an exec starts from nothing. Module files and
+        what is known of stored frames and stacks are shared (their ids are global)."""
+        other = FrameResolver(pid, self.writer, self.symbolizer)
+        other._modules = self._modules
+        other._module_ids = self._module_ids
+        other.frame_info = self.frame_info
+        other.stack_frames = self.stack_frames
+        if forked:
+            other.space = self.space.copy()
+            other._frame_ids = dict(self._frame_ids)
+        return other
+
     # -- mappings ------------------------------------------------------------------------
 
     def add_mapping(self, mapping: Mapping) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from rsprof.collector.frames import FrameResolver
 from rsprof.storage.callsite import call_site
@@ -16,13 +15,14 @@ class HeapTracker:
     """Wraps the C HeapReader: frees are charged to the allocating stack in C; here the new
     stacks are symbolized and each is given its call site."""
 
-    def __init__(self, reader: Any, resolver: FrameResolver) -> None:
+    def __init__(self, reader: HeapReader, resolver: FrameResolver) -> None:
         self.reader = reader
         self.resolver = resolver
         self._native_to_stored: dict[int, int] = {}
         self._site_of_stack: dict[int, int] = {}
         self.sample_bytes = 0
         self.mode = "full"
+        self.ring: tuple[int, int] = (reader.pid, 0)  # (pid, inode) of the ring file
         # The drain thread polls while the main thread takes: the reader is not shared-safe.
         self._lock = threading.Lock()
 
@@ -39,7 +39,8 @@ class HeapTracker:
         """Reads the ring until it is empty (one poll reads at most one lap of it)."""
         for _ in range(max_laps):
             with self._lock:
-                if self.reader.poll() == 0:
+                # The main thread may have closed it (its process exec'd or exited).
+                if self.reader.closed or self.reader.poll() == 0:
                     return
 
     @staticmethod
@@ -50,7 +51,10 @@ class HeapTracker:
         except OSError:
             pass
 
-    def fill_checkpoint(self, checkpoint: Checkpoint) -> None:
+    def fill_checkpoint(self, checkpoint: Checkpoint) -> bool:
+        """Adds what the ring delivered since the last call to the checkpoint (several
+        processes' trackers may fill one). True when the ring is done: the process exited,
+        or exec'd (its new image, if it has the shim, makes a new ring)."""
         with self._lock:
             batch = self.reader.take()
         self.sample_bytes = batch.sample_bytes
@@ -59,7 +63,7 @@ class HeapTracker:
         self._native_to_stored.update(stored)
         for stack_id in stored.values():
             self._site_of_stack.setdefault(stack_id, self._site_location(stack_id))
-        heap: dict[int, HeapDelta] = {}
+        heap = dict(checkpoint.heap)
         for native_id, alloc_bytes, alloc_count, free_bytes, free_count in batch.sites:
             stack_id = self._native_to_stored[native_id]
             delta = heap.setdefault(stack_id, HeapDelta())
@@ -68,9 +72,13 @@ class HeapTracker:
             delta.free_bytes += free_bytes
             delta.free_count += free_count
         checkpoint.heap = heap
-        checkpoint.heap_sites = {sid: self._site_of_stack[sid] for sid in heap}
-        checkpoint.heap_events = batch.events
-        checkpoint.heap_lost_events = batch.lost
+        checkpoint.heap_sites = {
+            **checkpoint.heap_sites,
+            **{sid: self._site_of_stack[sid] for sid in heap if sid in self._site_of_stack},
+        }
+        checkpoint.heap_events += batch.events
+        checkpoint.heap_lost_events += batch.lost
+        return bool(batch.exited or batch.execed)
 
     def _site_location(self, stack_id: int) -> int:
         frames = [self.resolver.frame_info[fid] for fid in self.resolver.stack_frames[stack_id]]

@@ -49,6 +49,12 @@ class AddressSpace:
         self._mappings = kept
         self._starts = [m.start for m in kept]
 
+    def copy(self) -> AddressSpace:
+        other = AddressSpace()
+        other._starts = list(self._starts)
+        other._mappings = list(self._mappings)
+        return other
+
     def find(self, address: int) -> Mapping | None:
         index = bisect.bisect_right(self._starts, address) - 1
         if index >= 0:

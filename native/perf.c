@@ -1,13 +1,23 @@
-/* perf.c: rsprof._native.PerfSampler, CPU sampling of one process through perf_event_open.
+/* perf.c: rsprof._native.PerfSampler, CPU sampling of a process (and, optionally, of every
+ * process it starts) through perf_event_open.
  *
  * Design (see docs/native.md, "PerfSampler", for the Python-facing contract):
  *
- * - One software cpu-clock event per thread (pid = TID, cpu = -1).  inherit=1 cannot be
- *   combined with mmap on a per-task, any-CPU event, so threads are followed by hand:
- *   task=1 makes the kernel write PERF_RECORD_FORK into the ring of the thread that called
- *   clone(), and the drain loop opens an event for the new TID on the spot (in C, so a new
- *   thread is followed within one drain period, without a round trip through Python).
- *   PERF_RECORD_EXIT (or POLLHUP, in case the EXIT record itself was lost) closes the event.
+ * - Inherited events, one ring per CPU, as `perf record` does.  For every thread present at
+ *   attach and every online CPU, one software cpu-clock event (pid = TID, cpu = CPU,
+ *   inherit = 1).  The first event on a CPU owns that CPU's ring; the others send their
+ *   records to it (PERF_EVENT_IOC_SET_OUTPUT).  Threads and processes created later inherit
+ *   the events in the kernel from their first instruction: no race with a thread that lives
+ *   20 ms, and children of `rsprof run` are sampled from fork on.  (A per-thread event with
+ *   cpu = -1 cannot be inherited and mmapped at once, so the first version opened events by
+ *   hand on FORK records and missed most samples of short-lived threads.)
+ * - Records are time-ordered across rings before they are handled (per drain pass), so a
+ *   fork, an exec and the samples around them are seen in the order they happened.
+ * - Processes are "images": an image is one process between two execs.  Image 1 is the
+ *   target as attached; a fork makes a new image (same mappings as its parent's), an exec
+ *   makes a new image for the same pid (fresh mappings).  Stacks are interned per image, so
+ *   the same addresses in two programs are never the same stack, and mappings are tagged
+ *   with the image they belong to.  Without `follow`, only the target's own pid is kept.
  * - Call chains come from frame pointers (PERF_SAMPLE_CALLCHAIN, user part only).  They are
  *   de-duplicated into a stack table and counted per (stack id, tid) in C (perf_tables.h);
  *   Python only sees batches through take(), never an object per sample.
@@ -41,16 +51,27 @@
 #define PERF_MAX_CHAIN (PERF_MAX_RECORD / sizeof(uint64_t))
 #define PERF_COMM_LEN 16
 #define PERF_BUILD_ID_MAX 20
+#define PERF_MAX_CPUS 4096
 
 /* ------------------------------------------------------------------ state */
 
 typedef struct {
-    int32_t tid;
+    int32_t tid;             /* the thread the event was opened on (its tree inherits it) */
+    int cpu;
     int fd;
+    bool owns_ring;          /* this event's fd is the CPU's ring: kept open until close() */
+    bool hup;                /* POLLHUP: the thread and everything that inherited it are gone */
+} perf_event_fd;
+
+typedef struct {
+    int fd;                  /* -1: no ring on this CPU yet */
     void *base;              /* mmap: metadata page followed by the data area */
-    uint64_t lost_reported;  /* sum of PERF_RECORD_LOST.lost seen in this ring */
-    bool exited;             /* EXIT record or POLLHUP seen: drain once more, then close */
-} perf_thread_event;
+} perf_ring;
+
+typedef struct {
+    int32_t pid;
+    uint32_t image;          /* the image the process runs now */
+} perf_proc;
 
 typedef struct {
     int32_t tid;
@@ -58,11 +79,24 @@ typedef struct {
 } perf_comm;
 
 typedef struct {
+    uint32_t image;
     uint64_t start, len, pgoff;
     char *filename;          /* malloc'd */
     int build_id_size;       /* -1: the kernel gave no build id for this mapping */
     uint8_t build_id[PERF_BUILD_ID_MAX];
 } perf_mmap;
+
+enum { PROC_FORK, PROC_EXEC, PROC_EXIT };
+static const char *const PROC_KIND_NAMES[] = {"fork", "exec", "exit"};
+
+typedef struct {
+    uint8_t kind;
+    uint32_t image;          /* the new image (fork, exec) or the image that ended (exit) */
+    int32_t pid, ppid;
+    uint32_t parent_image;   /* fork: the parent's image; exec: the image replaced; 0: none */
+    uint64_t time;
+    char *command;           /* exec: /proc/PID/cmdline read when the record was drained */
+} perf_proc_event;
 
 /* Everything take() hands out, reset by take(). */
 typedef struct {
@@ -70,9 +104,9 @@ typedef struct {
     uint64_t first_time, last_time;
     bool target_exited;
     perf_count_table counts;
-    uint64_t *new_stacks;    /* flat: id, depth, ips[depth], id, depth, ... */
+    uint64_t *new_stacks;    /* flat: id, depth, image, ips[depth], id, depth, ... */
     size_t n_new_stacks, cap_new_stacks;
-    int32_t *new_threads;
+    int32_t *new_threads;    /* flat: pid, tid, pid, tid, ... */
     size_t n_new_threads, cap_new_threads;
     int32_t *exited;
     size_t n_exited, cap_exited;
@@ -80,7 +114,17 @@ typedef struct {
     size_t n_comms, cap_comms;
     perf_mmap *mmaps;
     size_t n_mmaps, cap_mmaps;
+    perf_proc_event *procs;
+    size_t n_procs, cap_procs;
 } perf_batch;
+
+/* One record copied out of a ring, for the time-ordered pass. */
+typedef struct {
+    uint64_t time;
+    uint32_t seq;
+    uint32_t size;
+    size_t off;              /* in PerfSampler.stage */
+} perf_staged;
 
 typedef struct {
     PyObject_HEAD
@@ -89,17 +133,31 @@ typedef struct {
     int32_t pid;
     int freq_hz;
     int max_stack;
+    bool follow;             /* sample the processes the target starts, too */
     size_t data_size;        /* bytes of ring data area, a power-of-two number of pages */
     size_t map_len;          /* data_size + one metadata page */
     bool enabled;
     bool closed;
     bool format_lost;        /* PERF_FORMAT_LOST accepted by the kernel (>= 6.0) */
-    perf_thread_event *events;
+    int *cpus;               /* online CPUs at construction */
+    size_t n_cpus;
+    perf_ring *rings;        /* one per entry of cpus */
+    perf_event_fd *events;
     size_t n_events, cap_events;
+    perf_proc *procs;        /* live processes being sampled */
+    size_t n_procs, cap_procs;
+    int32_t *threads;        /* live threads known to be sampled (inherited ones included) */
+    size_t n_threads, cap_threads;
+    uint32_t next_image;
+    uint64_t lost_records;   /* sum of PERF_RECORD_LOST.lost ever seen */
+    uint64_t lost_closed;    /* PERF_FORMAT_LOST counters of events already closed */
     perf_stack_table stacks;
     perf_batch batch;
-    uint8_t *scratch;        /* PERF_MAX_RECORD bytes: records that wrap around the ring end */
-    uint64_t *chain;         /* PERF_MAX_CHAIN entries: a sample's call chain minus markers */
+    uint8_t *stage;          /* records of one drain pass, sorted by time via staged[] */
+    size_t stage_len, stage_cap;
+    perf_staged *staged;
+    size_t n_staged, cap_staged;
+    uint64_t *chain;         /* PERF_MAX_CHAIN + 1 entries: image, then the call chain */
 } PerfSampler;
 
 static void perf_batch_free(perf_batch *b) {
@@ -110,6 +168,8 @@ static void perf_batch_free(perf_batch *b) {
     free(b->comms);
     for (size_t i = 0; i < b->n_mmaps; i++) free(b->mmaps[i].filename);
     free(b->mmaps);
+    for (size_t i = 0; i < b->n_procs; i++) free(b->procs[i].command);
+    free(b->procs);
     memset(b, 0, sizeof(*b));
 }
 
@@ -142,8 +202,45 @@ static inline bool append_i32(int32_t **buf, size_t *n, size_t *cap, int32_t v) 
 
 /* ---------------------------------------------------------- event set-up */
 
-static long sys_perf_event_open(struct perf_event_attr *attr, pid_t tid) {
-    return syscall(SYS_perf_event_open, attr, tid, -1, -1, PERF_FLAG_FD_CLOEXEC);
+static long sys_perf_event_open(struct perf_event_attr *attr, pid_t tid, int cpu, int group) {
+    return syscall(SYS_perf_event_open, attr, tid, cpu, group, PERF_FLAG_FD_CLOEXEC);
+}
+
+/* The CPUs to open events on: /sys/devices/system/cpu/online ("0-3,8"), else 0..n-1. */
+static bool perf_online_cpus(int **out, size_t *n_out) {
+    int *cpus = malloc(PERF_MAX_CPUS * sizeof(int));
+    if (cpus == NULL) return false;
+    size_t n = 0;
+    FILE *f = fopen("/sys/devices/system/cpu/online", "re");
+    if (f != NULL) {
+        char buf[4096];
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        char *p = buf;
+        while (*p && n < PERF_MAX_CPUS) {
+            char *end;
+            long lo = strtol(p, &end, 10);
+            if (end == p || lo < 0) break;
+            long hi = lo;
+            p = end;
+            if (*p == '-') {
+                hi = strtol(p + 1, &end, 10);
+                if (end == p + 1 || hi < lo) break;
+                p = end;
+            }
+            for (long c = lo; c <= hi && n < PERF_MAX_CPUS; c++) cpus[n++] = (int)c;
+            if (*p == ',') p++;
+            else break;
+        }
+    }
+    if (n == 0) {
+        long conf = sysconf(_SC_NPROCESSORS_CONF);
+        for (long c = 0; c < (conf > 0 ? conf : 1) && n < PERF_MAX_CPUS; c++) cpus[n++] = (int)c;
+    }
+    *out = cpus;
+    *n_out = n;
+    return true;
 }
 
 static void perf_fill_attr(const PerfSampler *self, struct perf_event_attr *attr, bool extras) {
@@ -156,6 +253,7 @@ static void perf_fill_attr(const PerfSampler *self, struct perf_event_attr *attr
     attr->sample_freq = (uint64_t)self->freq_hz;
     attr->sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CALLCHAIN;
     attr->disabled = 1;                 /* enable() starts all threads together */
+    attr->inherit = 1;                  /* new threads and processes from their first instruction */
     attr->exclude_kernel = 1;
     attr->exclude_hv = 1;
     attr->exclude_callchain_kernel = 1;
@@ -163,9 +261,9 @@ static void perf_fill_attr(const PerfSampler *self, struct perf_event_attr *attr
     attr->mmap = 1;                     /* with mmap2: executable mappings as MMAP2 */
     attr->mmap2 = 1;
     attr->comm = 1;
-    attr->comm_exec = 1;
-    attr->task = 1;                     /* FORK/EXIT: how new threads are followed */
-    attr->sample_id_all = 1;
+    attr->comm_exec = 1;                /* COMM records say which ones are an exec */
+    attr->task = 1;                     /* FORK/EXIT: threads and processes come and go */
+    attr->sample_id_all = 1;            /* every record carries pid, tid and time */
     attr->use_clockid = 1;              /* times comparable with time.monotonic_ns() */
     attr->clockid = CLOCK_MONOTONIC;
     attr->watermark = 1;
@@ -176,108 +274,165 @@ static void perf_fill_attr(const PerfSampler *self, struct perf_event_attr *attr
     }
 }
 
-static ssize_t perf_find_event(const PerfSampler *self, int32_t tid) {
-    for (size_t i = 0; i < self->n_events; i++)
-        if (self->events[i].tid == tid) return (ssize_t)i;
+static ssize_t perf_find_thread(const PerfSampler *self, int32_t tid) {
+    for (size_t i = 0; i < self->n_threads; i++)
+        if (self->threads[i] == tid) return (ssize_t)i;
     return -1;
 }
 
-/* Opens, maps and (if the sampler is enabled) enables the event for one thread.
- * Called with the lock held; no GIL needed.  Returns 0 or an errno value. */
-static int perf_open_thread(PerfSampler *self, int32_t tid) {
-    if (!perf_vec_reserve((void **)&self->events, &self->cap_events, self->n_events + 1,
-                          sizeof(perf_thread_event)))
-        return ENOMEM;
-    struct perf_event_attr attr;
-    perf_fill_attr(self, &attr, self->format_lost);
-    long fd = sys_perf_event_open(&attr, tid);
-    if (fd < 0 && errno == EINVAL && self->format_lost) {
-        /* Older kernel without build_id / PERF_FORMAT_LOST: retry without, and remember. */
-        perf_fill_attr(self, &attr, false);
-        fd = sys_perf_event_open(&attr, tid);
-        if (fd >= 0) self->format_lost = false;
-    }
-    if (fd < 0) return errno;
-    void *base = mmap(NULL, self->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
-    if (base == MAP_FAILED) {
-        int err = errno;
-        close((int)fd);
-        return err;
-    }
-    if (self->enabled && ioctl((int)fd, PERF_EVENT_IOC_ENABLE, 0) < 0) {
-        int err = errno;
-        munmap(base, self->map_len);
-        close((int)fd);
-        return err;
-    }
-    perf_thread_event *ev = &self->events[self->n_events++];
-    ev->tid = tid;
-    ev->fd = (int)fd;
-    ev->base = base;
-    ev->lost_reported = 0;
-    ev->exited = false;
+static void perf_forget_thread(PerfSampler *self, int32_t tid) {
+    ssize_t i = perf_find_thread(self, tid);
+    if (i >= 0) self->threads[i] = self->threads[--self->n_threads];
+}
+
+static bool perf_remember_thread(PerfSampler *self, int32_t tid) {
+    if (perf_find_thread(self, tid) >= 0) return true;
+    if (!perf_vec_reserve((void **)&self->threads, &self->cap_threads, self->n_threads + 1,
+                          sizeof(int32_t)))
+        return false;
+    self->threads[self->n_threads++] = tid;
+    return true;
+}
+
+static bool perf_has_events_on(const PerfSampler *self, int32_t tid) {
+    for (size_t i = 0; i < self->n_events; i++)
+        if (self->events[i].tid == tid) return true;
+    return false;
+}
+
+static ssize_t perf_find_proc(const PerfSampler *self, int32_t pid) {
+    for (size_t i = 0; i < self->n_procs; i++)
+        if (self->procs[i].pid == pid) return (ssize_t)i;
+    return -1;
+}
+
+static bool perf_add_proc(PerfSampler *self, int32_t pid, uint32_t image) {
+    if (!perf_vec_reserve((void **)&self->procs, &self->cap_procs, self->n_procs + 1,
+                          sizeof(perf_proc)))
+        return false;
+    self->procs[self->n_procs++] = (perf_proc){pid, image};
+    return true;
+}
+
+/* Reads an event's PERF_FORMAT_LOST counter (0 if the kernel has none). */
+static uint64_t perf_event_lost(const PerfSampler *self, int fd) {
+    uint64_t vals[2];
+    if (self->format_lost && read(fd, vals, sizeof vals) == (ssize_t)sizeof vals) return vals[1];
     return 0;
 }
 
-/* Releases event i (which the caller then removes from the array).  Lost records the
- * kernel had no room to announce as PERF_RECORD_LOST are picked up from the lost counter
- * of PERF_FORMAT_LOST, so they are not silently dropped when a thread goes away. */
-static void perf_release_event(PerfSampler *self, size_t i, bool exited) {
-    perf_thread_event *ev = &self->events[i];
-    if (self->format_lost) {
-        uint64_t vals[2];
-        if (read(ev->fd, vals, sizeof vals) == (ssize_t)sizeof vals && vals[1] > ev->lost_reported)
-            self->batch.lost += vals[1] - ev->lost_reported;
+/* Opens one event on tid for every CPU, each feeding that CPU's ring (mapped on first use),
+ * and enables them if the sampler runs.  Lock held; no GIL needed.  Returns 0 or an errno
+ * value (ESRCH: the thread is gone). */
+static int perf_open_thread(PerfSampler *self, int32_t tid) {
+    if (!perf_vec_reserve((void **)&self->events, &self->cap_events,
+                          self->n_events + self->n_cpus, sizeof(perf_event_fd)))
+        return ENOMEM;
+    size_t opened = 0;
+    int first_err = 0;
+    for (size_t c = 0; c < self->n_cpus; c++) {
+        struct perf_event_attr attr;
+        perf_fill_attr(self, &attr, self->format_lost);
+        long fd = sys_perf_event_open(&attr, tid, self->cpus[c], -1);
+        if (fd < 0 && errno == EINVAL && self->format_lost) {
+            /* Older kernel without build_id / PERF_FORMAT_LOST: retry without, and remember. */
+            perf_fill_attr(self, &attr, false);
+            fd = sys_perf_event_open(&attr, tid, self->cpus[c], -1);
+            if (fd >= 0) self->format_lost = false;
+        }
+        if (fd < 0) {
+            int err = errno;
+            if (err == ENODEV || err == ENXIO) continue;  /* CPU went offline */
+            if (first_err == 0) first_err = err;
+            if (err == ESRCH) break;  /* the thread exited while we opened */
+            continue;
+        }
+        perf_ring *ring = &self->rings[c];
+        bool owns = false;
+        if (ring->fd < 0) {
+            void *base = mmap(NULL, self->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+            if (base == MAP_FAILED) {
+                if (first_err == 0) first_err = errno;
+                close((int)fd);
+                continue;
+            }
+            ring->fd = (int)fd;
+            ring->base = base;
+            owns = true;
+        } else if (ioctl((int)fd, PERF_EVENT_IOC_SET_OUTPUT, ring->fd) < 0) {
+            if (first_err == 0) first_err = errno;
+            close((int)fd);
+            continue;
+        }
+        if (self->enabled) ioctl((int)fd, PERF_EVENT_IOC_ENABLE, 0);
+        self->events[self->n_events++] = (perf_event_fd){tid, self->cpus[c], (int)fd, owns, false};
+        opened++;
     }
-    munmap(ev->base, self->map_len);
-    close(ev->fd);
-    if (exited) {
-        (void)append_i32(&self->batch.exited, &self->batch.n_exited, &self->batch.cap_exited,
-                         ev->tid);  /* out of memory: the tid simply goes unreported */
-        if (ev->tid == self->pid) self->batch.target_exited = true;
-    }
+    if (opened == 0) return first_err ? first_err : ESRCH;
+    return perf_remember_thread(self, tid) ? 0 : ENOMEM;
 }
 
 /* ------------------------------------------------------- record handling */
+
+static uint32_t perf_image_of(PerfSampler *self, int32_t pid, bool create) {
+    ssize_t i = perf_find_proc(self, pid);
+    if (i >= 0) return self->procs[i].image;
+    if (!self->follow || !create) return 0;
+    /* A followed process whose FORK record was lost: a new image of unknown parentage. */
+    uint32_t image = self->next_image++;
+    perf_batch *b = &self->batch;
+    if (!perf_add_proc(self, pid, image) ||
+        !perf_vec_reserve((void **)&b->procs, &b->cap_procs, b->n_procs + 1,
+                          sizeof(perf_proc_event)))
+        return 0;
+    b->procs[b->n_procs++] = (perf_proc_event){PROC_FORK, image, pid, 0, 0, 0, NULL};
+    return image;
+}
 
 static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
     /* IP | TID | TIME | CALLCHAIN: header, ip, pid, tid, time, nr, ips[nr] */
     perf_batch *b = &self->batch;
     if (size < 40) return;
     uint64_t ip = rd_u64(rec + 8);
+    int32_t pid = (int32_t)rd_u32(rec + 16);
     int32_t tid = (int32_t)rd_u32(rec + 20);
     uint64_t time = rd_u64(rec + 24);
     uint64_t nr = rd_u64(rec + 32);
     if (nr > (size - 40) / sizeof(uint64_t)) return;  /* malformed */
+    uint32_t image = perf_image_of(self, pid, true);
+    if (image == 0) return;  /* a child process we do not follow */
 
     b->samples++;
     if (b->first_time == 0 || time < b->first_time) b->first_time = time;
     if (time > b->last_time) b->last_time = time;
 
     /* The chain is leaf first and interleaved with context markers (PERF_CONTEXT_USER
-     * first); markers and kernel addresses (upper half) are not frames of this process. */
+     * first); markers and kernel addresses (upper half) are not frames of this process.
+     * chain[0] is the image, so equal addresses in two programs are two stacks. */
     uint32_t depth = 0;
+    uint64_t *chain = self->chain + 1;
     const uint8_t *p = rec + 40;
     for (uint64_t i = 0; i < nr; i++) {
         uint64_t a = rd_u64(p + i * 8);
         if (a >= (uint64_t)PERF_CONTEXT_MAX || (int64_t)a < 0) continue;
-        self->chain[depth++] = a;
+        chain[depth++] = a;
     }
     if (depth == 0) {
         /* No user frames were walked; the sample IP alone still says where we were. */
         if (ip == 0 || (int64_t)ip < 0) return;
-        self->chain[depth++] = ip;
+        chain[depth++] = ip;
     }
+    self->chain[0] = image;
 
     /* Room for announcing the stack is reserved before interning it: an id must never
      * exist without Python learning its frames.  Out of memory, the sample counts as lost. */
-    size_t need = b->n_new_stacks + 2 + depth;
+    size_t need = b->n_new_stacks + 3 + depth;
     if (!perf_vec_reserve((void **)&b->new_stacks, &b->cap_new_stacks, need, sizeof(uint64_t))) {
         b->lost++;
         return;
     }
     bool is_new;
-    uint32_t id = perf_stack_table_intern(&self->stacks, self->chain, depth, &is_new);
+    uint32_t id = perf_stack_table_intern(&self->stacks, self->chain, depth + 1, &is_new);
     if (id == 0) {
         b->lost++;
         return;
@@ -286,44 +441,114 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
         uint64_t *dst = &b->new_stacks[b->n_new_stacks];
         dst[0] = id;
         dst[1] = depth;
-        memcpy(dst + 2, self->chain, (size_t)depth * sizeof(uint64_t));
+        memcpy(dst + 2, self->chain, (size_t)(depth + 1) * sizeof(uint64_t));
         b->n_new_stacks = need;
     }
     if (!perf_count_table_add(&b->counts, id, tid, 1)) b->lost++;
 }
 
+static bool perf_note_proc(PerfSampler *self, uint8_t kind, uint32_t image, int32_t pid,
+                           int32_t ppid, uint32_t parent_image, uint64_t time) {
+    perf_batch *b = &self->batch;
+    if (!perf_vec_reserve((void **)&b->procs, &b->cap_procs, b->n_procs + 1,
+                          sizeof(perf_proc_event)))
+        return false;
+    b->procs[b->n_procs++] = (perf_proc_event){kind, image, pid, ppid, parent_image, time, NULL};
+    return true;
+}
+
 static void perf_on_fork(PerfSampler *self, const uint8_t *rec, size_t size) {
-    /* header, pid, ppid, tid, ptid, time.  A FORK whose pid differs from ours is a child
-     * process (fork()): it is not followed. */
+    /* header, pid, ppid, tid, ptid, time */
     if (size < 32) return;
     int32_t pid = (int32_t)rd_u32(rec + 8);
+    int32_t ppid = (int32_t)rd_u32(rec + 12);
     int32_t tid = (int32_t)rd_u32(rec + 16);
-    if (pid != self->pid || tid == pid || perf_find_event(self, tid) >= 0) return;
-    /* ESRCH here just means the thread was already gone: nothing to follow. */
-    if (perf_open_thread(self, tid) == 0)
-        (void)append_i32(&self->batch.new_threads, &self->batch.n_new_threads,
-                         &self->batch.cap_new_threads, tid);
+    uint64_t time = rd_u64(rec + 24);
+    perf_batch *b = &self->batch;
+    if (pid != tid || pid == ppid) {
+        /* A new thread of process pid (ppid is pid here). */
+        if (perf_find_proc(self, pid) < 0 || perf_find_thread(self, tid) >= 0) return;
+        if (perf_remember_thread(self, tid) &&
+            perf_vec_reserve((void **)&b->new_threads, &b->cap_new_threads,
+                             b->n_new_threads + 2, sizeof(int32_t))) {
+            b->new_threads[b->n_new_threads++] = pid;
+            b->new_threads[b->n_new_threads++] = tid;
+        }
+        return;
+    }
+    /* A new process (fork, vfork, posix_spawn): followed if its parent is. */
+    ssize_t parent = perf_find_proc(self, ppid);
+    if (!self->follow || parent < 0 || perf_find_proc(self, pid) >= 0) return;
+    uint32_t image = self->next_image++;
+    if (!perf_add_proc(self, pid, image)) return;
+    (void)perf_note_proc(self, PROC_FORK, image, pid, ppid, self->procs[parent].image, time);
+    if (perf_remember_thread(self, tid) &&
+        perf_vec_reserve((void **)&b->new_threads, &b->cap_new_threads, b->n_new_threads + 2,
+                         sizeof(int32_t))) {
+        b->new_threads[b->n_new_threads++] = pid;
+        b->new_threads[b->n_new_threads++] = tid;
+    }
 }
 
 static void perf_on_exit(PerfSampler *self, const uint8_t *rec, size_t size) {
+    /* header, pid, ppid, tid, ptid, time */
     if (size < 32) return;
     int32_t pid = (int32_t)rd_u32(rec + 8);
+    int32_t ppid = (int32_t)rd_u32(rec + 12);
     int32_t tid = (int32_t)rd_u32(rec + 16);
-    if (pid == self->pid && tid == self->pid) self->batch.target_exited = true;
-    ssize_t i = perf_find_event(self, tid);
-    if (i >= 0) self->events[i].exited = true;  /* closed after its ring is drained */
+    uint64_t time = rd_u64(rec + 24);
+    perf_batch *b = &self->batch;
+    if (perf_find_thread(self, tid) >= 0) {
+        perf_forget_thread(self, tid);
+        (void)append_i32(&b->exited, &b->n_exited, &b->cap_exited, tid);
+    }
+    if (tid != pid) return;
+    ssize_t i = perf_find_proc(self, pid);
+    if (i < 0) return;
+    (void)perf_note_proc(self, PROC_EXIT, self->procs[i].image, pid, ppid, 0, time);
+    self->procs[i] = self->procs[--self->n_procs];
+    if (pid == self->pid) b->target_exited = true;
 }
 
-static void perf_on_comm(PerfSampler *self, const uint8_t *rec, size_t size) {
+/* The command line of a process that just exec'd, read while it most likely still runs (a
+ * drain follows the exec by milliseconds; Python would only look at the next checkpoint,
+ * after a short program is long gone).  NULs become spaces.  NULL if unreadable. */
+static char *perf_read_cmdline(int32_t pid) {
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (f == NULL) return NULL;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    while (n > 0 && buf[n - 1] == '\0') n--;
+    if (n == 0) return NULL;
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] == '\0') buf[i] = ' ';
+    buf[n] = '\0';
+    return strdup(buf);
+}
+
+static void perf_on_comm(PerfSampler *self, const uint8_t *rec, size_t size, uint16_t misc) {
     /* header, pid, tid, comm[] (NUL terminated, padded), sample_id */
     if (size < 17) return;
     int32_t pid = (int32_t)rd_u32(rec + 8);
-    if (pid != self->pid) return;
+    int32_t tid = (int32_t)rd_u32(rec + 12);
+    ssize_t i = perf_find_proc(self, pid);
+    if (i < 0) return;
     perf_batch *b = &self->batch;
+    if (misc & PERF_RECORD_MISC_COMM_EXEC) {
+        /* A new program in this process: a new image, whose mappings follow as MMAP2. */
+        uint32_t old = self->procs[i].image;
+        uint32_t image = self->next_image++;
+        self->procs[i].image = image;
+        size_t tail = size >= 16 ? size - 8 : size;  /* sample_id: ..., time last */
+        if (perf_note_proc(self, PROC_EXEC, image, pid, 0, old, rd_u64(rec + tail)))
+            b->procs[b->n_procs - 1].command = perf_read_cmdline(pid);
+    }
     if (!perf_vec_reserve((void **)&b->comms, &b->cap_comms, b->n_comms + 1, sizeof(perf_comm)))
         return;
     perf_comm *c = &b->comms[b->n_comms++];
-    c->tid = (int32_t)rd_u32(rec + 12);
+    c->tid = tid;
     size_t n = strnlen((const char *)rec + 16, size - 16);
     if (n > PERF_COMM_LEN) n = PERF_COMM_LEN;
     memcpy(c->name, rec + 16, n);
@@ -336,7 +561,9 @@ static void perf_on_mmap2(PerfSampler *self, const uint8_t *rec, size_t size, ui
     if (size < 73) return;
     int32_t pid = (int32_t)rd_u32(rec + 8);
     uint32_t prot = rd_u32(rec + 64);
-    if (pid != self->pid || !(prot & PROT_EXEC)) return;
+    if (!(prot & PROT_EXEC)) return;
+    uint32_t image = perf_image_of(self, pid, false);
+    if (image == 0) return;
     perf_batch *b = &self->batch;
     if (!perf_vec_reserve((void **)&b->mmaps, &b->cap_mmaps, b->n_mmaps + 1, sizeof(perf_mmap)))
         return;
@@ -346,6 +573,7 @@ static void perf_on_mmap2(PerfSampler *self, const uint8_t *rec, size_t size, ui
     memcpy(name, rec + 72, n);
     name[n] = '\0';
     perf_mmap *m = &b->mmaps[b->n_mmaps++];
+    m->image = image;
     m->start = rd_u64(rec + 16);
     m->len = rd_u64(rec + 24);
     m->pgoff = rd_u64(rec + 32);
@@ -359,7 +587,7 @@ static void perf_on_mmap2(PerfSampler *self, const uint8_t *rec, size_t size, ui
     }
 }
 
-static void perf_on_record(PerfSampler *self, size_t ev_index, const uint8_t *rec,
+static void perf_on_record(PerfSampler *self, const uint8_t *rec,
                            const struct perf_event_header *hdr) {
     switch (hdr->type) {
     case PERF_RECORD_SAMPLE:
@@ -372,7 +600,7 @@ static void perf_on_record(PerfSampler *self, size_t ev_index, const uint8_t *re
         perf_on_exit(self, rec, hdr->size);
         break;
     case PERF_RECORD_COMM:
-        perf_on_comm(self, rec, hdr->size);
+        perf_on_comm(self, rec, hdr->size, hdr->misc);
         break;
     case PERF_RECORD_MMAP2:
         perf_on_mmap2(self, rec, hdr->size, hdr->misc);
@@ -382,7 +610,7 @@ static void perf_on_record(PerfSampler *self, size_t ev_index, const uint8_t *re
         if (hdr->size >= 24) {
             uint64_t lost = rd_u64(rec + 16);
             self->batch.lost += lost;
-            self->events[ev_index].lost_reported += lost;
+            self->lost_records += lost;
         }
         break;
     default:
@@ -390,10 +618,16 @@ static void perf_on_record(PerfSampler *self, size_t ev_index, const uint8_t *re
     }
 }
 
-/* Drains the ring of event i.  Lock held.  Handlers may open new events (FORK), which can
- * move self->events, so the ring is addressed through locals, never a cached event pointer. */
-static size_t perf_drain_ring(PerfSampler *self, size_t i) {
-    struct perf_event_mmap_page *meta = self->events[i].base;
+/* When a record happened: a sample's TIME field, else the sample_id trailer's (last 8 bytes,
+ * since sample_type is IP|TID|TIME|CALLCHAIN and sample_id_all is set). */
+static uint64_t perf_record_time(const uint8_t *rec, const struct perf_event_header *hdr) {
+    if (hdr->type == PERF_RECORD_SAMPLE) return hdr->size >= 32 ? rd_u64(rec + 24) : 0;
+    return hdr->size >= 16 ? rd_u64(rec + hdr->size - 8) : 0;
+}
+
+/* Copies the records of one ring into the stage.  Lock held. */
+static size_t perf_stage_ring(PerfSampler *self, perf_ring *ring) {
+    struct perf_event_mmap_page *meta = ring->base;
     uint8_t *data = (uint8_t *)meta + meta->data_offset;
     uint64_t size = meta->data_size;
     /* Acquire pairs with the kernel's release of data_head: record bytes up to head are
@@ -410,14 +644,26 @@ static size_t perf_drain_ring(PerfSampler *self, size_t i) {
             tail = head;  /* corrupt or torn: resynchronise by skipping what we have */
             break;
         }
-        const uint8_t *rec = data + off;
+        if (!perf_vec_reserve((void **)&self->stage, &self->stage_cap,
+                              self->stage_len + hdr.size, 1) ||
+            !perf_vec_reserve((void **)&self->staged, &self->cap_staged, self->n_staged + 1,
+                              sizeof(perf_staged))) {
+            self->batch.lost++;  /* out of memory: the record is dropped, and counted */
+            tail += hdr.size;
+            continue;
+        }
+        uint8_t *dst = self->stage + self->stage_len;
         if (off + hdr.size > size) {
             size_t first = (size_t)(size - off);
-            memcpy(self->scratch, data + off, first);
-            memcpy(self->scratch + first, data, hdr.size - first);
-            rec = self->scratch;
+            memcpy(dst, data + off, first);
+            memcpy(dst + first, data, hdr.size - first);
+        } else {
+            memcpy(dst, data + off, hdr.size);
         }
-        perf_on_record(self, i, rec, &hdr);
+        self->staged[self->n_staged] = (perf_staged){
+            perf_record_time(dst, &hdr), (uint32_t)self->n_staged, hdr.size, self->stage_len};
+        self->n_staged++;
+        self->stage_len += hdr.size;
         tail += hdr.size;
         n++;
     }
@@ -426,22 +672,31 @@ static size_t perf_drain_ring(PerfSampler *self, size_t i) {
     return n;
 }
 
-/* Drains every ring, then retires the threads that exited.  Lock held, no GIL needed. */
+static int perf_staged_cmp(const void *a, const void *b) {
+    const perf_staged *x = a, *y = b;
+    if (x->time != y->time) return x->time < y->time ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Drains every ring and handles the records in time order.  Lock held, no GIL needed. */
 static size_t perf_drain_all(PerfSampler *self) {
-    size_t n = 0;
-    /* n_events may grow while looping (FORK); new events are drained in the same pass. */
-    for (size_t i = 0; i < self->n_events; i++) n += perf_drain_ring(self, i);
-    for (size_t i = 0; i < self->n_events;) {
-        if (!self->events[i].exited) {
-            i++;
-            continue;
-        }
-        /* Its EXIT may have been read from another ring after this one was drained. */
-        n += perf_drain_ring(self, i);
-        perf_release_event(self, i, true);
-        memmove(&self->events[i], &self->events[i + 1],
-                (self->n_events - i - 1) * sizeof(perf_thread_event));
-        self->n_events--;
+    self->stage_len = 0;
+    self->n_staged = 0;
+    for (size_t c = 0; c < self->n_cpus; c++)
+        if (self->rings[c].fd >= 0) perf_stage_ring(self, &self->rings[c]);
+    /* Records of one ring are already in order; merging rings is what the sort is for. */
+    qsort(self->staged, self->n_staged, sizeof(perf_staged), perf_staged_cmp);
+    for (size_t k = 0; k < self->n_staged; k++) {
+        const uint8_t *rec = self->stage + self->staged[k].off;
+        struct perf_event_header hdr;
+        memcpy(&hdr, rec, sizeof hdr);
+        perf_on_record(self, rec, &hdr);
+    }
+    size_t n = self->n_staged;
+    if (self->stage_cap > (8u << 20)) {  /* a burst: give the memory back */
+        free(self->stage);
+        self->stage = NULL;
+        self->stage_cap = 0;
     }
     return n;
 }
@@ -485,10 +740,10 @@ static PyObject *perf_closed_error(void) {
 }
 
 static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", NULL};
-    int pid, freq_hz = 99, ring_kib = 128, max_stack = 127;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iii:PerfSampler", kwlist, &pid, &freq_hz,
-                                     &ring_kib, &max_stack))
+    static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", "follow", NULL};
+    int pid, freq_hz = 99, ring_kib = 128, max_stack = 127, follow = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiip:PerfSampler", kwlist, &pid, &freq_hz,
+                                     &ring_kib, &max_stack, &follow))
         return NULL;
     if (pid <= 0) {
         PyErr_SetString(PyExc_ValueError, "pid must be positive");
@@ -520,15 +775,19 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->pid = pid;
     self->freq_hz = freq_hz;
     self->max_stack = max_stack;
+    self->follow = follow != 0;
     self->data_size = data_size;
     self->map_len = data_size + (size_t)page;
     self->format_lost = true;
-    self->scratch = malloc(PERF_MAX_RECORD);
-    self->chain = malloc(PERF_MAX_CHAIN * sizeof(uint64_t));
-    if (self->scratch == NULL || self->chain == NULL) {
+    self->next_image = 2;  /* image 1 is the target as attached */
+    self->chain = malloc((PERF_MAX_CHAIN + 1) * sizeof(uint64_t));
+    if (self->chain == NULL || !perf_online_cpus(&self->cpus, &self->n_cpus) ||
+        (self->rings = malloc(self->n_cpus * sizeof(perf_ring))) == NULL ||
+        !perf_add_proc(self, pid, 1)) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
+    for (size_t c = 0; c < self->n_cpus; c++) self->rings[c] = (perf_ring){-1, NULL};
     if (pthread_mutex_init(&self->lock, NULL) != 0) {
         Py_DECREF(self);
         return PyErr_NoMemory();
@@ -537,11 +796,21 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
     return (PyObject *)self;
 }
 
-/* Disables and releases every event.  Lock held. */
+/* Disables and releases every event and ring.  Lock held.  Lost records the kernel had no
+ * room to announce as PERF_RECORD_LOST are picked up from the PERF_FORMAT_LOST counters, so
+ * they are not silently dropped. */
 static void perf_close_locked(PerfSampler *self) {
     if (self->closed) return;
     for (size_t i = 0; i < self->n_events; i++) ioctl(self->events[i].fd, PERF_EVENT_IOC_DISABLE, 0);
-    for (size_t i = 0; i < self->n_events; i++) perf_release_event(self, i, false);
+    uint64_t counted = self->lost_closed;
+    for (size_t i = 0; i < self->n_events; i++) counted += perf_event_lost(self, self->events[i].fd);
+    if (counted > self->lost_records) {
+        self->batch.lost += counted - self->lost_records;
+        self->lost_records = counted;
+    }
+    for (size_t c = 0; c < self->n_cpus; c++)
+        if (self->rings[c].fd >= 0) munmap(self->rings[c].base, self->map_len);
+    for (size_t i = 0; i < self->n_events; i++) close(self->events[i].fd);
     self->n_events = 0;
     self->closed = true;
 }
@@ -553,9 +822,14 @@ static void PerfSampler_dealloc(PerfSampler *self) {
         pthread_mutex_destroy(&self->lock);
     }
     free(self->events);
+    free(self->cpus);
+    free(self->rings);
+    free(self->procs);
+    free(self->threads);
     perf_stack_table_free(&self->stacks);
     perf_batch_free(&self->batch);
-    free(self->scratch);
+    free(self->stage);
+    free(self->staged);
     free(self->chain);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -572,7 +846,10 @@ static PyObject *PerfSampler_add_thread(PerfSampler *self, PyObject *arg) {
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->lock);
     closed = self->closed;
-    if (!closed && perf_find_event(self, tid) < 0) err = perf_open_thread(self, tid);
+    /* A thread already known (opened, or announced by a FORK record: it inherits an event)
+     * must not get a second event: it would be sampled twice. */
+    if (!closed && perf_find_thread(self, tid) < 0 && !perf_has_events_on(self, tid))
+        err = perf_open_thread(self, tid);
     pthread_mutex_unlock(&self->lock);
     Py_END_ALLOW_THREADS
     if (closed) return perf_closed_error();
@@ -604,48 +881,56 @@ static PyObject *PerfSampler_poll(PerfSampler *self, PyObject *arg) {
     bool closed = false, nomem = false;
     Py_BEGIN_ALLOW_THREADS
     /* Snapshot the fds, then wait without the lock so take()/add_thread() never stall
-     * behind a poll.  Matching revents back by (fd, tid) copes with events retired and
-     * fds reused while we slept. */
+     * behind a poll.  Every event fd is polled: a ring's data wakes any fd that writes to
+     * it, and POLLHUP on an fd says its thread and everything that inherited from it ended. */
     struct pollfd *pfds = NULL;
-    int32_t *tids = NULL;
     size_t n = 0;
     pthread_mutex_lock(&self->lock);
     closed = self->closed;
     if (!closed && self->n_events > 0) {
-        n = self->n_events;
-        pfds = malloc(n * sizeof(*pfds));
-        tids = malloc(n * sizeof(*tids));
-        if (pfds == NULL || tids == NULL) {
+        pfds = malloc(self->n_events * sizeof(*pfds));
+        if (pfds == NULL) {
             nomem = true;
-            n = 0;
         } else {
-            for (size_t i = 0; i < n; i++) {
-                pfds[i].fd = self->events[i].fd;
-                pfds[i].events = POLLIN;
-                pfds[i].revents = 0;
-                tids[i] = self->events[i].tid;
+            for (size_t i = 0; i < self->n_events; i++) {
+                if (self->events[i].hup) continue;  /* would wake every poll */
+                pfds[n].fd = self->events[i].fd;
+                pfds[n].events = POLLIN;
+                pfds[n].revents = 0;
+                n++;
             }
         }
     }
     pthread_mutex_unlock(&self->lock);
 
     if (!closed && !nomem) {
-        if (poll(pfds, (nfds_t)n, timeout_ms) < 0) poll_errno = errno;
+        if (n == 0) {
+            struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        } else if (poll(pfds, (nfds_t)n, timeout_ms) < 0) {
+            poll_errno = errno;
+        }
         pthread_mutex_lock(&self->lock);
         closed = self->closed;
         if (!closed) {
-            /* HUP/ERR: the thread is gone even if its EXIT record was lost. */
+            processed = perf_drain_all(self);
             for (size_t k = 0; poll_errno == 0 && k < n; k++) {
                 if (!(pfds[k].revents & (POLLHUP | POLLERR))) continue;
-                ssize_t i = perf_find_event(self, tids[k]);
-                if (i >= 0 && self->events[i].fd == pfds[k].fd) self->events[i].exited = true;
+                for (size_t i = 0; i < self->n_events; i++) {
+                    perf_event_fd *ev = &self->events[i];
+                    if (ev->fd != pfds[k].fd || ev->hup) continue;
+                    ev->hup = true;
+                    if (ev->owns_ring) break;  /* the ring stays mapped for the others */
+                    self->lost_closed += perf_event_lost(self, ev->fd);
+                    close(ev->fd);
+                    self->events[i] = self->events[--self->n_events];
+                    break;
+                }
             }
-            processed = perf_drain_all(self);
         }
         pthread_mutex_unlock(&self->lock);
     }
     free(pfds);
-    free(tids);
     Py_END_ALLOW_THREADS
 
     if (nomem) return PyErr_NoMemory();
@@ -662,18 +947,19 @@ static PyObject *PerfSampler_poll(PerfSampler *self, PyObject *arg) {
  * dicts, so a misspelt field is an AttributeError at the boundary, not a silent KeyError later. */
 enum {
     PB_SAMPLES, PB_LOST, PB_NEW_STACKS, PB_COUNTS, PB_NEW_THREADS, PB_EXITED_THREADS, PB_COMMS,
-    PB_MMAPS, PB_TARGET_EXITED, PB_FIRST_TIME_NS, PB_LAST_TIME_NS, PB_NFIELDS
+    PB_MMAPS, PB_PROCESSES, PB_TARGET_EXITED, PB_FIRST_TIME_NS, PB_LAST_TIME_NS, PB_NFIELDS
 };
 static PyStructSequence_Field perf_batch_fields[] = {
     {"samples", "samples read from the rings since the last take()"},
-    {"lost", "samples the kernel dropped (PERF_RECORD_LOST)"},
-    {"new_stacks", "[(stack_id, (ip, ...)), ...] stacks first seen in this batch"},
+    {"lost", "records the kernel dropped (PERF_RECORD_LOST)"},
+    {"new_stacks", "[(stack_id, image, (ip, ...)), ...] stacks first seen in this batch"},
     {"counts", "[(stack_id, tid, count), ...]"},
-    {"new_threads", "[tid, ...] threads that appeared"},
+    {"new_threads", "[(pid, tid), ...] threads that appeared"},
     {"exited_threads", "[tid, ...] threads that ended"},
     {"comms", "[(tid, name), ...] thread names (PERF_RECORD_COMM)"},
     {"mmaps", "[PerfMmap, ...] executable mappings (PERF_RECORD_MMAP2)"},
-    {"target_exited", "the whole target process has exited"},
+    {"processes", "[(kind, image, pid, ppid, parent_image, time_ns, command), ...]"},
+    {"target_exited", "the target process (the one attached to) has exited"},
     {"first_time_ns", "perf clock of the first record in the batch (0: none)"},
     {"last_time_ns", "perf clock of the last record in the batch (0: none)"},
     {NULL, NULL},
@@ -685,166 +971,177 @@ static PyStructSequence_Desc perf_batch_desc = {
 static PyStructSequence_Field perf_mmap_fields[] = {
     {"start", "first address"}, {"length", "bytes mapped"}, {"pgoff", "file offset"},
     {"path", "file name as the kernel reports it"}, {"build_id", "GNU build id, or None"},
+    {"image", "the process image (see processes) the mapping belongs to"},
     {NULL, NULL},
 };
 static PyStructSequence_Desc perf_mmap_desc = {
-    "rsprof._native.PerfMmap", "One executable mapping seen by the kernel.", perf_mmap_fields, 5,
+    "rsprof._native.PerfMmap", "One executable mapping seen by the kernel.", perf_mmap_fields, 6,
 };
 static PyTypeObject *PerfBatchType, *PerfMmapType;
 
-static PyObject *perf_batch_to_struct(PerfSampler *self, const perf_batch *b) {
-    PyObject *d = PyStructSequence_New(PerfBatchType), *v = NULL;
-    if (d == NULL) return NULL;
+/* Builds a struct sequence from owned references; on any NULL, releases them all. */
+static PyObject *perf_struct(PyTypeObject *type, PyObject **vals, int n) {
+    PyObject *item = PyStructSequence_New(type);
+    for (int k = 0; k < n; k++)
+        if (vals[k] == NULL) Py_CLEAR(item);
+    if (item == NULL) {
+        for (int k = 0; k < n; k++) Py_XDECREF(vals[k]);
+        return NULL;
+    }
+    for (int k = 0; k < n; k++) PyStructSequence_SetItem(item, k, vals[k]);
+    return item;
+}
 
-    /* PyStructSequence_SetItem steals the reference, so v is not cleared after it. */
-#define SET_ITEM(key, expr)                                          \
-    do {                                                             \
-        v = (expr);                                                  \
-        if (v == NULL) goto fail;                                    \
-        PyStructSequence_SetItem(d, key, v);                         \
-        v = NULL;                                                    \
-    } while (0)
-
-    SET_ITEM(PB_SAMPLES, PyLong_FromUnsignedLongLong(b->samples));
-    SET_ITEM(PB_LOST, PyLong_FromUnsignedLongLong(b->lost));
-
-    /* new_stacks: [(id, (ip, ...)), ...] */
-    {
-        PyObject *lst = PyList_New(0);
-        if (lst == NULL) goto fail;
-        v = lst;
-        for (size_t off = 0; off < b->n_new_stacks;) {
-            uint64_t id = b->new_stacks[off], depth = b->new_stacks[off + 1];
-            PyObject *ips = PyTuple_New((Py_ssize_t)depth);
-            if (ips == NULL) goto fail;
-            for (uint64_t k = 0; k < depth; k++) {
-                PyObject *ip = PyLong_FromUnsignedLongLong(b->new_stacks[off + 2 + k]);
-                if (ip == NULL) {
-                    Py_DECREF(ips);
-                    goto fail;
-                }
-                PyTuple_SET_ITEM(ips, (Py_ssize_t)k, ip);
-            }
-            PyObject *item = Py_BuildValue("(KN)", (unsigned long long)id, ips);
-            if (item == NULL || PyList_Append(lst, item) < 0) {
-                Py_XDECREF(item);
+static PyObject *perf_stacks_list(const perf_batch *b) {
+    PyObject *lst = PyList_New(0);
+    if (lst == NULL) return NULL;
+    for (size_t off = 0; off < b->n_new_stacks;) {
+        uint64_t id = b->new_stacks[off], depth = b->new_stacks[off + 1];
+        uint64_t image = b->new_stacks[off + 2];
+        PyObject *ips = PyTuple_New((Py_ssize_t)depth);
+        if (ips == NULL) goto fail;
+        for (uint64_t k = 0; k < depth; k++) {
+            PyObject *ip = PyLong_FromUnsignedLongLong(b->new_stacks[off + 3 + k]);
+            if (ip == NULL) {
+                Py_DECREF(ips);
                 goto fail;
             }
-            Py_DECREF(item);
-            off += 2 + depth;
+            PyTuple_SET_ITEM(ips, (Py_ssize_t)k, ip);
         }
-        PyStructSequence_SetItem(d, PB_NEW_STACKS, lst);
-        v = NULL;
-    }
-
-    /* counts: [(stack_id, tid, count), ...] */
-    {
-        PyObject *lst = PyList_New((Py_ssize_t)b->counts.used);
-        if (lst == NULL) goto fail;
-        v = lst;
-        Py_ssize_t k = 0;
-        for (size_t s = 0; s < b->counts.n_slots; s++) {
-            const perf_count_slot *c = &b->counts.slots[s];
-            if (c->stack_id == 0) continue;
-            PyObject *item = Py_BuildValue("(IiK)", (unsigned int)c->stack_id, (int)c->tid,
-                                           (unsigned long long)c->count);
-            if (item == NULL) goto fail;
-            PyList_SET_ITEM(lst, k++, item);
+        PyObject *item = Py_BuildValue("(KKN)", (unsigned long long)id,
+                                       (unsigned long long)image, ips);
+        if (item == NULL || PyList_Append(lst, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
         }
-        PyStructSequence_SetItem(d, PB_COUNTS, lst);
-        v = NULL;
+        Py_DECREF(item);
+        off += 3 + depth;
     }
-
-    /* new_threads / exited_threads: [tid, ...] */
-    {
-        const int32_t *src[2] = {b->new_threads, b->exited};
-        size_t cnt[2] = {b->n_new_threads, b->n_exited};
-        const int idx[2] = {PB_NEW_THREADS, PB_EXITED_THREADS};
-        for (int j = 0; j < 2; j++) {
-            PyObject *lst = PyList_New((Py_ssize_t)cnt[j]);
-            if (lst == NULL) goto fail;
-            v = lst;
-            for (size_t k = 0; k < cnt[j]; k++) {
-                PyObject *t = PyLong_FromLong(src[j][k]);
-                if (t == NULL) goto fail;
-                PyList_SET_ITEM(lst, (Py_ssize_t)k, t);
-            }
-            PyStructSequence_SetItem(d, idx[j], lst);
-            v = NULL;
-        }
-    }
-
-    /* comms: [(tid, name), ...]; names are bytes in the kernel, decoded leniently */
-    {
-        PyObject *lst = PyList_New((Py_ssize_t)b->n_comms);
-        if (lst == NULL) goto fail;
-        v = lst;
-        for (size_t k = 0; k < b->n_comms; k++) {
-            PyObject *name = PyUnicode_DecodeUTF8(b->comms[k].name,
-                                                  (Py_ssize_t)strlen(b->comms[k].name), "replace");
-            if (name == NULL) goto fail;
-            PyObject *item = Py_BuildValue("(iN)", (int)b->comms[k].tid, name);
-            if (item == NULL) goto fail;
-            PyList_SET_ITEM(lst, (Py_ssize_t)k, item);
-        }
-        PyStructSequence_SetItem(d, PB_COMMS, lst);
-        v = NULL;
-    }
-
-    /* mmaps: [(start, length, pgoff, filename, build_id | None), ...] */
-    {
-        PyObject *lst = PyList_New((Py_ssize_t)b->n_mmaps);
-        if (lst == NULL) goto fail;
-        v = lst;
-        for (size_t k = 0; k < b->n_mmaps; k++) {
-            const perf_mmap *m = &b->mmaps[k];
-            PyObject *name = PyUnicode_DecodeFSDefault(m->filename);
-            if (name == NULL) goto fail;
-            PyObject *bid;
-            if (m->build_id_size >= 0) {
-                bid = PyBytes_FromStringAndSize((const char *)m->build_id, m->build_id_size);
-                if (bid == NULL) {
-                    Py_DECREF(name);
-                    goto fail;
-                }
-            } else {
-                bid = Py_NewRef(Py_None);
-            }
-            PyObject *item = PyStructSequence_New(PerfMmapType);
-            PyObject *start = PyLong_FromUnsignedLongLong(m->start);
-            PyObject *len = PyLong_FromUnsignedLongLong(m->len);
-            PyObject *pgoff = PyLong_FromUnsignedLongLong(m->pgoff);
-            if (item == NULL || start == NULL || len == NULL || pgoff == NULL) {
-                Py_XDECREF(item);
-                Py_XDECREF(start);
-                Py_XDECREF(len);
-                Py_XDECREF(pgoff);
-                Py_DECREF(name);
-                Py_DECREF(bid);
-                goto fail;
-            }
-            PyStructSequence_SetItem(item, 0, start);
-            PyStructSequence_SetItem(item, 1, len);
-            PyStructSequence_SetItem(item, 2, pgoff);
-            PyStructSequence_SetItem(item, 3, name);
-            PyStructSequence_SetItem(item, 4, bid);
-            PyList_SET_ITEM(lst, (Py_ssize_t)k, item);
-        }
-        PyStructSequence_SetItem(d, PB_MMAPS, lst);
-        v = NULL;
-    }
-
-    SET_ITEM(PB_TARGET_EXITED, PyBool_FromLong(b->target_exited));
-    SET_ITEM(PB_FIRST_TIME_NS, PyLong_FromUnsignedLongLong(b->first_time));
-    SET_ITEM(PB_LAST_TIME_NS, PyLong_FromUnsignedLongLong(b->last_time));
-#undef SET_ITEM
-    (void)self;
-    return d;
-
+    return lst;
 fail:
-    Py_XDECREF(v);
-    Py_DECREF(d);
+    Py_DECREF(lst);
     return NULL;
+}
+
+static PyObject *perf_counts_list(const perf_batch *b) {
+    PyObject *lst = PyList_New((Py_ssize_t)b->counts.used);
+    if (lst == NULL) return NULL;
+    Py_ssize_t k = 0;
+    for (size_t s = 0; s < b->counts.n_slots; s++) {
+        const perf_count_slot *c = &b->counts.slots[s];
+        if (c->stack_id == 0) continue;
+        PyObject *item = Py_BuildValue("(IiK)", (unsigned int)c->stack_id, (int)c->tid,
+                                       (unsigned long long)c->count);
+        if (item == NULL) {
+            Py_DECREF(lst);
+            return NULL;
+        }
+        PyList_SET_ITEM(lst, k++, item);
+    }
+    return lst;
+}
+
+static PyObject *perf_threads_lists(const perf_batch *b, PyObject **exited) {
+    PyObject *born = PyList_New((Py_ssize_t)(b->n_new_threads / 2));
+    *exited = PyList_New((Py_ssize_t)b->n_exited);
+    if (born == NULL || *exited == NULL) goto fail;
+    for (size_t k = 0; k + 1 < b->n_new_threads; k += 2) {
+        PyObject *t = Py_BuildValue("(ii)", (int)b->new_threads[k], (int)b->new_threads[k + 1]);
+        if (t == NULL) goto fail;
+        PyList_SET_ITEM(born, (Py_ssize_t)(k / 2), t);
+    }
+    for (size_t k = 0; k < b->n_exited; k++) {
+        PyObject *t = PyLong_FromLong(b->exited[k]);
+        if (t == NULL) goto fail;
+        PyList_SET_ITEM(*exited, (Py_ssize_t)k, t);
+    }
+    return born;
+fail:
+    Py_XDECREF(born);
+    Py_CLEAR(*exited);
+    return NULL;
+}
+
+static PyObject *perf_comms_list(const perf_batch *b) {
+    /* Names are bytes in the kernel, decoded leniently. */
+    PyObject *lst = PyList_New((Py_ssize_t)b->n_comms);
+    if (lst == NULL) return NULL;
+    for (size_t k = 0; k < b->n_comms; k++) {
+        PyObject *name = PyUnicode_DecodeUTF8(b->comms[k].name,
+                                              (Py_ssize_t)strlen(b->comms[k].name), "replace");
+        PyObject *item = name ? Py_BuildValue("(iN)", (int)b->comms[k].tid, name) : NULL;
+        if (item == NULL) {
+            Py_DECREF(lst);
+            return NULL;
+        }
+        PyList_SET_ITEM(lst, (Py_ssize_t)k, item);
+    }
+    return lst;
+}
+
+static PyObject *perf_mmaps_list(const perf_batch *b) {
+    PyObject *lst = PyList_New((Py_ssize_t)b->n_mmaps);
+    if (lst == NULL) return NULL;
+    for (size_t k = 0; k < b->n_mmaps; k++) {
+        const perf_mmap *m = &b->mmaps[k];
+        PyObject *vals[6] = {
+            PyLong_FromUnsignedLongLong(m->start),
+            PyLong_FromUnsignedLongLong(m->len),
+            PyLong_FromUnsignedLongLong(m->pgoff),
+            PyUnicode_DecodeFSDefault(m->filename),
+            m->build_id_size >= 0
+                ? PyBytes_FromStringAndSize((const char *)m->build_id, m->build_id_size)
+                : Py_NewRef(Py_None),
+            PyLong_FromUnsignedLong(m->image),
+        };
+        PyObject *item = perf_struct(PerfMmapType, vals, 6);
+        if (item == NULL) {
+            Py_DECREF(lst);
+            return NULL;
+        }
+        PyList_SET_ITEM(lst, (Py_ssize_t)k, item);
+    }
+    return lst;
+}
+
+static PyObject *perf_procs_list(const perf_batch *b) {
+    PyObject *lst = PyList_New((Py_ssize_t)b->n_procs);
+    if (lst == NULL) return NULL;
+    for (size_t k = 0; k < b->n_procs; k++) {
+        const perf_proc_event *e = &b->procs[k];
+        PyObject *command = e->command ? PyUnicode_DecodeUTF8(e->command, (Py_ssize_t)strlen(
+                                             e->command), "replace")
+                                       : Py_NewRef(Py_None);
+        PyObject *item = command ? Py_BuildValue("(sIiiIKN)", PROC_KIND_NAMES[e->kind],
+                                                 (unsigned)e->image, (int)e->pid, (int)e->ppid,
+                                                 (unsigned)e->parent_image,
+                                                 (unsigned long long)e->time, command)
+                                 : NULL;
+        if (item == NULL) {
+            Py_DECREF(lst);
+            return NULL;
+        }
+        PyList_SET_ITEM(lst, (Py_ssize_t)k, item);
+    }
+    return lst;
+}
+
+static PyObject *perf_batch_to_struct(const perf_batch *b) {
+    PyObject *exited = NULL;
+    PyObject *vals[PB_NFIELDS];
+    vals[PB_SAMPLES] = PyLong_FromUnsignedLongLong(b->samples);
+    vals[PB_LOST] = PyLong_FromUnsignedLongLong(b->lost);
+    vals[PB_NEW_STACKS] = perf_stacks_list(b);
+    vals[PB_COUNTS] = perf_counts_list(b);
+    vals[PB_NEW_THREADS] = perf_threads_lists(b, &exited);
+    vals[PB_EXITED_THREADS] = exited;
+    vals[PB_COMMS] = perf_comms_list(b);
+    vals[PB_MMAPS] = perf_mmaps_list(b);
+    vals[PB_PROCESSES] = perf_procs_list(b);
+    vals[PB_TARGET_EXITED] = PyBool_FromLong(b->target_exited);
+    vals[PB_FIRST_TIME_NS] = PyLong_FromUnsignedLongLong(b->first_time);
+    vals[PB_LAST_TIME_NS] = PyLong_FromUnsignedLongLong(b->last_time);
+    return perf_struct(PerfBatchType, vals, PB_NFIELDS);
 }
 
 static PyObject *PerfSampler_take(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
@@ -855,17 +1152,16 @@ static PyObject *PerfSampler_take(PerfSampler *self, PyObject *Py_UNUSED(ignored
     b = self->batch;
     memset(&self->batch, 0, sizeof(self->batch));
     perf_unlock(self);
-    PyObject *d = perf_batch_to_struct(self, &b);
+    PyObject *d = perf_batch_to_struct(&b);
     perf_batch_free(&b);
     return d;
 }
 
 static PyObject *PerfSampler_threads(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
     perf_lock(self);
-    size_t n = self->n_events;
+    size_t n = self->n_threads;
     int32_t *tids = n ? malloc(n * sizeof(int32_t)) : NULL;
-    if (tids != NULL)
-        for (size_t i = 0; i < n; i++) tids[i] = self->events[i].tid;
+    if (tids != NULL) memcpy(tids, self->threads, n * sizeof(int32_t));
     perf_unlock(self);
     if (n && tids == NULL) return PyErr_NoMemory();
     PyObject *lst = PyList_New((Py_ssize_t)n);
@@ -920,7 +1216,7 @@ static PyMethodDef PerfSampler_methods[] = {
     {"take", (PyCFunction)PerfSampler_take, METH_NOARGS,
      "take() -> PerfBatch\n\nReturn and reset everything aggregated since the previous take()."},
     {"threads", (PyCFunction)PerfSampler_threads, METH_NOARGS,
-     "threads() -> list[int]\n\nCurrently tracked thread ids."},
+     "threads() -> list[int]\n\nLive threads being sampled (opened or inherited)."},
     {"close", (PyCFunction)PerfSampler_close, METH_NOARGS,
      "close() -> None\n\nDisable and release every event. Idempotent."},
     {"__enter__", (PyCFunction)PerfSampler_enter, METH_NOARGS, NULL},
@@ -939,8 +1235,9 @@ static PyTypeObject PerfSamplerType = {
     .tp_name = "rsprof._native.PerfSampler",
     .tp_basicsize = sizeof(PerfSampler),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "PerfSampler(pid, freq_hz=99, ring_kib=128, max_stack=127)\n\n"
-              "Frame-pointer CPU sampling of every thread of one process (see docs/native.md).",
+    .tp_doc = "PerfSampler(pid, freq_hz=99, ring_kib=128, max_stack=127, follow=False)\n\n"
+              "Frame-pointer CPU sampling of every thread of a process, and with follow=True of\n"
+              "every process it starts (see docs/native.md).",
     .tp_new = PerfSampler_new,
     .tp_dealloc = (destructor)PerfSampler_dealloc,
     .tp_methods = PerfSampler_methods,

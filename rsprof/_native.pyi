@@ -13,7 +13,7 @@ from typing_extensions import Buffer
 Stack = tuple[int, ...]
 
 @final
-class PerfMmap(tuple[int, int, int, str, bytes | None]):
+class PerfMmap(tuple[int, int, int, str, bytes | None, int]):
     """One executable mapping seen by the kernel (PERF_RECORD_MMAP2)."""
 
     @property
@@ -26,6 +26,14 @@ class PerfMmap(tuple[int, int, int, str, bytes | None]):
     def path(self) -> str: ...
     @property
     def build_id(self) -> bytes | None: ...
+    @property
+    def image(self) -> int:
+        """The process image the mapping belongs to (see PerfBatch.processes)."""
+
+# (kind: "fork" | "exec" | "exit", image, pid, ppid, parent_image, time_ns, command): an image
+# is one process between two execs; image 1 is the target as attached. command: an exec's
+# /proc/PID/cmdline read as the record was drained (None if the process was gone already).
+ProcessEvent = tuple[str, int, int, int, int, int, str | None]
 
 @final
 class PerfBatch(tuple[object, ...]):
@@ -36,12 +44,14 @@ class PerfBatch(tuple[object, ...]):
     @property
     def lost(self) -> int: ...
     @property
-    def new_stacks(self) -> list[tuple[int, Stack]]: ...
+    def new_stacks(self) -> list[tuple[int, int, Stack]]:
+        """(stack_id, image, ips)"""
     @property
     def counts(self) -> list[tuple[int, int, int]]:
         """(stack_id, tid, samples)"""
     @property
-    def new_threads(self) -> list[int]: ...
+    def new_threads(self) -> list[tuple[int, int]]:
+        """(pid, tid)"""
     @property
     def exited_threads(self) -> list[int]: ...
     @property
@@ -49,6 +59,8 @@ class PerfBatch(tuple[object, ...]):
         """(tid, thread name)"""
     @property
     def mmaps(self) -> list[PerfMmap]: ...
+    @property
+    def processes(self) -> list[ProcessEvent]: ...
     @property
     def target_exited(self) -> bool: ...
     @property
@@ -58,10 +70,16 @@ class PerfBatch(tuple[object, ...]):
 
 @final
 class PerfSampler:
-    """perf_event_open sampling of every thread of one process (cpu-clock, user call chains)."""
+    """perf_event_open sampling (cpu-clock, user call chains) of every thread of a process,
+    inherited by the threads and, with follow=True, the processes it starts."""
 
     def __new__(
-        cls, pid: int, freq_hz: int = 99, ring_kib: int = 128, max_stack: int = 127
+        cls,
+        pid: int,
+        freq_hz: int = 99,
+        ring_kib: int = 128,
+        max_stack: int = 127,
+        follow: bool = False,
     ) -> Self: ...
     @property
     def pid(self) -> int: ...

@@ -72,6 +72,9 @@ def record_options(func: click.decorators.FC) -> click.decorators.FC:
                      show_default=True, help="CPU samples per second per thread."),
         click.option("-q", "--quiet", is_flag=True, help="Record headless (no TUI)."),
         click.option("-a", "--append", is_flag=True, help="Append to an existing profile."),
+        click.option("--follow/--no-follow", default=None,
+                     help="Also sample the processes the target starts, each as its own"
+                          " process in the profile (default: on for `run`, off when attaching)."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -139,6 +142,7 @@ def _record(
     cpu_freq: int,
     quiet: bool,
     append: bool,
+    follow: bool | None,
     child: subprocess.Popen[bytes] | None = None,
 ) -> session.SessionOutcome:
     from rsprof import session
@@ -146,7 +150,10 @@ def _record(
 
     path = output or session.default_output(target.name)
     quiet = quiet or not (sys.stdin.isatty() and sys.stdout.isatty())
-    options = RecordOptions(freq_hz=cpu_freq, interval_s=interval, duration_s=duration)
+    options = RecordOptions(
+        freq_hz=cpu_freq, interval_s=interval, duration_s=duration,
+        follow=(child is not None) if follow is None else follow,
+    )
     outcome = session.record(target, path, options, append=append, quiet=quiet, child=child)
     click.echo(session.describe(outcome), err=True)
     return outcome

@@ -34,6 +34,8 @@ def sample_options(func: click.decorators.FC) -> click.decorators.FC:
         click.option("--show", metavar="REGEX", help="Keep only frames matching REGEX."),
         click.option("--hide", metavar="REGEX", help="Remove frames matching REGEX."),
         click.option("--tid", type=int, help="Only this thread (CPU)."),
+        click.option("--pid", "process_pid", type=int,
+                     help="Only this process (CPU), of a recording that followed children."),
         click.option("--since", callback=_point, metavar="TIME",
                      help="Start of the time range, from the recording's start (e.g. 2s, 1m)."),
         click.option("--until", callback=_point, metavar="TIME",
@@ -64,7 +66,10 @@ def build_query(kind: str, options: dict[str, Any]) -> SampleQuery:
     if tid is not None and kind == "heap":
         raise click.BadParameter("heap data has no threads (the shim records stacks only)",
                                  param_hint="'--tid'")
-    return SampleQuery(kind, tid, TimeRange(since, until), filters)
+    pid = options.pop("process_pid")
+    if pid is not None and kind == "heap":
+        raise click.BadParameter("heap data is not split by process yet", param_hint="'--pid'")
+    return SampleQuery(kind, tid, TimeRange(since, until), filters, pid)
 
 
 def check_kind(kind: str) -> str:

@@ -119,9 +119,15 @@ class TimeRange:
 
 
 def load_samples(
-    profile: Profile, kind: str, *, time_range: TimeRange = TimeRange(), tid: int | None = None
+    profile: Profile,
+    kind: str,
+    *,
+    time_range: TimeRange = TimeRange(),
+    tid: int | None = None,
+    pid: int | None = None,
 ) -> SampleSet:
-    """Every CPU (or heap) sample of `profile` in `time_range`, for one thread if `tid`."""
+    """Every CPU (or heap) sample of `profile` in `time_range`, for one thread if `tid`, one
+    process if `pid`."""
     if kind not in ("cpu", "heap"):
         raise ValueError(f"unknown kind {kind!r}: use cpu or heap")
     meta = profile.meta()
@@ -130,7 +136,7 @@ def load_samples(
     if kind == "cpu":
         freq = int(meta.get("cpu_freq_hz") or 99)
         period_ns = 1_000_000_000 // max(1, freq)
-        samples = _cpu_samples(profile, frames, checkpoints, tid, period_ns)
+        samples = _cpu_samples(profile, frames, checkpoints, tid, pid, period_ns)
         return SampleSet("cpu", CPU_SAMPLE_TYPES, 0, samples, start_ms, end_ms,
                          period_ns=period_ns, meta=meta)
     samples = _heap_samples(profile, frames, checkpoints)
@@ -175,6 +181,7 @@ def _cpu_samples(
     frames: _FrameTable,
     checkpoints: list[tuple[int, bool]],
     tid: int | None,
+    pid: int | None,
     period_ns: int,
 ) -> list[Sample]:
     inside = _id_list(cid for cid, within in checkpoints if within)
@@ -186,6 +193,15 @@ def _cpu_samples(
     if tid is not None:
         sql += " AND s.tid = ?"
         params = (tid,)
+    if pid is not None:
+        # Files recorded before processes were followed have no threads.pid: all of it is
+        # the one process in meta.
+        columns = {row[1] for row in profile.rows("PRAGMA table_info(threads)")}
+        if "pid" in columns:
+            sql += " AND t.pid = ?"
+            params = (*params, pid)
+        elif str(pid) != str(profile.meta().get("pid")):
+            return []
     rows = profile.rows(sql + " GROUP BY s.stack_id, s.tid ORDER BY s.stack_id, s.tid", params)
     stacks = frames.stacks({row[0] for row in rows})
     samples = []

@@ -83,6 +83,16 @@ CREATE TABLE IF NOT EXISTS threads (
     name TEXT,
     first_checkpoint_id INTEGER,
     last_checkpoint_id INTEGER,
+    exited INTEGER NOT NULL DEFAULT 0,
+    pid INTEGER
+);
+CREATE TABLE IF NOT EXISTS processes (
+    id INTEGER PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    ppid INTEGER,
+    parent_id INTEGER REFERENCES processes(id),
+    command TEXT,
+    first_checkpoint_id INTEGER,
     exited INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS cpu_stack_samples (
@@ -203,6 +213,10 @@ def create_views(conn: sqlite3.Connection, *, temporary: bool = False) -> None:
 def create_schema(conn: sqlite3.Connection) -> None:
     """Creates every table and view of the current schema version (idempotent)."""
     conn.executescript(DDL)
+    # Files written before processes were followed: threads gain their pid column.
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(threads)")}
+    if "pid" not in columns:
+        conn.execute("ALTER TABLE threads ADD COLUMN pid INTEGER")
     create_views(conn)
     conn.execute(
         "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",

@@ -21,6 +21,7 @@ class SampleQuery:
     tid: int | None = None
     time_range: TimeRange = field(default_factory=TimeRange)
     filters: FrameFilter = field(default_factory=FrameFilter)
+    pid: int | None = None  # one process of a recording that followed children
 
 
 WHOLE_CPU_PROFILE = SampleQuery()
@@ -37,7 +38,8 @@ class Selection:
 
 
 def select(profile: Profile, query: SampleQuery) -> Selection:
-    samples = load_samples(profile, query.kind, time_range=query.time_range, tid=query.tid)
+    samples = load_samples(profile, query.kind, time_range=query.time_range, tid=query.tid,
+                           pid=query.pid)
     totals = [samples.total(i) for i in range(len(samples.sample_types))]
     samples.samples = query.filters.apply(samples.samples)
     return Selection(samples, totals)
@@ -49,8 +51,9 @@ def require_samples(selection: Selection, query: SampleQuery, path: object) -> N
         return
     if not any(selection.unfiltered_total):
         what = "CPU samples" if query.kind == "cpu" else "heap data"
-        narrowed = query.tid is not None or query.time_range != TimeRange()
-        where = " in the selected time range / thread" if narrowed else ""
+        narrowed = (query.tid is not None or query.pid is not None
+                    or query.time_range != TimeRange())
+        where = " in the selected time range / thread / process" if narrowed else ""
         hint = "" if query.kind == "cpu" or narrowed else (
             " (record with `rsprof run -- CMD` to track the heap)")
         raise EmptySelection(f"{path}: no {what}{where}{hint}")

@@ -49,6 +49,7 @@ class Checkpoint:
     heap_events: int = 0
     heap_lost_events: int = 0
     threads: Mapping[int, str | None] = field(default_factory=dict)  # tids seen -> name
+    thread_pids: Mapping[int, int] = field(default_factory=dict)  # tid -> its process's pid
     exited_threads: Iterable[int] = ()
     target_cpu_pct: float | None = None
     target_rss_bytes: int | None = None
@@ -298,22 +299,46 @@ class ProfileWriter:
 
     def _write_threads(self, cid: int, checkpoint: Checkpoint) -> None:
         for tid, name in checkpoint.threads.items():
+            pid = checkpoint.thread_pids.get(tid)
             if tid in self._known_threads:
                 self._execute(
-                    "UPDATE threads SET last_checkpoint_id = ?, name = COALESCE(?, name)"
-                    " WHERE tid = ?",
-                    (cid, name, tid),
+                    "UPDATE threads SET last_checkpoint_id = ?, name = COALESCE(?, name),"
+                    " pid = COALESCE(?, pid) WHERE tid = ?",
+                    (cid, name, pid, tid),
                 )
             else:
                 self._known_threads.add(tid)
                 self._execute(
-                    "INSERT INTO threads (tid, name, first_checkpoint_id, last_checkpoint_id)"
-                    " VALUES (?, ?, ?, ?)",
-                    (tid, name, cid, cid),
+                    "INSERT INTO threads (tid, name, first_checkpoint_id, last_checkpoint_id, pid)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (tid, name, cid, cid, pid),
                 )
         self._execute_many(
             "UPDATE threads SET exited = 1 WHERE tid = ?",
             [(tid,) for tid in checkpoint.exited_threads],
+        )
+
+    # -- processes -----------------------------------------------------------------------
+
+    def add_process(
+        self, pid: int, ppid: int | None, parent_id: int | None, command: str | None
+    ) -> int:
+        """One row per process image (a process between two execs); returns its id."""
+        cursor = self._execute(
+            "INSERT INTO processes (pid, ppid, parent_id, command, first_checkpoint_id)"
+            " VALUES (?, ?, ?, ?, (SELECT MAX(id) FROM checkpoints))",
+            (pid, ppid, parent_id, command),
+        )
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
+
+    def update_process(
+        self, process_id: int, *, command: str | None = None, exited: bool = False
+    ) -> None:
+        self._execute(
+            "UPDATE processes SET command = COALESCE(?, command), exited = MAX(exited, ?)"
+            " WHERE id = ?",
+            (command, int(exited), process_id),
         )
 
     # -- finishing -----------------------------------------------------------------------

@@ -14,10 +14,14 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from rsprof._native import PerfBatch, PerfSampler
+from rsprof._native import PerfBatch, PerfMmap, PerfSampler
+
+if TYPE_CHECKING:
+    from rsprof._native import ProcessEvent
 
 TARGETS = Path(__file__).parent / "targets"
 
@@ -25,7 +29,7 @@ TARGETS = Path(__file__).parent / "targets"
 class Target:
     """A running perf_target plus the sampler attached to all its current threads."""
 
-    def __init__(self, binary: Path, *args: str, **sampler_kw: int) -> None:
+    def __init__(self, binary: Path, *args: str, **sampler_kw: Any) -> None:
         self.binary = binary
         self.proc = subprocess.Popen(
             [str(binary), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -66,11 +70,12 @@ class Batch:
         self.new_threads: list[int] = []
         self.exited: list[int] = []
         self.comms: list[tuple[int, str]] = []
-        self.mmaps: list[tuple[int, int, int, str, bytes | None]] = []
+        self.mmaps: list[PerfMmap] = []
+        self.processes: list[ProcessEvent] = []
         self.target_exited = False
 
     def add(self, d: PerfBatch) -> None:
-        for sid, ips in d.new_stacks:
+        for sid, _image, ips in d.new_stacks:
             assert sid not in self.stacks, "stack ids are assigned once"
             self.stacks[sid] = ips
         for sid, tid, n in d.counts:
@@ -78,10 +83,11 @@ class Batch:
             self.counts[sid, tid] += n
         self.samples += d.samples
         self.lost += d.lost
-        self.new_threads += d.new_threads
+        self.new_threads += [tid for _pid, tid in d.new_threads]
         self.exited += d.exited_threads
         self.comms += d.comms
         self.mmaps += d.mmaps
+        self.processes += d.processes
         self.target_exited |= d.target_exited
 
     def per_tid(self) -> collections.Counter[int]:
@@ -286,7 +292,7 @@ def test_dlopen_after_attach_reports_mapping(run_target, tmp_path):
     b = collect(t, 0.2)
     ours = [m for m in b.mmaps if m[3] == str(lib)]
     assert len(ours) == 1, b.mmaps
-    start, length, pgoff, _, build_id = ours[0]
+    start, length, pgoff, build_id = ours[0].start, ours[0].length, ours[0].pgoff, ours[0].build_id
     assert start > 0 and length > 0 and pgoff >= 0
     lines = Path(f"/proc/{t.pid}/maps").read_text().splitlines()
     assert any(line.startswith(f"{start:x}-") and line.endswith(str(lib)) for line in lines)
