@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from rsprof.collector.frames import FrameResolver
@@ -27,11 +28,20 @@ class HeapTracker:
         self._lock = threading.Lock()
 
     @classmethod
-    def attach(cls, pid: int, resolver: FrameResolver) -> HeapTracker | None:
-        """None when the target was not started with the shim (CPU-only profile)."""
+    def attach(
+        cls, pid: int, resolver: FrameResolver, warn: Callable[[str], None] | None = None
+    ) -> HeapTracker | None:
+        """None when the target has no usable ring (CPU-only profile). Anything at the
+        ring's name that is not a valid ring (a FIFO, a directory, a symlink, another user's
+        file, a bad header) is refused through `warn`, never raised: the CPU recording
+        goes on."""
         try:
             reader = HeapReader.attach(pid)
-        except (FileNotFoundError, ValueError, PermissionError):
+        except FileNotFoundError:
+            return None  # no shim in the target: the common case, nothing to say
+        except (OSError, ValueError) as error:
+            if warn is not None:
+                warn(f"heap ring of PID {pid} not used: {error}")
             return None
         return cls(reader, resolver)
 
@@ -44,10 +54,11 @@ class HeapTracker:
 
     @staticmethod
     def sweep_stale() -> None:
-        """Removes rings that killed processes left in /dev/shm."""
+        """Removes rings that killed processes left in /dev/shm (never blocks: anything
+        that is not a regular file of ours is skipped)."""
         try:
             HeapReader.sweep_stale()
-        except OSError:
+        except (OSError, ValueError):
             pass
 
     def fill_checkpoint(self, checkpoint: Checkpoint) -> None:

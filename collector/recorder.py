@@ -81,6 +81,13 @@ class Recorder:
         # Called once sampling is enabled; `rsprof run` releases the held child from here.
         self.on_attached: Callable[[], None] | None = None
         self._heap_meta_written = False
+        # Problems that cost part of the data but not the recording (a refused or corrupt
+        # heap ring, a module whose debug info could not be read): each said once, through
+        # on_warning (the CLI prints it), and kept in meta `warnings` (docs/schema.md).
+        self.on_warning: Callable[[str], None] | None = None
+        self.warnings: list[str] = []
+        self._warnings_written = 0
+        self._warn_lock = threading.Lock()
 
     @property
     def sampler(self) -> PerfSampler:
@@ -95,6 +102,15 @@ class Recorder:
         if self.stop_reason is None:
             self.stop_reason = reason
         self.stop_event.set()
+
+    def warn(self, message: str) -> None:
+        """Says `message` once per recording (any thread)."""
+        with self._warn_lock:
+            if message in self.warnings:
+                return
+            self.warnings.append(message)
+        if self.on_warning is not None:
+            self.on_warning(message)
 
     # -- attach --------------------------------------------------------------------------
 
@@ -125,7 +141,7 @@ class Recorder:
             self._psutil = None
         if self.options.heap:
             HeapTracker.sweep_stale()
-            self._heap = HeapTracker.attach(pid, self.resolver)
+            self._heap = HeapTracker.attach(pid, self.resolver, self.warn)
         self.sampler.enable()
         if self.on_attached is not None:
             self.on_attached()
@@ -199,6 +215,8 @@ class Recorder:
         self.sampler.close()
         if self._heap:
             self._heap.close()
+            # A target killed without a chance to unlink its ring leaves it behind.
+            HeapTracker.sweep_stale()
         result = self._totals
         result.stop_reason = self.stop_reason or "interrupted"
         result.threads = len(self._thread_names)
@@ -214,7 +232,7 @@ class Recorder:
                 if self._heap is None and self.options.heap:
                     # A launched target creates its ring only after exec, and a short one
                     # may be gone before the first checkpoint: look for it on every poll.
-                    self._heap = HeapTracker.attach(self.target.pid, self.resolver)
+                    self._heap = HeapTracker.attach(self.target.pid, self.resolver, self.warn)
                 if self._heap:
                     self._heap.drain()
                 # Notice the target's exit within one poll, not at the next checkpoint: a
@@ -270,6 +288,9 @@ class Recorder:
                     {"heap_mode": self._heap.mode, "heap_sample_bytes": self._heap.sample_bytes}
                 )
         self._measure_target(checkpoint)
+        if len(self.warnings) != self._warnings_written:
+            self._warnings_written = len(self.warnings)
+            self.writer.set_meta({"warnings": "\n".join(self.warnings)})
         self.writer.write_checkpoint(checkpoint)
         totals = self._totals
         totals.checkpoints += 1

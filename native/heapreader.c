@@ -45,6 +45,9 @@
 /* After this many bytes the reader zeroes what it consumed and publishes read_pos, so
  * writers regain space while a long drain is still going on. */
 #define PUBLISH_CHUNK (256u * 1024u)
+/* A ring file without a valid header whose pid is dead is swept once it is this old
+ * (seconds): younger ones may be rings being created in another pid namespace. */
+#define SCRIBBLED_RING_AGE_S 10
 
 /* ------------------------------------------------------------------ live map */
 
@@ -483,13 +486,16 @@ static void release_mapping(HeapReaderObject *r) {
 static int do_attach(HeapReaderObject *r, int pid) {
     char path[96];
     snprintf(path, sizeof path, RSPROF_HEAP_PATH_PREFIX "%d", pid);
-    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK: never wait in open() on a FIFO planted under the ring's name. */
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-        if (errno == ELOOP) {
-            PyErr_Format(PyExc_ValueError, "%s is a symbolic link, not a heap ring", path);
+        if (errno == ENOENT) {
+            PyErr_SetFromErrnoWithFilename(PyExc_OSError, path); /* FileNotFoundError */
             return -1;
         }
-        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path); /* ENOENT -> FileNotFoundError */
+        /* ELOOP (a symlink), EISDIR (a directory), ENXIO, EACCES...: not a ring we use. */
+        PyErr_Format(PyExc_ValueError, "%s is not a heap ring (%s)", path,
+                     errno == ELOOP ? "a symbolic link" : strerror(errno));
         return -1;
     }
     struct stat st;
@@ -821,16 +827,30 @@ static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
         char *end;
         long pid = strtol(de->d_name + plen, &end, 10);
         if (*end != 0 || pid <= 0 || pid > INT32_MAX) continue;
-        int fd = openat(dirfd(dir), de->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        /* O_NONBLOCK: a FIFO planted under a ring's name must not hang us in open();
+         * O_NOFOLLOW: a symlink is never followed (open fails with ELOOP: skipped). */
+        int fd = openat(dirfd(dir), de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         if (fd < 0) continue;
         struct stat st;
         struct rsprof_heap_header hc;
         bool stale = false;
-        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
-            pread(fd, &hc, sizeof hc, 0) == (ssize_t)sizeof hc && hc.magic == RSPROF_HEAP_MAGIC &&
-            hc.pid == (int32_t)pid && (hc.pidns == 0 || my_ns == 0 || hc.pidns == my_ns)) {
-            uint64_t now = heapring_start_time((int)pid);
-            stale = hc.start_time != 0 ? now != hc.start_time : !pid_alive((int)pid);
+        /* Only regular files we own are ours to judge; FIFOs, directories, devices and other
+         * users' files are skipped silently. */
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) {
+            bool header = pread(fd, &hc, sizeof hc, 0) == (ssize_t)sizeof hc &&
+                          hc.magic == RSPROF_HEAP_MAGIC && hc.pid == (int32_t)pid;
+            if (header) {
+                if (hc.pidns == 0 || my_ns == 0 || hc.pidns == my_ns) {
+                    uint64_t now = heapring_start_time((int)pid);
+                    stale = hc.start_time != 0 ? now != hc.start_time : !pid_alive((int)pid);
+                }
+            } else {
+                /* No valid header (scribbled, or a ring still being created: magic is
+                 * stored last).  Swept only when the pid in its name is dead and the file
+                 * has not been written for a while (mtime), so a ring being created right now
+                 * (in this or another pid namespace) is never taken. */
+                stale = !pid_alive((int)pid) && time(NULL) - st.st_mtime > SCRIBBLED_RING_AGE_S;
+            }
         }
         close(fd);
         if (stale && unlinkat(dirfd(dir), de->d_name, 0) == 0) {

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,6 +113,8 @@ def record(
 ) -> SessionOutcome:
     writer = ProfileWriter(output, append=append)
     recorder = Recorder(target, writer, options, child=child)
+    if quiet:  # with the TUI on screen, warnings are said once it has closed
+        recorder.on_warning = _print_warning
     result: RecordResult | None = None
     exit_code: int | None = None
     try:
@@ -127,6 +130,9 @@ def record(
         if child is not None:
             stop_child(child)
         raise
+    if not quiet:
+        for message in recorder.warnings:
+            _print_warning(message)
     if child is not None:
         exit_code = stop_child(child)
     extra: dict[str, object] = {"heap_mode": result.heap_mode}
@@ -134,6 +140,10 @@ def record(
         extra["target_exit_code"] = exit_code
     writer.finish(result.stop_reason, extra)
     return SessionOutcome(output, result, exit_code)
+
+
+def _print_warning(message: str) -> None:
+    print(f"rsprof: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _finish_quietly(writer: ProfileWriter, reason: str) -> None:

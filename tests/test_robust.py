@@ -1,0 +1,175 @@
+"""The recorder never aborts, hangs or loses the profile (issue 11): hostile files in
+/dev/shm, a target that corrupts its own heap ring, corrupt debug info, hostile SQL,
+special output files, two recorders on one file, bad inputs. Real processes, real files."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import build_target, run_rsprof, start_target
+from rsprof._native import HeapReader
+
+import rsprof
+
+SHM = Path("/dev/shm")
+SHIM = Path(rsprof.__file__).resolve().parent / "lib" / "librsprof_heap.so"
+
+
+def ring_path(pid: int) -> Path:
+    return SHM / f"rsprof-heap.{pid}"
+
+
+def dead_pid() -> int:
+    """A pid with no process (high in the pid space, checked)."""
+    limit = int(Path("/proc/sys/kernel/pid_max").read_text())
+    for pid in range(limit - 11, limit // 2, -97):
+        if not Path(f"/proc/{pid}").exists():
+            return pid
+    raise AssertionError("no free pid")
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        path.rmdir()
+    else:
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def planted() -> Iterator[list[Path]]:
+    """Paths a test plants in /dev/shm, removed whatever happens."""
+    paths: list[Path] = []
+    yield paths
+    for path in paths:
+        if path.exists() or path.is_symlink():
+            remove(path)
+
+
+@pytest.fixture
+def spinner() -> Iterator[subprocess.Popen[str]]:
+    """A CPU-bound target without the heap shim."""
+    proc = start_target(build_target("split.c"), "30", "100")
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def record_pid(pid: int, out: Path, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return run_rsprof("-p", str(pid), "-q", "-d", "1s", "-i", "250ms", "-o", str(out), *extra,
+                      timeout=timeout)
+
+
+def cpu_samples(db: Path) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return int(conn.execute("SELECT coalesce(sum(count), 0) FROM cpu_samples").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def meta(db: Path) -> dict[str, str]:
+    conn = sqlite3.connect(db)
+    try:
+        return dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    finally:
+        conn.close()
+
+
+# ------------------------------------------------------------------ 1. /dev/shm
+
+
+def test_fifo_and_directory_in_shm_never_hang_or_abort(
+    spinner: subprocess.Popen[str], planted: list[Path], tmp_path: Path
+) -> None:
+    """A FIFO at a dead pid's ring name (swept before every recording) and at the target's
+    own ring name, then a directory at the target's name: each recording ends on time with
+    exit 0 and its CPU data; the planted files are left alone."""
+    fifo_dead = ring_path(dead_pid())
+    os.mkfifo(fifo_dead, 0o600)
+    planted.append(fifo_dead)
+    fifo_target = ring_path(spinner.pid)
+    os.mkfifo(fifo_target, 0o600)
+    planted.append(fifo_target)
+    started = time.monotonic()
+    result = record_pid(spinner.pid, tmp_path / "fifo.db", timeout=30)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    assert cpu_samples(tmp_path / "fifo.db") > 0
+    assert took < 20
+    assert stat.S_ISFIFO(fifo_dead.lstat().st_mode) and stat.S_ISFIFO(fifo_target.lstat().st_mode)
+    # Sweeping directly is just as safe.
+    HeapReader.sweep_stale()
+    assert fifo_dead.exists()
+
+    fifo_target.unlink()
+    fifo_target.mkdir(mode=0o700)
+    result = record_pid(spinner.pid, tmp_path / "dir.db", timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "internal error" not in result.stderr
+    assert cpu_samples(tmp_path / "dir.db") > 0
+    assert fifo_target.is_dir()
+    # Said once, as a warning, and kept in the file.
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "not a heap ring" in warnings[0], result.stderr
+    assert "not a heap ring" in meta(tmp_path / "dir.db").get("warnings", "")
+
+
+def test_symlink_at_ring_name_not_followed(planted: list[Path], tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"x" * 8192)
+    link = ring_path(dead_pid())
+    link.symlink_to(victim)
+    planted.append(link)
+    HeapReader.sweep_stale()
+    assert link.is_symlink() and victim.read_bytes() == b"x" * 8192
+    with pytest.raises(ValueError, match="not a heap ring"):
+        HeapReader.attach(int(link.name.rsplit(".", 1)[1]))
+
+
+def test_scribbled_ring_swept_only_when_its_pid_is_dead(planted: list[Path]) -> None:
+    """A ring whose header was scribbled over is swept once its pid is dead (and it is
+    old enough not to be a ring being created); one of a live pid is kept."""
+    garbage = os.urandom(4096) + bytes(65536)
+    dead = ring_path(dead_pid())
+    live = ring_path(os.getpid())
+    fresh = ring_path(dead_pid() - 1)
+    for path in (dead, live, fresh):
+        path.write_bytes(garbage)
+        path.chmod(0o600)
+        planted.append(path)
+    old = time.time() - 3600
+    os.utime(dead, (old, old))
+    os.utime(live, (old, old))
+    HeapReader.sweep_stale()
+    assert not dead.exists()
+    assert live.exists()  # its pid (this test) is alive
+    assert fresh.exists()  # too young: may be a ring being created
+
+
+def test_rings_created_exclusive_0600(tmp_path: Path) -> None:
+    binary = build_target("heap_sites.c")
+    env = dict(os.environ, LD_PRELOAD=str(SHIM))
+    old_umask = os.umask(0)
+    try:
+        proc = subprocess.Popen([str(binary), "10", str(tmp_path / "flag")], env=env,
+                                stdout=subprocess.PIPE, text=True)
+    finally:
+        os.umask(old_umask)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        st = ring_path(proc.pid).lstat()
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+        assert st.st_uid == os.geteuid()
+    finally:
+        proc.kill()
+        proc.wait()
+    HeapReader.sweep_stale()
+    assert not ring_path(proc.pid).exists()  # killed: swept
