@@ -17,8 +17,14 @@ class HeapTracker:
     """Wraps the C HeapReader: frees are charged to the allocating stack in C; here the new
     stacks are symbolized and each is given its call site."""
 
-    def __init__(self, reader: Any, resolver: FrameResolver) -> None:
+    def __init__(
+        self, reader: Any, resolver: FrameResolver, warn: Callable[[str], None] | None = None
+    ) -> None:
         self.reader = reader
+        self._warn = warn
+        # Set when the ring turned out corrupt or truncated: its heap data from then on is
+        # dropped (one warning), the CPU recording goes on.
+        self.dropped: str | None = None
         self.resolver = resolver
         self._native_to_stored: dict[int, int] = {}
         self._site_of_stack: dict[int, int] = {}
@@ -43,14 +49,31 @@ class HeapTracker:
             if warn is not None:
                 warn(f"heap ring of PID {pid} not used: {error}")
             return None
-        return cls(reader, resolver)
+        return cls(reader, resolver, warn)
 
     def drain(self, max_laps: int = 256) -> None:
         """Reads the ring until it is empty (one poll reads at most one lap of it)."""
         for _ in range(max_laps):
             with self._lock:
-                if self.reader.poll() == 0:
+                if self.dropped is not None:
+                    # Keep handing the ring back unread: the target must neither fill it
+                    # nor wait at exit for a reader that stopped reading.
+                    self.reader.discard()
                     return
+                try:
+                    if self.reader.poll() == 0:
+                        return
+                except ValueError as error:  # the target's ring is untrusted input
+                    self._drop(str(error))
+                    return
+                except MemoryError:
+                    return  # the record is retried by the next poll
+
+    def _drop(self, reason: str) -> None:
+        """Called with the lock held: stops reading a corrupt ring, keeps the recording."""
+        self.dropped = reason
+        if self._warn is not None:
+            self._warn(f"{reason}; heap data from then on dropped, CPU recording goes on")
 
     @staticmethod
     def sweep_stale() -> None:
@@ -63,6 +86,8 @@ class HeapTracker:
 
     def fill_checkpoint(self, checkpoint: Checkpoint) -> None:
         with self._lock:
+            if self.dropped is not None:
+                return
             batch = self.reader.take()
         self.sample_bytes = batch.sample_bytes
         self.mode = "sampled" if self.sample_bytes else "full"
@@ -81,7 +106,8 @@ class HeapTracker:
         checkpoint.heap = heap
         checkpoint.heap_sites = {sid: self._site_of_stack[sid] for sid in heap}
         checkpoint.heap_events = batch.events
-        checkpoint.heap_lost_events = batch.lost
+        # Lost by the shim (ring full) or dropped by the reader's bounds (a flood).
+        checkpoint.heap_lost_events = batch.lost + batch.dropped
 
     def _site_location(self, stack_id: int) -> int:
         frames = [self.resolver.frame_info[fid] for fid in self.resolver.stack_frames[stack_id]]
@@ -92,4 +118,4 @@ class HeapTracker:
 
     def close(self) -> None:
         with self._lock:
-            self.reader.close()
+            self.reader.close()  # idempotent
