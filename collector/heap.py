@@ -25,6 +25,7 @@ class HeapTracker:
         # Set when the ring turned out corrupt or truncated: its heap data from then on is
         # dropped (one warning), the CPU recording goes on.
         self.dropped: str | None = None
+        self._last_taken = False
         self.resolver = resolver
         self._native_to_stored: dict[int, int] = {}
         self._site_of_stack: dict[int, int] = {}
@@ -86,8 +87,11 @@ class HeapTracker:
 
     def fill_checkpoint(self, checkpoint: Checkpoint) -> None:
         with self._lock:
-            if self.dropped is not None:
+            if self._last_taken:
                 return
+            # Everything read before a corrupt record is valid: taken once more, then
+            # nothing from this ring.
+            self._last_taken = self.dropped is not None
             batch = self.reader.take()
         self.sample_bytes = batch.sample_bytes
         self.mode = "sampled" if self.sample_bytes else "full"

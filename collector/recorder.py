@@ -65,7 +65,8 @@ class Recorder:
         self.writer = writer
         self.options = options
         self.child = child
-        self.resolver = FrameResolver(target.pid, writer, symbolizer or Symbolizer())
+        symbolizer = symbolizer or Symbolizer()
+        self.resolver = FrameResolver(target.pid, writer, symbolizer)
         self.stop_event = threading.Event()
         self.stop_reason: str | None = None
         self._sampler: PerfSampler | None = None
@@ -88,6 +89,7 @@ class Recorder:
         self.warnings: list[str] = []
         self._warnings_written = 0
         self._warn_lock = threading.Lock()
+        symbolizer.on_warning = self.warn  # corrupt debug info: fewer symbols, said once
 
     @property
     def sampler(self) -> PerfSampler:

@@ -10,7 +10,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,7 +62,8 @@ def spinner() -> Iterator[subprocess.Popen[str]]:
     proc.wait()
 
 
-def record_pid(pid: int, out: Path, *extra: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def record_pid(pid: int, out: Path, *extra: str,
+               timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return run_rsprof("-p", str(pid), "-q", "-d", "1s", "-i", "250ms", "-o", str(out), *extra,
                       timeout=timeout)
 
@@ -255,3 +256,140 @@ def test_flooding_target_bounded_memory_checkpoints_go_on(tmp_path: Path) -> Non
     # Measured: ~190 MiB after 6 s, ~235 MiB after 20 s (the caps reached), against
     # 2.4-3 GB in 20-35 s before the caps. Baseline ~32 MiB.
     assert peak - base_peak < 400 * 1024, (peak, base_peak)
+
+
+# ------------------------------------------------------------------ 3. corrupt debug info
+
+FUZZ_SCRIPT = r'''
+import random, sys
+from rsprof.collector.symbols import Symbolizer
+from rsprof.collector.symbols.elf import ElfFile
+src, out_dir, seeds, addrs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+data = bytearray(open(src, "rb").read())
+elf = ElfFile(src)
+spans = [(s.offset, s.size) for s in elf.sections if s.name.startswith((".debug", ".symtab",
+         ".strtab", ".dynsym", ".zdebug")) and s.size]
+import struct
+shoff, = struct.unpack_from("<Q", data, 0x28)
+shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+headers = [(0, 64), (shoff, shentsize * shnum)]
+addrs = [int(a) for a in addrs.split(",")]
+for seed in [int(s) for s in seeds.split(",")]:
+    rng = random.Random(seed)
+    mutant = bytearray(data)
+    for _ in range(rng.choice((1, 4, 16, 64))):
+        off, size = rng.choice(spans + headers) if rng.random() < 0.9 else rng.choice(headers)
+        pos = off + rng.randrange(size)
+        mutant[pos] = rng.randrange(256) if rng.random() < 0.7 else rng.choice((0, 0xff))
+    path = f"{out_dir}/mutant-{seed}"
+    open(path, "wb").write(mutant)
+    warned = []
+    sym = Symbolizer(disk_cache=False, debug_roots=[out_dir + "/none"])
+    sym.on_warning = warned.append
+    module = sym.module(path)
+    if module is not None:
+        frames = module.symbolize(addrs)
+        assert len(frames) == len(addrs) and all(frames), seed
+print("ok")
+'''
+
+
+def _text_addrs(binary: Path) -> list[int]:
+    out = subprocess.run(["nm", "--defined-only", str(binary)], capture_output=True, text=True,
+                         check=True).stdout
+    return [int(line.split()[0], 16) + 3 for line in out.splitlines()
+            if line.split()[1:2] in (["T"], ["t"])][:40]
+
+
+def test_mutated_elf_and_dwarf_never_raise(tmp_path: Path) -> None:
+    """Seeded random byte mutations of a binary's header, symbol tables and DWARF (plain and
+    zlib-compressed sections) through the symbolizer: every address still gets a frame,
+    no exception escapes, the process does not crash (a subprocess, so a native crash is a
+    failed test, not a dead test run)."""
+    from conftest import rsprof_env
+
+    plain = build_target("sym_basic.c")
+    compressed = build_target("sym_basic.c", ("-gz=zlib",))
+    seeds = ",".join(str(s) for s in range(300))
+    for binary in (plain, compressed):
+        addrs = ",".join(str(a) for a in _text_addrs(binary))
+        result = subprocess.run(
+            [sys.executable, "-P", "-c", FUZZ_SCRIPT, str(binary), str(tmp_path), seeds, addrs],
+            capture_output=True, text=True, timeout=120, env=rsprof_env())
+        assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def _copy_with(binary: Path, dest: Path, section: str, patch: Callable[[bytearray, int, int],
+               None]) -> Path:
+    from rsprof.collector.symbols.elf import ElfFile
+
+    data = bytearray(binary.read_bytes())
+    sec = ElfFile(str(binary)).section(section)
+    assert sec is not None, section
+    patch(data, sec.offset, sec.size)
+    dest.write_bytes(data)
+    return dest
+
+
+def _patch_section_size(binary: Path, dest: Path, section: str, new_size: int) -> Path:
+    """Sets a section header's sh_size (64-bit little-endian ELF)."""
+    import struct
+
+    from rsprof.collector.symbols.elf import ElfFile
+
+    elf = ElfFile(str(binary))
+    data = bytearray(binary.read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, = struct.unpack_from("<H", data, 0x3A)
+    index = [s.name for s in elf.sections].index(section)
+    struct.pack_into("<Q", data, shoff + index * shentsize + 0x20, new_size)
+    dest.write_bytes(data)
+    return dest
+
+
+def test_corrupt_aranges_and_compressed_header_fall_back(tmp_path: Path) -> None:
+    """aranges pointing outside .debug_info (KeyError before) and a compressed section cut
+    to 8 bytes (struct.error before): the functions keep their names."""
+    from rsprof.collector.symbols import Symbolizer
+
+    binary = build_target("sym_basic.c")
+    nm = subprocess.run(["nm", str(binary)], capture_output=True, text=True, check=True).stdout
+    outer = next(int(line.split()[0], 16) for line in nm.splitlines()
+                 if line.endswith(" outer_work"))
+
+    def bad_aranges(data: bytearray, off: int, size: int) -> None:
+        data[off + 6:off + 10] = (0x0FFFFFF0).to_bytes(4, "little")  # debug_info_offset
+
+    cases = [
+        _copy_with(binary, tmp_path / "aranges", ".debug_aranges", bad_aranges),
+        _patch_section_size(build_target("sym_basic.c", ("-gz=zlib",)), tmp_path / "chdr",
+                            ".debug_info", 8),
+    ]
+    for path in cases:
+        sym = Symbolizer(disk_cache=False, debug_roots=[str(tmp_path / "none")])
+        module = sym.module(str(path))
+        assert module is not None
+        (frames,) = module.symbolize([outer + 4])
+        assert frames[-1].function == "outer_work", (path, frames)
+
+
+def test_decompression_capped(tmp_path: Path) -> None:
+    """A compressed section that would inflate past 256 MiB (a zlib bomb of ~300 KiB) is
+    treated as absent, whatever size its header claims; the cap is never exceeded."""
+    import struct
+    import zlib
+
+    from rsprof.collector.symbols.elf import SHF_COMPRESSED, ElfFile, Section
+
+    binary = build_target("sym_basic.c")
+    packer = zlib.compressobj(9)
+    chunk = bytes(1 << 20)
+    bomb = b"".join(packer.compress(chunk) for _ in range(300)) + packer.flush()
+    path = tmp_path / "bomb"
+    original = binary.read_bytes()
+    for claimed in (300 << 20, 100):
+        blob = struct.pack("<IIQQ", 1, 0, claimed, 1) + bomb
+        path.write_bytes(original + blob)
+        elf = ElfFile(str(path))
+        sec = Section(".debug_info", 1, SHF_COMPRESSED, 0, len(original), len(blob), 0, 0)
+        assert elf.section_data(sec) == b""
