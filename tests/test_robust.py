@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from conftest import build_target, run_rsprof, start_target
-from rsprof._native import HeapReader
 
 import rsprof
+from rsprof._native import HeapReader
 
 SHM = Path("/dev/shm")
 SHIM = Path(rsprof.__file__).resolve().parent / "lib" / "librsprof_heap.so"
