@@ -238,12 +238,33 @@ def preload() -> None:
 @click.argument("file", type=click.Path(path_type=Path))
 @click.argument("sql")
 @click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
-def query(file: Path, sql: str, as_json: bool) -> None:
-    """Run SQL on a profile, read-only (tab-separated with a header line)."""
-    from rsprof.storage.sql import run_query
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
+def query(file: Path, sql: str, as_json: bool, as_csv: bool) -> None:
+    """Run SQL on a profile, read-only (tab-separated with a header line).
 
-    columns, rows = run_query(file, sql)
-    render.query_result(columns, rows, as_json=as_json)
+    The SQL reads the profile and nothing else: no ATTACH, VACUUM, writes, pragma
+    assignments or extensions. Rows are printed as they come; Ctrl-C stops the query
+    (exit 130).
+    """
+    import signal
+
+    from rsprof.storage.sql import Query, QueryInterrupted
+
+    if as_json and as_csv:
+        raise click.UsageError("give --json or --csv, not both")
+    run = Query(file, sql)
+    # The statement runs in SQLite with the GIL released: a KeyboardInterrupt would only
+    # surface when it ends. The handler sets a flag SQLite's progress handler polls.
+    previous = signal.signal(signal.SIGINT, lambda *_: run.interrupt())
+    try:
+        columns = run.execute()
+        render.query_result(columns, run.rows(),
+                            fmt="json" if as_json else "csv" if as_csv else "tsv")
+    except QueryInterrupted:
+        raise KeyboardInterrupt from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        run.close()
 
 
 @cli.command("list", context_settings=CONTEXT)
