@@ -525,3 +525,47 @@ def test_query_ctrl_c_interrupts_runaway_cte(small_profile: Path) -> None:
     assert time.monotonic() - sent < 5
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines() == ["rsprof: interrupted"]
+
+
+# ------------------------------------------------------------------ 5. export to special files
+
+
+def test_export_into_devices_fifos_and_stdout(split_cpu_profile: Path, tmp_path: Path) -> None:
+    """-o /dev/null, a FIFO, /dev/stdout and - are written into, never replaced by a regular
+    file; /dev/full is one clear line (No space left on device) and exit 1."""
+    import threading
+
+    from conftest import rsprof_env
+
+    reference = run_rsprof("export", str(split_cpu_profile), "-f", "folded", "-o", "-")
+    assert reference.returncode == 0 and reference.stdout, reference.stderr
+
+    result = run_rsprof("export", str(split_cpu_profile), "-f", "folded", "-o", "/dev/null")
+    assert result.returncode == 0, result.stderr
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+    result = run_rsprof("export", str(split_cpu_profile), "-f", "folded", "-o", "/dev/stdout")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == reference.stdout
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    result = run_rsprof("export", str(split_cpu_profile), "-f", "folded", "-o", str(fifo))
+    reader.join(timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert received == [reference.stdout.encode()]
+
+    for args, stdout in ((("-o", "/dev/full"), None), (("-o", "-"), "/dev/full")):
+        with open(stdout or os.devnull, "w") as out:
+            done = subprocess.run(
+                [sys.executable, "-P", "-m", "rsprof", "export", str(split_cpu_profile), "-f",
+                 "folded", *args], stdout=out, stderr=subprocess.PIPE, text=True,
+                env=rsprof_env(), timeout=60)
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "No space left on device" in lines[0], done.stderr
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
