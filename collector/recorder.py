@@ -105,6 +105,10 @@ class Recorder:
             self.stop_reason = reason
         self.stop_event.set()
 
+    @property
+    def checkpoints_written(self) -> int:
+        return self._totals.checkpoints
+
     def warn(self, message: str) -> None:
         """Says `message` once per recording (any thread)."""
         with self._warn_lock:

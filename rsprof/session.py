@@ -126,7 +126,10 @@ def record(
         _finish_quietly(writer, "error: disk full")
         raise
     except BaseException as error:
-        _finish_quietly(writer, f"error: {error}")
+        if recorder.checkpoints_written == 0 and writer.created:
+            writer.abandon()  # failed before recording anything: leave no empty profile
+        else:
+            _finish_quietly(writer, f"error: {error}")
         if child is not None:
             stop_child(child)
         raise

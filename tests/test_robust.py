@@ -569,3 +569,31 @@ def test_export_into_devices_fifos_and_stdout(split_cpu_profile: Path, tmp_path:
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "No space left on device" in lines[0], done.stderr
         assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+# ------------------------------------------------------------------ 6. one recorder per file
+
+
+def test_append_refused_while_another_rsprof_records(spinner: subprocess.Popen[str],
+                                                    tmp_path: Path) -> None:
+    from conftest import start_rsprof, wait_for_checkpoints
+
+    out = tmp_path / "shared.db"
+    first = start_rsprof("-p", str(spinner.pid), "-q", "-i", "200ms", "-d", "3s", "-o", str(out))
+    try:
+        wait_for_checkpoints(out, 2)
+        second = run_rsprof("-p", str(spinner.pid), "-q", "-d", "1s", "-a", "-o", str(out),
+                            timeout=30)
+        assert second.returncode == 6, second.stderr
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "being recorded by another rsprof" in lines[0], lines
+        _, stderr = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 0, stderr
+    info = meta(out)
+    assert info["state"] == "finished" and info["pid"] == str(spinner.pid)
+    # Once the first recorder is done, appending is fine.
+    third = record_pid(spinner.pid, out, "-a")
+    assert third.returncode == 0, third.stderr
