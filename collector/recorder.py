@@ -191,7 +191,12 @@ class Recorder:
     # -- loop ----------------------------------------------------------------------------
 
     def run(self) -> RecordResult:
-        self._attach()
+        try:
+            self._attach()
+        except ProcessLookupError as error:  # ESRCH from any step: the target left
+            raise ProcessNotFound(
+                f"PID {self.target.pid} exited while rsprof was attaching ({error})"
+            ) from error
         self._write_start_meta()
         drain = threading.Thread(target=self._drain_loop, name="rsprof-drain", daemon=True)
         drain.start()

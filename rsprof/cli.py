@@ -342,6 +342,13 @@ def main(argv: list[str] | None = None) -> int:
         return error.exit_code
     except BrokenPipeError:
         return 0
+    except ProcessLookupError as error:  # the target left between two steps
+        click.echo(f"rsprof: error: the process exited ({error.strerror or error})", err=True)
+        return EXIT_NOT_FOUND
+    except OSError as error:  # a path too long, a device error: one line, not a bug report
+        where = f"{error.filename}: " if error.filename else ""
+        click.echo(f"rsprof: error: {where}{error.strerror or error}", err=True)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         click.echo("rsprof: interrupted", err=True)
         return EXIT_INTERRUPTED

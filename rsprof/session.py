@@ -145,6 +145,16 @@ def record(
     return SessionOutcome(output, result, exit_code)
 
 
+# Signals that end a recording the way Ctrl-C does: the file is finalized with the reason
+# and a launched target is stopped, never orphaned. SIGHUP (the terminal closed, or
+# `kill -HUP`) is treated like SIGTERM.
+_STOP_REASONS: dict[int, str] = {
+    signal.SIGINT: "interrupted",
+    signal.SIGTERM: "terminated",
+    signal.SIGHUP: "hangup",
+}
+
+
 def _print_warning(message: str) -> None:
     print(f"rsprof: warning: {message}", file=sys.stderr, flush=True)
 
@@ -158,9 +168,9 @@ def _finish_quietly(writer: ProfileWriter, reason: str) -> None:
 
 def _record_headless(recorder: Recorder, child: subprocess.Popen[bytes] | None) -> RecordResult:
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        recorder.request_stop("interrupted" if signum == signal.SIGINT else "terminated")
+        recorder.request_stop(_STOP_REASONS[signum])
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_REASONS}
     try:
         if child is not None:
             # Release the child once sampling is enabled: the first checkpoint callback is
@@ -198,11 +208,16 @@ def _record_with_tui(
     thread.start()
     attached.wait()
     if "error" not in outcome:
-        previous = signal.signal(signal.SIGTERM, lambda *_: recorder.request_stop("terminated"))
+        # SIGTERM, and SIGHUP (the terminal went away): finalize like a quit.
+        previous = {
+            sig: signal.signal(sig, lambda signum, _f: recorder.request_stop(_STOP_REASONS[signum]))
+            for sig in (signal.SIGTERM, signal.SIGHUP)
+        }
         try:
             run_tui(str(output), live=True)
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         recorder.request_stop("user-quit")
     thread.join()
     if "error" in outcome:

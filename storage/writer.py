@@ -65,7 +65,10 @@ class ProfileWriter:
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = Path(path)
-        existed = self.path.exists()
+        try:
+            existed = self.path.exists()
+        except OSError as error:  # a name too long, a component that is not a folder
+            raise ProfileError(f"cannot write {self.path}: {error.strerror or error}") from None
         if existed and not append:
             raise ProfileExists(f"{self.path} already exists")
         self._lock_fd: int | None = None

@@ -597,3 +597,113 @@ def test_append_refused_while_another_rsprof_records(spinner: subprocess.Popen[s
     # Once the first recorder is done, appending is fine.
     third = record_pid(spinner.pid, out, "-a")
     assert third.returncode == 0, third.stderr
+
+
+# ------------------------------------------------------------------ 7. bad inputs
+
+
+def _one_line(result: subprocess.CompletedProcess[str], code: int) -> str:
+    assert result.returncode == code, (result.args, result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "internal error" not in lines[0] and "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_bad_inputs_are_one_line(small_profile: Path, spinner: subprocess.Popen[str],
+                                 tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The inputs that were internal errors: over-long paths, absurd -i and --tid, and
+    `list --dir FILE`."""
+    from rsprof.cli import main
+
+    long_name = "a" * 5000
+    long_path = "/tmp/" + "/".join(["b" * 200] * 30)
+    profile = str(small_profile)
+    for args, code in [
+        (("query", long_name, "SELECT 1"), 6),
+        (("query", long_path, "SELECT 1"), 6),
+        (("top", "cpu", long_name), 6),
+        (("view", long_name), 6),
+        (("diff", profile, long_name), 6),
+        (("list", "--dir", long_name), 6),
+        (("export", profile, "-o", long_name), 1),
+        (("-p", str(spinner.pid), "-q", "-d", "1s", "-o", long_name), 6),
+        (("-p", str(spinner.pid), "-q", "-d", "1s", "-o", long_path + "/x.db"), 6),
+        (("-p", str(spinner.pid), "-q", "-i", "99999999999999h", "-o", str(tmp_path / "i.db")), 2),
+        (("-p", str(spinner.pid), "-q", "-d", "99999999999999h", "-o", str(tmp_path / "d.db")), 2),
+        (("top", "cpu", profile, "--tid", "99999999999999999999999"), 2),
+        (("top", "cpu", profile, "--since", "99999999999999h"), 2),
+        (("list", "--dir", profile), 6),
+    ]:
+        # In-process (the CLI's own entry point): none of these gets as far as attaching.
+        code_seen = main(list(args))
+        err = capsys.readouterr().err
+        _one_line(subprocess.CompletedProcess(args, code_seen, "", err), code)
+    assert "not a directory" in err
+    assert not (tmp_path / "i.db").exists() and not (tmp_path / "d.db").exists()
+
+
+def test_target_exiting_during_attach(tmp_path: Path) -> None:
+    """Targets that exit within milliseconds of `-p PID`: a profile (exit 0) or one line
+    (exit 3 gone, exit 1 a zombie), never an internal error, never an empty file."""
+    for i in range(8):
+        short = subprocess.Popen(["/bin/sleep", f"{0.12 + i * 0.03:.2f}"])
+        out = tmp_path / f"short{i}.db"
+        result = run_rsprof("-p", str(short.pid), "-q", "-d", "1s", "-o", str(out), timeout=30)
+        short.wait()
+        # 1: caught as a zombie (NotProfilable), 3: gone (ProcessNotFound)
+        assert result.returncode in (0, 1, 3), result.stderr
+        if result.returncode:
+            assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+        if result.returncode:
+            assert not out.exists()
+
+
+def test_sighup_finalizes_and_stops_the_run_target(tmp_path: Path) -> None:
+    from conftest import start_rsprof, wait_for_checkpoints
+
+    out = tmp_path / "hup.db"
+    recorder = start_rsprof("run", "-q", "--no-heap", "-i", "200ms", "-o", str(out), "--",
+                            str(build_target("split.c")), "30", "100")
+    try:
+        wait_for_checkpoints(out, 2)
+        target = int(meta(out)["pid"])
+        recorder.send_signal(signal.SIGHUP)
+        _, stderr = recorder.communicate(timeout=30)
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+    assert recorder.returncode == 0, stderr
+    info = meta(out)
+    assert info["state"] == "finished" and info["stop_reason"] == "hangup"
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{target}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{target}").exists()  # stopped, not orphaned
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
+def test_disk_full_at_creation_leaves_no_file(spinner: subprocess.Popen[str],
+                                              tmp_path: Path) -> None:
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+                          capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr!r}")
+    try:
+        filler = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(filler, b"\0" * 4096) > 0:
+                pass
+        except OSError:
+            pass  # ENOSPC
+        finally:
+            os.close(filler)
+        out = mount / "full.db"
+        line = _one_line(record_pid(spinner.pid, out), 6)
+        assert "disk is full" in line or "No space" in line, line
+        assert sorted(p.name for p in mount.iterdir()) == ["filler"]
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
