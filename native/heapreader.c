@@ -724,6 +724,13 @@ static int do_attach(HeapReaderObject *r, int pid) {
                      path, (unsigned)st.st_uid, (unsigned)want);
         return -1;
     }
+    /* The shim creates it 0600: a ring others may write is not one to trust. */
+    if ((st.st_mode & 077) != 0) {
+        close(fd);
+        PyErr_Format(PyExc_ValueError, "%s has mode %03o, not 0600", path,
+                     (unsigned)(st.st_mode & 0777));
+        return -1;
+    }
     /* The header is read with pread, not through a mapping: a file truncated meanwhile
      * gives a short read, never SIGBUS. */
     struct rsprof_heap_header hc;

@@ -170,6 +170,12 @@ def test_rings_created_exclusive_0600(tmp_path: Path) -> None:
         st = ring_path(proc.pid).lstat()
         assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
         assert st.st_uid == os.geteuid()
+        # A ring others could write is refused; back at 0600 it is accepted.
+        ring_path(proc.pid).chmod(0o666)
+        with pytest.raises(ValueError, match="not 0600"):
+            HeapReader.attach(proc.pid)
+        ring_path(proc.pid).chmod(0o600)
+        HeapReader.attach(proc.pid).close()
     finally:
         proc.kill()
         proc.wait()
