@@ -356,6 +356,8 @@ def test_bad_inputs_are_one_line(small_profile: Path, spinner: subprocess.Popen[
         (("-p", str(spinner.pid), "-q", "-d", "1s", "-o", long_path + "/x.db"), 6),
         (("-p", str(spinner.pid), "-q", "-i", "99999999999999h", "-o", str(tmp_path / "i.db")), 2),
         (("-p", str(spinner.pid), "-q", "-d", "99999999999999h", "-o", str(tmp_path / "d.db")), 2),
+        (("-p", str(spinner.pid), "-q", "-i", "0.0000001s", "-o", str(tmp_path / "i.db")), 2),
+        (("-p", str(spinner.pid), "-q", "-i", "2d", "-o", str(tmp_path / "i.db")), 2),
         (("top", "cpu", profile, "--tid", "99999999999999999999999"), 2),
         (("top", "cpu", profile, "--since", "99999999999999h"), 2),
         (("list", "--dir", profile), 6),
