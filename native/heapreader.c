@@ -55,13 +55,13 @@
  * (take()["dropped"]); the recording goes on.
  * - live map: 4 Mi blocks (slots at most 50 % full: <= 192 MiB);
  * - stack table: 256 Ki distinct stacks and 4 Mi return addresses in all (32 MiB);
- * - per take(): 16 Ki new stacks and 128 Ki new return addresses, so that symbolizing one
+ * - per take(): 64 Ki new stacks and 512 Ki new return addresses, so that symbolizing one
  *   checkpoint's new stacks stays bounded and checkpoints keep being written. */
 #define MAX_LIVE_BLOCKS (1u << 22)
 #define MAX_STACKS (1u << 18)
 #define MAX_STACK_IPS (1u << 22)
-#define MAX_NEW_STACKS_PER_TAKE (1u << 14)
-#define MAX_NEW_IPS_PER_TAKE (1u << 17)
+#define MAX_NEW_STACKS_PER_TAKE (1u << 16)
+#define MAX_NEW_IPS_PER_TAKE (1u << 19)
 /* Plausibility limits for values read from the ring: no allocation is larger than the
  * x86-64 user address space (128 TiB), no sampling mean above 1 TiB, no lost counter near
  * 2^63 (it counts events, at most a few hundred million per second). */
