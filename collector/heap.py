@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from rsprof.collector.frames import FrameResolver
 from rsprof.storage.callsite import call_site
@@ -15,8 +16,16 @@ class HeapTracker:
     """Wraps the C HeapReader: frees are charged to the allocating stack in C; here the new
     stacks are symbolized and each is given its call site."""
 
-    def __init__(self, reader: HeapReader, resolver: FrameResolver) -> None:
+    def __init__(
+        self, reader: HeapReader, resolver: FrameResolver,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         self.reader = reader
+        self._warn = warn
+        # Set when the ring turned out corrupt or truncated: its heap data from then on is
+        # dropped (one warning), the CPU recording goes on.
+        self.dropped: str | None = None
+        self._last_taken = False
         self.resolver = resolver
         self._native_to_stored: dict[int, int] = {}
         self._site_of_stack: dict[int, int] = {}
@@ -27,28 +36,57 @@ class HeapTracker:
         self._lock = threading.Lock()
 
     @classmethod
-    def attach(cls, pid: int, resolver: FrameResolver) -> HeapTracker | None:
-        """None when the target was not started with the shim (CPU-only profile)."""
+    def attach(
+        cls, pid: int, resolver: FrameResolver, warn: Callable[[str], None] | None = None
+    ) -> HeapTracker | None:
+        """None when the target has no usable ring (CPU-only profile). Anything at the
+        ring's name that is not a valid ring (a FIFO, a directory, a symlink, another user's
+        file, a bad header) is refused through `warn`, never raised: the CPU recording
+        goes on."""
         try:
             reader = HeapReader.attach(pid)
-        except (FileNotFoundError, ValueError, PermissionError):
+        except FileNotFoundError:
+            return None  # no shim in the target: the common case, nothing to say
+        except (OSError, ValueError) as error:
+            if warn is not None:
+                warn(f"heap ring of PID {pid} not used: {error}")
             return None
-        return cls(reader, resolver)
+        return cls(reader, resolver, warn)
 
     def drain(self, max_laps: int = 256) -> None:
         """Reads the ring until it is empty (one poll reads at most one lap of it)."""
         for _ in range(max_laps):
             with self._lock:
                 # The main thread may have closed it (its process exec'd or exited).
-                if self.reader.closed or self.reader.poll() == 0:
+                if self.reader.closed:
                     return
+                if self.dropped is not None:
+                    # Keep handing the ring back unread: the target must neither fill it
+                    # nor wait at exit for a reader that stopped reading.
+                    self.reader.discard()
+                    return
+                try:
+                    if self.reader.poll() == 0:
+                        return
+                except ValueError as error:  # the target's ring is untrusted input
+                    self._drop(str(error))
+                    return
+                except MemoryError:
+                    return  # the record is retried by the next poll
+
+    def _drop(self, reason: str) -> None:
+        """Called with the lock held: stops reading a corrupt ring, keeps the recording."""
+        self.dropped = reason
+        if self._warn is not None:
+            self._warn(f"{reason}; heap data from then on dropped, CPU recording goes on")
 
     @staticmethod
     def sweep_stale() -> None:
-        """Removes rings that killed processes left in /dev/shm."""
+        """Removes rings that killed processes left in /dev/shm (never blocks: anything
+        that is not a regular file of ours is skipped)."""
         try:
             HeapReader.sweep_stale()
-        except OSError:
+        except (OSError, ValueError):
             pass
 
     def fill_checkpoint(self, checkpoint: Checkpoint) -> bool:
@@ -56,6 +94,11 @@ class HeapTracker:
         processes' trackers may fill one). True when the ring is done: the process exited,
         or exec'd (its new image, if it has the shim, makes a new ring)."""
         with self._lock:
+            if self._last_taken:
+                return False
+            # Everything read before a corrupt record is valid: taken once more, then
+            # nothing from this ring.
+            self._last_taken = self.dropped is not None
             batch = self.reader.take()
         self.sample_bytes = batch.sample_bytes
         self.mode = "sampled" if self.sample_bytes else "full"
@@ -77,7 +120,8 @@ class HeapTracker:
             **{sid: self._site_of_stack[sid] for sid in heap if sid in self._site_of_stack},
         }
         checkpoint.heap_events += batch.events
-        checkpoint.heap_lost_events += batch.lost
+        # Lost by the shim (ring full) or dropped by the reader's bounds (a flood).
+        checkpoint.heap_lost_events += batch.lost + batch.dropped
         return bool(batch.exited or batch.execed)
 
     def _site_location(self, stack_id: int) -> int:
@@ -89,4 +133,4 @@ class HeapTracker:
 
     def close(self) -> None:
         with self._lock:
-            self.reader.close()
+            self.reader.close()  # idempotent

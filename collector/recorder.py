@@ -78,7 +78,8 @@ class Recorder:
         self.writer = writer
         self.options = options
         self.child = child
-        self.resolver = FrameResolver(target.pid, writer, symbolizer or Symbolizer())
+        symbolizer = symbolizer or Symbolizer()
+        self.resolver = FrameResolver(target.pid, writer, symbolizer)
         self.stop_event = threading.Event()
         self.stop_reason: str | None = None
         self._sampler: PerfSampler | None = None
@@ -102,6 +103,14 @@ class Recorder:
         # Called once sampling is enabled; `rsprof run` releases the held child from here.
         self.on_attached: Callable[[], None] | None = None
         self._heap_meta_written = False
+        # Problems that cost part of the data but not the recording (a refused or corrupt
+        # heap ring, a module whose debug info could not be read): each said once, through
+        # on_warning (the CLI prints it), and kept in meta `warnings` (docs/schema.md).
+        self.on_warning: Callable[[str], None] | None = None
+        self.warnings: list[str] = []
+        self._warnings_written = 0
+        self._warn_lock = threading.Lock()
+        symbolizer.on_warning = self.warn  # corrupt debug info: fewer symbols, said once
 
     @property
     def sampler(self) -> PerfSampler:
@@ -116,6 +125,19 @@ class Recorder:
         if self.stop_reason is None:
             self.stop_reason = reason
         self.stop_event.set()
+
+    @property
+    def checkpoints_written(self) -> int:
+        return self._totals.checkpoints
+
+    def warn(self, message: str) -> None:
+        """Says `message` once per recording (any thread)."""
+        with self._warn_lock:
+            if message in self.warnings:
+                return
+            self.warnings.append(message)
+        if self.on_warning is not None:
+            self.on_warning(message)
 
     # -- attach --------------------------------------------------------------------------
 
@@ -205,7 +227,12 @@ class Recorder:
 
     def run(self) -> RecordResult:
         _raise_priority()
-        self._attach()
+        try:
+            self._attach()
+        except ProcessLookupError as error:  # ESRCH from any step: the target left
+            raise ProcessNotFound(
+                f"PID {self.target.pid} exited while rsprof was attaching ({error})"
+            ) from error
         self._write_start_meta()
         drain = threading.Thread(target=self._drain_loop, name="rsprof-drain", daemon=True)
         drain.start()
@@ -237,6 +264,9 @@ class Recorder:
         self.sampler.close()
         for heap in self._heaps.values():
             heap.close()
+        if self.options.heap:
+            # A target killed without a chance to unlink its ring leaves it behind.
+            HeapTracker.sweep_stale()
         result = self._totals
         result.stop_reason = self.stop_reason or "interrupted"
         result.threads = len(self._thread_names)
@@ -287,7 +317,7 @@ class Recorder:
         if ring in self._finished_rings:
             return
         image = self._images.get(self._image_of_pid.get(pid, 1))
-        tracker = HeapTracker.attach(pid, image.resolver if image else self.resolver)
+        tracker = HeapTracker.attach(pid, image.resolver if image else self.resolver, self.warn)
         if tracker is not None:
             tracker.ring = ring
             self._heaps[pid] = tracker
@@ -345,6 +375,9 @@ class Recorder:
             mode, sample_bytes = self._heap_mode
             self.writer.set_meta({"heap_mode": mode, "heap_sample_bytes": sample_bytes})
         self._measure_target(checkpoint)
+        if len(self.warnings) != self._warnings_written:
+            self._warnings_written = len(self.warnings)
+            self.writer.set_meta({"warnings": "\n".join(self.warnings)})
         self.writer.write_checkpoint(checkpoint)
         totals = self._totals
         totals.checkpoints += 1

@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -45,6 +46,75 @@
 /* After this many bytes the reader zeroes what it consumed and publishes read_pos, so
  * writers regain space while a long drain is still going on. */
 #define PUBLISH_CHUNK (256u * 1024u)
+/* A ring file without a valid header whose pid is dead is swept once it is this old
+ * (seconds): younger ones may be rings being created in another pid namespace. */
+#define SCRIBBLED_RING_AGE_S 10
+
+/* The ring is the target's to write: bounds on what a flooding or hostile target can make
+ * the reader hold (docs/native.md, "Bounds").  Events beyond them are dropped and counted
+ * (take()["dropped"]); the recording goes on.
+ * - live map: 4 Mi blocks (slots at most 50 % full: <= 192 MiB);
+ * - stack table: 256 Ki distinct stacks and 4 Mi return addresses in all (32 MiB);
+ * - per take(): 64 Ki new stacks and 512 Ki new return addresses, so that symbolizing one
+ *   checkpoint's new stacks stays bounded and checkpoints keep being written. */
+#define MAX_LIVE_BLOCKS (1u << 22)
+#define MAX_STACKS (1u << 18)
+#define MAX_STACK_IPS (1u << 22)
+#define MAX_NEW_STACKS_PER_TAKE (1u << 16)
+#define MAX_NEW_IPS_PER_TAKE (1u << 19)
+/* Plausibility limits for values read from the ring: no allocation is larger than the
+ * x86-64 user address space (128 TiB), no sampling mean above 1 TiB, no lost counter near
+ * 2^63 (it counts events, at most a few hundred million per second). */
+#define MAX_ALLOC_SIZE (1ull << 47)
+#define MAX_SAMPLE_BYTES (1ull << 40)
+#define MAX_LOST_EVENTS (1ull << 56)
+
+/* ------------------------------------------------------------------ SIGBUS guard */
+
+/* The ring is a shared file mapping the target can truncate: touching a page past the new
+ * end raises SIGBUS.  The reader checks the size with fstat before every drain, and every
+ * access to the mapping runs inside a guard: a SIGBUS on a guarded thread jumps back out
+ * of the access (the ring is then dropped as truncated); any other SIGBUS goes to the
+ * handler that was there before (Python's faulthandler, or the default: die). */
+static __thread sigjmp_buf *t_bus_jmp __attribute__((tls_model("initial-exec")));
+static struct sigaction g_prev_bus;
+static pthread_mutex_t g_bus_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void bus_handler(int sig, siginfo_t *info, void *uc);
+
+static void bus_install(void) {
+    pthread_mutex_lock(&g_bus_lock);
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) == 0 &&
+        !((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == bus_handler)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = bus_handler;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &g_prev_bus) != 0) memset(&g_prev_bus, 0, sizeof g_prev_bus);
+    }
+    pthread_mutex_unlock(&g_bus_lock);
+}
+
+static void bus_handler(int sig, siginfo_t *info, void *uc) {
+    sigjmp_buf *jb = t_bus_jmp;
+    if (jb != NULL) {
+        t_bus_jmp = NULL;
+        siglongjmp(*jb, 1);
+    }
+    /* Not a ring access: whatever handled SIGBUS before us does. */
+    if (g_prev_bus.sa_flags & SA_SIGINFO) {
+        if (g_prev_bus.sa_sigaction != NULL) g_prev_bus.sa_sigaction(sig, info, uc);
+        return;
+    }
+    if (g_prev_bus.sa_handler == SIG_IGN) return;
+    if (g_prev_bus.sa_handler != SIG_DFL && g_prev_bus.sa_handler != NULL) {
+        g_prev_bus.sa_handler(sig);
+        return;
+    }
+    signal(SIGBUS, SIG_DFL); /* the faulting access runs again and kills as it would have */
+}
 
 /* ------------------------------------------------------------------ live map */
 
@@ -93,27 +163,30 @@ static bool live_grow(live_map *m) {
 }
 
 /* Inserts addr; if it was already live (its free was lost), *had_old is set and *old
- * receives the previous entry, which the caller treats as freed. */
-static bool live_put(live_map *m, uint64_t addr, uint64_t size, uint32_t stack, bool *had_old,
-                     live_entry *old) {
-    if ((m->count + 1) * 2 > m->cap && !live_grow(m)) return false;
+ * receives the previous entry, which the caller treats as freed.  Returns 1, 0 when out of
+ * memory, -1 when the map holds MAX_LIVE_BLOCKS blocks and addr is not one of them. */
+static int live_put(live_map *m, uint64_t addr, uint64_t size, uint32_t stack, bool *had_old,
+                    live_entry *old) {
+    bool full = m->count >= MAX_LIVE_BLOCKS;
+    if (!full && (m->count + 1) * 2 > m->cap && !live_grow(m)) return 0;
     size_t j = live_home(m, addr);
     for (;;) {
         live_entry *e = &m->slots[j];
         if (e->addr == 0) {
+            if (full) return -1;
             e->addr = addr;
             e->size = size;
             e->stack = stack;
             m->count++;
             *had_old = false;
-            return true;
+            return 1;
         }
         if (e->addr == addr) {
             *old = *e;
             *had_old = true;
             e->size = size;
             e->stack = stack;
-            return true;
+            return 1;
         }
         j = (j + 1) & (m->cap - 1);
     }
@@ -216,8 +289,11 @@ static bool stacks_grow_slots(stack_table *t) {
     return true;
 }
 
-/* Returns the id of this stack, adding it if new; -1 when out of memory. */
-static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth) {
+/* Returns the id of this stack, adding it if new; -1 when out of memory, -2 when adding it
+ * would exceed a bound (MAX_STACKS, MAX_STACK_IPS, or the per-take budget `new_budget`
+ * counted from `ips_at_take` / `stacks_at_take`). */
+static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth,
+                             size_t stacks_at_take, size_t ips_at_take) {
     uint64_t h = stack_hash(ips, depth);
     size_t mask = t->cap - 1;
     size_t j = (size_t)(h >> 20) & mask;
@@ -232,7 +308,10 @@ static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth
         }
         j = (j + 1) & mask;
     }
-    if (t->count >= UINT32_MAX - 1) return -1;
+    if (t->count >= MAX_STACKS || t->nips + depth > MAX_STACK_IPS ||
+        t->count - stacks_at_take >= MAX_NEW_STACKS_PER_TAKE ||
+        t->nips + depth - ips_at_take > MAX_NEW_IPS_PER_TAKE)
+        return -2;
     if (t->count == t->info_cap) {
         stack_info *info = realloc(t->info, t->info_cap * 2 * sizeof(stack_info));
         if (info == NULL) return -1;
@@ -265,7 +344,7 @@ static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth
 
 /* ------------------------------------------------------------------ reader object */
 
-enum { RERR_NONE = 0, RERR_NOMEM, RERR_CORRUPT };
+enum { RERR_NONE = 0, RERR_NOMEM, RERR_CORRUPT, RERR_TRUNCATED };
 
 typedef struct {
     PyObject_HEAD
@@ -288,9 +367,14 @@ typedef struct {
     uint32_t *dirty;
     size_t ndirty, dirty_cap;
     uint32_t reported_stacks; /* stacks with id < this were returned by take() */
+    size_t reported_ips;      /* stack-table return addresses at the last take() */
     uint64_t events;          /* since the last take() */
     uint64_t unknown_frees;   /* since the last take() */
     uint64_t lost_seen;       /* header lost_events at the last take() */
+    uint64_t lost_last;       /* header lost_events at the last check (never goes down) */
+    uint64_t dropped;         /* events dropped by the reader's bounds since the last take() */
+    int fd;                   /* the ring file, kept open to fstat it before every drain */
+    const char *error_what;   /* what was wrong (static string) */
     int64_t live_bytes, live_blocks; /* units */
     int error;                /* RERR_*: sticky */
     uint64_t error_pos;
@@ -298,25 +382,34 @@ typedef struct {
 
 static PyTypeObject HeapReaderType;
 
-/* Weight of one recorded allocation of `size` bytes, in units. */
-static inline void weigh(const HeapReaderObject *r, uint64_t size, int64_t *bytes,
+/* Weight of one recorded allocation of `size` bytes, in units; false when the size is
+ * implausible (the record is then corrupt). */
+static inline bool weigh(const HeapReaderObject *r, uint64_t size, int64_t *bytes,
                          int64_t *count) {
+    if (size > MAX_ALLOC_SIZE) return false;
     if (r->fp_shift == 0) {
         *bytes = (int64_t)size;
         *count = 1;
-        return;
+        return true;
     }
     if (size == 0) {
         *bytes = 0;
         *count = 1 << FP_SHIFT_SAMPLED;
-        return;
+        return true;
     }
     double p = -expm1(-(double)size / (double)r->sample_bytes);
     if (p < 1e-300) p = 1e-300;
     double one = (double)(1 << FP_SHIFT_SAMPLED);
-    *bytes = (int64_t)llround((double)size / p * one);
-    *count = (int64_t)llround(one / p);
+    double b = (double)size / p * one, c = one / p;
+    if (!(b < 0x1p62) || !(c < 0x1p62)) return false;
+    *bytes = (int64_t)llround(b);
+    *count = (int64_t)llround(c);
+    return true;
 }
+
+/* a += b; false on overflow (only a hostile ring gets there: the sums are bounded by
+ * the memory a process can have). */
+static inline bool add_ck(int64_t *a, int64_t b) { return !__builtin_add_overflow(*a, b, a); }
 
 static inline bool mark_dirty(HeapReaderObject *r, uint32_t id) {
     stack_info *si = &r->stacks.info[id];
@@ -333,42 +426,53 @@ static inline bool mark_dirty(HeapReaderObject *r, uint32_t id) {
     return true;
 }
 
-static inline bool charge_free(HeapReaderObject *r, const live_entry *e) {
+/* Record handlers: RERR_NONE, RERR_NOMEM (retry later) or RERR_CORRUPT. */
+static inline int charge_free(HeapReaderObject *r, const live_entry *e) {
     int64_t b, c;
-    weigh(r, e->size, &b, &c);
+    if (!weigh(r, e->size, &b, &c)) return RERR_CORRUPT;
     stack_info *si = &r->stacks.info[e->stack];
-    si->free_bytes += b;
-    si->free_count += c;
-    r->live_bytes -= b;
-    r->live_blocks -= c;
-    return mark_dirty(r, e->stack);
+    if (!add_ck(&si->free_bytes, b) || !add_ck(&si->free_count, c) ||
+        !add_ck(&r->live_bytes, -b) || !add_ck(&r->live_blocks, -c))
+        return RERR_CORRUPT;
+    return mark_dirty(r, e->stack) ? RERR_NONE : RERR_NOMEM;
 }
 
-static bool on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, const uint64_t *ips,
-                     unsigned depth) {
-    int64_t id = stacks_intern(&r->stacks, ips, depth);
-    if (id < 0) return false;
+static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, const uint64_t *ips,
+                    unsigned depth) {
+    int64_t b, c;
+    if (addr == 0 || !weigh(r, size, &b, &c)) return RERR_CORRUPT; /* malloc never records NULL */
+    int64_t id = stacks_intern(&r->stacks, ips, depth, r->reported_stacks, r->reported_ips);
+    if (id == -1) return RERR_NOMEM;
+    if (id == -2) { /* over a bound: dropped, counted */
+        r->dropped++;
+        return RERR_NONE;
+    }
     bool had_old;
     live_entry old;
-    if (!live_put(&r->live, addr, size, (uint32_t)id, &had_old, &old)) return false;
+    int put = live_put(&r->live, addr, size, (uint32_t)id, &had_old, &old);
+    if (put == 0) return RERR_NOMEM;
+    if (put < 0) {
+        r->dropped++;
+        return RERR_NONE;
+    }
     /* The same address live twice: its free was lost (ring full).  It was certainly
      * freed, so charge that free to the old block's stack. */
-    if (had_old && !charge_free(r, &old)) return false;
-    int64_t b, c;
-    weigh(r, size, &b, &c);
+    if (had_old) {
+        int e = charge_free(r, &old);
+        if (e != RERR_NONE) return e;
+    }
     stack_info *si = &r->stacks.info[id];
-    si->alloc_bytes += b;
-    si->alloc_count += c;
-    r->live_bytes += b;
-    r->live_blocks += c;
-    return mark_dirty(r, (uint32_t)id);
+    if (!add_ck(&si->alloc_bytes, b) || !add_ck(&si->alloc_count, c) ||
+        !add_ck(&r->live_bytes, b) || !add_ck(&r->live_blocks, c))
+        return RERR_CORRUPT;
+    return mark_dirty(r, (uint32_t)id) ? RERR_NONE : RERR_NOMEM;
 }
 
-static bool on_free(HeapReaderObject *r, uint64_t addr) {
+static int on_free(HeapReaderObject *r, uint64_t addr) {
     live_entry e;
     if (!live_take(&r->live, addr, &e)) {
         r->unknown_frees++;
-        return true;
+        return RERR_NONE;
     }
     return charge_free(r, &e);
 }
@@ -392,10 +496,15 @@ static void publish(HeapReaderObject *r, uint64_t *published) {
     *published = r->read_pos;
 }
 
-/* Drains committed records, at most one lap.  Called with `lock` held and the GIL
- * released.  Returns the number of events processed. */
-static uint64_t drain(HeapReaderObject *r) {
-    if (r->error != RERR_NONE) return 0;
+static void set_error(HeapReaderObject *r, int error, uint64_t pos, const char *what) {
+    r->error = error;
+    r->error_pos = pos;
+    r->error_what = what;
+}
+
+/* Drains committed records, at most one lap.  Runs inside the SIGBUS guard (drain()).
+ * Returns the number of events processed. */
+static uint64_t drain_records(HeapReaderObject *r) {
     uint64_t *d = r->data;
     const uint64_t m = r->mask;
     uint64_t pos = r->read_pos, published = pos, limit = pos + r->ring_size, n = 0;
@@ -406,26 +515,30 @@ static uint64_t drain(HeapReaderObject *r) {
         if (head == 0) break; /* not committed yet */
         unsigned kind = RSPROF_HEAP_HEAD_KIND(head);
         unsigned words;
-        bool ok;
+        int err;
         if (kind == RSPROF_HEAP_REC_FREE) {
             words = RSPROF_HEAP_FREE_WORDS;
-            ok = on_free(r, d[(i + 1) & m]);
+            err = on_free(r, d[(i + 1) & m]);
         } else if (kind == RSPROF_HEAP_REC_ALLOC) {
             unsigned depth = RSPROF_HEAP_HEAD_DEPTH(head);
             if (depth == 0 || depth > r->max_depth) {
-                r->error = RERR_CORRUPT;
+                set_error(r, RERR_CORRUPT, pos, "bad stack depth");
                 break;
             }
             words = RSPROF_HEAP_ALLOC_WORDS(depth);
             uint64_t addr = d[(i + 1) & m], size = d[(i + 2) & m];
             for (unsigned k = 0; k < depth; k++) ips[k] = d[(i + 3 + k) & m];
-            ok = on_alloc(r, addr, size, ips, depth);
+            err = on_alloc(r, addr, size, ips, depth);
         } else {
-            r->error = RERR_CORRUPT;
+            set_error(r, RERR_CORRUPT, pos, "bad record kind");
             break;
         }
-        if (!ok) { /* out of memory: leave this record for a later poll */
+        if (err == RERR_NOMEM) { /* out of memory: leave this record for a later poll */
             r->error = RERR_NOMEM;
+            break;
+        }
+        if (err == RERR_CORRUPT) {
+            set_error(r, RERR_CORRUPT, pos, "implausible size, address or total");
             break;
         }
         pos += (uint64_t)words * 8;
@@ -433,10 +546,80 @@ static uint64_t drain(HeapReaderObject *r) {
         n++;
         if (pos - published >= PUBLISH_CHUNK) publish(r, &published);
     }
-    if (r->error == RERR_CORRUPT) r->error_pos = pos;
     publish(r, &published);
     r->events += n;
+    if (r->error == RERR_NONE) {
+        /* The lost counter only grows (atomic adds by the shim): anything else is a
+         * scribbled header, not a number to report. */
+        uint64_t lost = __atomic_load_n(&r->hdr->lost_events, __ATOMIC_ACQUIRE);
+        if (lost < r->lost_last || lost > MAX_LOST_EVENTS)
+            set_error(r, RERR_CORRUPT, pos, "lost-event counter went backwards or out of range");
+        else
+            r->lost_last = lost;
+    }
     return n;
+}
+
+/* The ring file still has the size it had at attach (a target may truncate it). */
+static bool ring_size_ok(HeapReaderObject *r) {
+    struct stat st;
+    return fstat(r->fd, &st) == 0 && (uint64_t)st.st_size >= r->map_len;
+}
+
+/* Drains with the ring size checked first and every access to the mapping guarded against
+ * SIGBUS (the target truncating its ring between the check and the access).  Called with
+ * `lock` held and the GIL released. */
+static uint64_t drain(HeapReaderObject *r) {
+    if (r->error != RERR_NONE) return 0;
+    if (!ring_size_ok(r)) {
+        set_error(r, RERR_TRUNCATED, r->read_pos, "the ring file was truncated");
+        return 0;
+    }
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        set_error(r, RERR_TRUNCATED, r->read_pos, "the ring file was truncated (SIGBUS)");
+        return 0;
+    }
+    t_bus_jmp = &jb;
+    uint64_t n = drain_records(r);
+    t_bus_jmp = NULL;
+    return n;
+}
+
+/* After a corrupt record: hands everything written so far back to the writers unread
+ * (zeroed), so the target neither fills its ring nor waits at exit for a reader that has
+ * stopped reading.  Returns the bytes skipped. */
+static uint64_t discard_all(HeapReaderObject *r) {
+    if (r->error == RERR_TRUNCATED || !ring_size_ok(r)) return 0;
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        set_error(r, RERR_TRUNCATED, r->read_pos, "the ring file was truncated (SIGBUS)");
+        return 0;
+    }
+    t_bus_jmp = &jb;
+    uint64_t w = __atomic_load_n(&r->hdr->write_pos, __ATOMIC_ACQUIRE), skipped = 0;
+    if (w > r->read_pos) {
+        skipped = w - r->read_pos;
+        zero_range(r, skipped > r->ring_size ? w - r->ring_size : r->read_pos, w);
+        r->read_pos = w;
+        __atomic_store_n(&r->hdr->read_pos, w, __ATOMIC_RELEASE);
+    }
+    t_bus_jmp = NULL;
+    return skipped;
+}
+
+/* Header flags, read under the same guard; 0 once the ring is in error. */
+static uint32_t read_flags(HeapReaderObject *r) {
+    if (r->error != RERR_NONE || !ring_size_ok(r)) return 0;
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        set_error(r, RERR_TRUNCATED, r->read_pos, "the ring file was truncated (SIGBUS)");
+        return 0;
+    }
+    t_bus_jmp = &jb;
+    uint32_t flags = __atomic_load_n(&r->hdr->flags, __ATOMIC_ACQUIRE);
+    t_bus_jmp = NULL;
+    return flags;
 }
 
 /* ------------------------------------------------------------------ helpers */
@@ -458,14 +641,28 @@ static void lock_nogil(HeapReaderObject *r) {
     Py_END_ALLOW_THREADS
 }
 
+/* Gives the reader slot back, unless the ring was truncated under us (SIGBUS-guarded). */
+static void give_back_slot(HeapReaderObject *r) {
+    if (r->error == RERR_TRUNCATED || r->fd < 0 || !ring_size_ok(r)) return;
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) return;
+    t_bus_jmp = &jb;
+    int32_t me = (int32_t)getpid();
+    __atomic_compare_exchange_n(&r->hdr->reader_pid, &me, 0, 0, __ATOMIC_RELEASE,
+                                __ATOMIC_RELAXED);
+    t_bus_jmp = NULL;
+}
+
 static void release_mapping(HeapReaderObject *r) {
     if (r->hdr != NULL) {
-        int32_t me = (int32_t)getpid();
-        __atomic_compare_exchange_n(&r->hdr->reader_pid, &me, 0, 0, __ATOMIC_RELEASE,
-                                    __ATOMIC_RELAXED);
+        give_back_slot(r);
         munmap(r->hdr, r->map_len);
         r->hdr = NULL;
         r->data = NULL;
+    }
+    if (r->fd >= 0) {
+        close(r->fd);
+        r->fd = -1;
     }
     live_entry *slots = r->live.slots;
     r->live.slots = NULL;
@@ -483,13 +680,16 @@ static void release_mapping(HeapReaderObject *r) {
 static int do_attach(HeapReaderObject *r, int pid) {
     char path[96];
     snprintf(path, sizeof path, RSPROF_HEAP_PATH_PREFIX "%d", pid);
-    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK: never wait in open() on a FIFO planted under the ring's name. */
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-        if (errno == ELOOP) {
-            PyErr_Format(PyExc_ValueError, "%s is a symbolic link, not a heap ring", path);
+        if (errno == ENOENT) {
+            PyErr_SetFromErrnoWithFilename(PyExc_OSError, path); /* FileNotFoundError */
             return -1;
         }
-        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path); /* ENOENT -> FileNotFoundError */
+        /* ELOOP (a symlink), EISDIR (a directory), ENXIO, EACCES...: not a ring we use. */
+        PyErr_Format(PyExc_ValueError, "%s is not a heap ring (%s)", path,
+                     errno == ELOOP ? "a symbolic link" : strerror(errno));
         return -1;
     }
     struct stat st;
@@ -524,21 +724,27 @@ static int do_attach(HeapReaderObject *r, int pid) {
                      path, (unsigned)st.st_uid, (unsigned)want);
         return -1;
     }
-    struct rsprof_heap_header *h =
-        mmap(NULL, RSPROF_HEAP_HEADER_SIZE, PROT_READ, MAP_SHARED, fd, 0);
-    if (h == MAP_FAILED) {
-        PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+    /* The shim creates it 0600: a ring others may write is not one to trust. */
+    if ((st.st_mode & 077) != 0) {
         close(fd);
+        PyErr_Format(PyExc_ValueError, "%s has mode %03o, not 0600", path,
+                     (unsigned)(st.st_mode & 0777));
         return -1;
     }
-    for (int i = 0; i < 200 && __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == 0; i++) {
+    /* The header is read with pread, not through a mapping: a file truncated meanwhile
+     * gives a short read, never SIGBUS. */
+    struct rsprof_heap_header hc;
+    memset(&hc, 0, sizeof hc);
+    for (int i = 0; i < 200; i++) {
+        if (pread(fd, &hc, sizeof hc, 0) != (ssize_t)sizeof hc) {
+            memset(&hc, 0, sizeof hc);
+            break;
+        }
+        if (hc.magic != 0) break;
         Py_BEGIN_ALLOW_THREADS
         usleep(1000);
         Py_END_ALLOW_THREADS
     }
-    struct rsprof_heap_header hc;
-    memcpy(&hc, h, sizeof hc);
-    munmap(h, RSPROF_HEAP_HEADER_SIZE);
     const char *bad = NULL;
     if (hc.magic != RSPROF_HEAP_MAGIC)
         bad = "bad magic";
@@ -557,6 +763,8 @@ static int do_attach(HeapReaderObject *r, int pid) {
         bad = "ring uid does not match the file owner";
     else if (hc.max_depth == 0 || hc.max_depth > RSPROF_HEAP_MAX_DEPTH)
         bad = "bad max depth";
+    else if (hc.sample_bytes > MAX_SAMPLE_BYTES)
+        bad = "sampling mean above 1 TiB";
     if (bad != NULL) {
         close(fd);
         PyErr_Format(PyExc_ValueError, "%s: %s", path, bad);
@@ -564,29 +772,50 @@ static int do_attach(HeapReaderObject *r, int pid) {
     }
     size_t len = RSPROF_HEAP_HEADER_SIZE + hc.ring_size;
     void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
     if (base == MAP_FAILED) {
         PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+        close(fd);
         return -1;
     }
     struct rsprof_heap_header *hdr = base;
+    bus_install();
     /* One reader per ring: two would each see half the events. */
     int32_t me = (int32_t)getpid(), cur = 0;
-    while (!__atomic_compare_exchange_n(&hdr->reader_pid, &cur, me, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE)) {
-        if (cur == me || pid_alive(cur)) {
-            munmap(base, len);
-            PyErr_Format(PyExc_ValueError, "%s already has a reader (pid %d)", path, (int)cur);
-            return -1;
+    volatile int read_ok = 0;
+    volatile uint64_t read_pos = 0;
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) == 0) {
+        t_bus_jmp = &jb;
+        for (;;) {
+            if (__atomic_compare_exchange_n(&hdr->reader_pid, &cur, me, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                read_pos = __atomic_load_n(&hdr->read_pos, __ATOMIC_ACQUIRE);
+                read_ok = 1;
+                break;
+            }
+            if (cur == me || pid_alive(cur)) break;
+            /* the previous reader died: take over (cur holds its pid for the next CAS) */
         }
-        /* the previous reader died: take over (cur holds its pid for the next CAS) */
+        t_bus_jmp = NULL;
+    } else {
+        cur = 0; /* SIGBUS: truncated under us */
     }
+    if (!read_ok) {
+        munmap(base, len);
+        close(fd);
+        if (cur != 0)
+            PyErr_Format(PyExc_ValueError, "%s already has a reader (pid %d)", path, (int)cur);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: truncated while attaching", path);
+        return -1;
+    }
+    r->fd = fd; /* kept: drain() fstats it before touching the mapping */
     r->hdr = hdr;
     r->data = (uint64_t *)((char *)base + RSPROF_HEAP_HEADER_SIZE);
     r->map_len = len;
     r->ring_size = hc.ring_size;
     r->mask = hc.ring_size / 8 - 1;
-    r->read_pos = __atomic_load_n(&hdr->read_pos, __ATOMIC_ACQUIRE);
+    r->read_pos = read_pos;
     r->sample_bytes = hc.sample_bytes;
     r->fp_shift = hc.sample_bytes ? FP_SHIFT_SAMPLED : 0;
     r->max_depth = hc.max_depth;
@@ -606,6 +835,7 @@ static PyObject *HeapReader_attach(PyObject *cls, PyObject *args) {
     if (r == NULL) return NULL;
     /* Everything zero so that dealloc is safe whatever fails below. */
     memset((char *)r + sizeof(PyObject), 0, sizeof *r - sizeof(PyObject));
+    r->fd = -1;
     r->closed = true;
     if (pthread_mutex_init(&r->lock, NULL) != 0) {
         Py_DECREF(r);
@@ -642,8 +872,9 @@ static PyObject *raise_error(HeapReaderObject *r) {
         r->error = RERR_NONE; /* transient: a later poll retries the record */
         return PyErr_NoMemory();
     }
-    PyErr_Format(PyExc_ValueError, "corrupt heap ring record at position %llu (pid %d)",
-                 (unsigned long long)r->error_pos, r->pid);
+    PyErr_Format(PyExc_ValueError, "%s heap ring of pid %d at position %llu: %s",
+                 r->error == RERR_TRUNCATED ? "truncated" : "corrupt", r->pid,
+                 (unsigned long long)r->error_pos, r->error_what ? r->error_what : "bad record");
     return NULL;
 }
 
@@ -668,6 +899,19 @@ static PyObject *HeapReader_poll(HeapReaderObject *r, PyObject *noargs) {
     return PyLong_FromUnsignedLongLong(n);
 }
 
+static PyObject *HeapReader_discard(HeapReaderObject *r, PyObject *noargs) {
+    uint64_t n = 0;
+    bool closed;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&r->lock);
+    closed = r->closed;
+    if (!closed) n = discard_all(r);
+    pthread_mutex_unlock(&r->lock);
+    Py_END_ALLOW_THREADS
+    if (closed) return closed_error();
+    return PyLong_FromUnsignedLongLong(n);
+}
+
 static inline PyObject *units(const HeapReaderObject *r, int64_t v) {
     if (r->fp_shift == 0) return PyLong_FromLongLong(v);
     /* round half away from zero */
@@ -677,7 +921,7 @@ static inline PyObject *units(const HeapReaderObject *r, int64_t v) {
 }
 
 /* What take() returns: a struct sequence typed in rsprof/_native.pyi. */
-enum { HB_NFIELDS = 10 };
+enum { HB_NFIELDS = 11 };
 static PyStructSequence_Field heap_batch_fields[] = {
     {"events", "ring records read since the last take()"},
     {"lost", "records the shim dropped because the ring was full"},
@@ -689,6 +933,7 @@ static PyStructSequence_Field heap_batch_fields[] = {
     {"exited", "the target has exited"},
     {"execed", "the target called exec (the shim's ring ends there)"},
     {"sample_bytes", "sampling interval in bytes; 0 = every allocation"},
+    {"dropped", "allocations the reader dropped because a bound was reached (a flood)"},
     {NULL, NULL},
 };
 static PyStructSequence_Desc heap_batch_desc = {
@@ -734,8 +979,8 @@ static PyObject *build_take(HeapReaderObject *r) {
         }
         Py_DECREF(item);
     }
-    uint64_t lost = __atomic_load_n(&r->hdr->lost_events, __ATOMIC_ACQUIRE);
-    uint32_t flags = __atomic_load_n(&r->hdr->flags, __ATOMIC_ACQUIRE);
+    uint64_t lost = r->lost_last; /* checked by drain(): never below lost_seen */
+    uint32_t flags = read_flags(r);
     /* Exited: the shim said so, or the process is gone (killed: no chance to say so). */
     bool gone = r->start_time != 0 ? heapring_start_time(r->pid) != r->start_time
                                    : !pid_alive(r->pid);
@@ -751,6 +996,7 @@ static PyObject *build_take(HeapReaderObject *r) {
         PyBool_FromLong(exited),
         PyBool_FromLong((flags & RSPROF_HEAP_HF_EXECED) != 0),
         PyLong_FromUnsignedLongLong(r->sample_bytes),
+        PyLong_FromUnsignedLongLong(r->dropped),
     };
     result = PyStructSequence_New(HeapBatchType);
     for (int k = 0; k < HB_NFIELDS; k++) {
@@ -766,6 +1012,8 @@ static PyObject *build_take(HeapReaderObject *r) {
     Py_DECREF(sites);
     /* Committed: reset the batch. */
     r->reported_stacks = (uint32_t)t->count;
+    r->reported_ips = t->nips;
+    r->dropped = 0;
     for (size_t k = 0; k < r->ndirty; k++) {
         stack_info *si = &t->info[r->dirty[k]];
         si->alloc_bytes = si->alloc_count = si->free_bytes = si->free_count = 0;
@@ -821,16 +1069,30 @@ static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
         char *end;
         long pid = strtol(de->d_name + plen, &end, 10);
         if (*end != 0 || pid <= 0 || pid > INT32_MAX) continue;
-        int fd = openat(dirfd(dir), de->d_name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        /* O_NONBLOCK: a FIFO planted under a ring's name must not hang us in open();
+         * O_NOFOLLOW: a symlink is never followed (open fails with ELOOP: skipped). */
+        int fd = openat(dirfd(dir), de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         if (fd < 0) continue;
         struct stat st;
         struct rsprof_heap_header hc;
         bool stale = false;
-        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
-            pread(fd, &hc, sizeof hc, 0) == (ssize_t)sizeof hc && hc.magic == RSPROF_HEAP_MAGIC &&
-            hc.pid == (int32_t)pid && (hc.pidns == 0 || my_ns == 0 || hc.pidns == my_ns)) {
-            uint64_t now = heapring_start_time((int)pid);
-            stale = hc.start_time != 0 ? now != hc.start_time : !pid_alive((int)pid);
+        /* Only regular files we own are ours to judge; FIFOs, directories, devices and other
+         * users' files are skipped silently. */
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) {
+            bool header = pread(fd, &hc, sizeof hc, 0) == (ssize_t)sizeof hc &&
+                          hc.magic == RSPROF_HEAP_MAGIC && hc.pid == (int32_t)pid;
+            if (header) {
+                if (hc.pidns == 0 || my_ns == 0 || hc.pidns == my_ns) {
+                    uint64_t now = heapring_start_time((int)pid);
+                    stale = hc.start_time != 0 ? now != hc.start_time : !pid_alive((int)pid);
+                }
+            } else {
+                /* No valid header (scribbled, or a ring still being created: magic is
+                 * stored last).  Swept only when the pid in its name is dead and the file
+                 * has not been written for a while (mtime), so a ring being created right now
+                 * (in this or another pid namespace) is never taken. */
+                stale = !pid_alive((int)pid) && time(NULL) - st.st_mtime > SCRIBBLED_RING_AGE_S;
+            }
         }
         close(fd);
         if (stale && unlinkat(dirfd(dir), de->d_name, 0) == 0) {
@@ -866,6 +1128,9 @@ static PyMethodDef HeapReader_methods[] = {
      "attach(pid) -> HeapReader: map /dev/shm/rsprof-heap.<pid>."},
     {"poll", (PyCFunction)HeapReader_poll, METH_NOARGS,
      "poll() -> int: drain the events available now; returns how many."},
+    {"discard", (PyCFunction)HeapReader_discard, METH_NOARGS,
+     "discard() -> int: after poll() raised ValueError, hand everything written so far back "
+     "to the target unread; returns the bytes skipped."},
     {"take", (PyCFunction)HeapReader_take, METH_NOARGS,
      "take() -> HeapBatch: aggregates since the previous take(), then reset them."},
     {"close", (PyCFunction)HeapReader_close, METH_NOARGS, "close(): unmap the ring."},

@@ -126,11 +126,17 @@ def _attach(pid: int | None, process_name: str | None, options: dict[str, object
     _record(target, **options)  # type: ignore[arg-type]
 
 
+MIN_INTERVAL_S = 0.01
+MAX_INTERVAL_S = 86400.0
+
+
 def _check_record_options(cpu_freq: int, interval: float) -> None:
     """Bad options are refused before anything is attached or launched."""
     _check_frequency(cpu_freq)
-    if interval <= 0:
-        raise click.BadParameter("must be more than 0", param_hint="'-i' / '--interval'")
+    # Below 10 ms the recorder does nothing but write checkpoints (-i 0.0000001s wrote
+    # 737 in a second and starved the sampler); above a day nobody waits for one.
+    if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
+        raise click.BadParameter("must be between 10ms and 1d", param_hint="'-i' / '--interval'")
 
 
 def _record(
@@ -245,12 +251,33 @@ def preload() -> None:
 @click.argument("file", type=click.Path(path_type=Path))
 @click.argument("sql")
 @click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
-def query(file: Path, sql: str, as_json: bool) -> None:
-    """Run SQL on a profile, read-only (tab-separated with a header line)."""
-    from rsprof.storage.sql import run_query
+@click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
+def query(file: Path, sql: str, as_json: bool, as_csv: bool) -> None:
+    """Run SQL on a profile, read-only (tab-separated with a header line).
 
-    columns, rows = run_query(file, sql)
-    render.query_result(columns, rows, as_json=as_json)
+    The SQL reads the profile and nothing else: no ATTACH, VACUUM, writes, pragma
+    assignments or extensions. Rows are printed as they come; Ctrl-C stops the query
+    (exit 130).
+    """
+    import signal
+
+    from rsprof.storage.sql import Query, QueryInterrupted
+
+    if as_json and as_csv:
+        raise click.UsageError("give --json or --csv, not both")
+    run = Query(file, sql)
+    # The statement runs in SQLite with the GIL released: a KeyboardInterrupt would only
+    # surface when it ends. The handler sets a flag SQLite's progress handler polls.
+    previous = signal.signal(signal.SIGINT, lambda *_: run.interrupt())
+    try:
+        columns = run.execute()
+        render.query_result(columns, run.rows(),
+                            fmt="json" if as_json else "csv" if as_csv else "tsv")
+    except QueryInterrupted:
+        raise KeyboardInterrupt from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        run.close()
 
 
 @cli.command("list", context_settings=CONTEXT)
@@ -328,6 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         return error.exit_code
     except BrokenPipeError:
         return 0
+    except ProcessLookupError as error:  # the target left between two steps
+        click.echo(f"rsprof: error: the process exited ({error.strerror or error})", err=True)
+        return EXIT_NOT_FOUND
+    except OSError as error:  # a path too long, a device error: one line, not a bug report
+        where = f"{error.filename}: " if error.filename else ""
+        click.echo(f"rsprof: error: {where}{error.strerror or error}", err=True)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         click.echo("rsprof: interrupted", err=True)
         return EXIT_INTERRUPTED

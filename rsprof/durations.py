@@ -6,6 +6,9 @@ import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+# Longer than any recording or window (ten years): beyond it timers and timestamps
+# overflow (`-i 99999999999999h` was an internal error).
+MAX_SECONDS = 10 * 365 * 86400.0
 
 
 def parse_duration(text: str, *, allow_zero: bool = False) -> float:
@@ -21,4 +24,6 @@ def parse_duration(text: str, *, allow_zero: bool = False) -> float:
         seconds = sum(float(number) * _UNITS[unit] for number, unit in parts)
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ValueError(f"{text!r} is not a positive duration")
+    if not seconds <= MAX_SECONDS:
+        raise ValueError(f"{text!r} is longer than ten years")
     return seconds

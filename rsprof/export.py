@@ -1,7 +1,8 @@
 """`rsprof export`: one profile's samples to a file other tools read.
 
-The output is written to a temporary file beside the target and renamed into place, so a
+A regular file is written to a temporary file beside it and renamed into place, so a
 failed export (full disk, bad filter) never leaves half a file under the requested name.
+A device, a FIFO or standard output (`-o -`, `-o /dev/stdout`) is written into directly.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -99,15 +101,37 @@ def _write_table(selection: Selection, fmt: str, granularity: str, growing: set[
         render.emit_rows(render.HEAP_KEYS, heap, fmt, out)
 
 
+# Names that mean "this process's standard output" (renaming a file onto them would
+# write nothing there).
+_STDOUT_NAMES = {"-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"}
+
+
 @contextlib.contextmanager
 def _open_output(target: Path, *, binary: bool) -> Iterator[IO[bytes] | IO[str]]:
-    if str(target) == "-":
-        stream: IO[bytes] | IO[str] = sys.stdout.buffer if binary else sys.stdout
-        yield stream
-        stream.flush()
+    """A regular file (or a new name) is written atomically: a temporary file beside it,
+    renamed into place. Anything else that exists — a character device (/dev/null,
+    /dev/full), a FIFO, a terminal, stdout — is written into directly, never replaced."""
+    if str(target) in _STDOUT_NAMES:
+        with _reporting(target, stdout=True):
+            stream: IO[bytes] | IO[str] = sys.stdout.buffer if binary else sys.stdout
+            yield stream
+            stream.flush()
         return
-    if target.is_dir():
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as error:
+        raise ExportError(f"cannot write {target}: {error.strerror or error}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
         raise ExportError(f"cannot write {target}: it is a directory")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with _reporting(target), open(target, "wb") as raw:
+            with raw if binary else io.TextIOWrapper(raw, encoding="utf-8", newline="") as out:
+                yield out
+        return
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))  # replace the file, keep the link
     folder = target.parent if str(target.parent) else Path(".")
     try:
         fd, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=folder)
@@ -126,6 +150,28 @@ def _open_output(target: Path, *, binary: bool) -> Iterator[IO[bytes] | IO[str]]
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def _reporting(target: Path, *, stdout: bool = False) -> Iterator[None]:
+    """An OSError while writing a stream (ENOSPC from /dev/full, EPIPE) is one line."""
+    try:
+        yield
+    except BrokenPipeError:
+        _silence_stdout()
+        raise
+    except OSError as error:
+        if stdout:
+            _silence_stdout()
+        raise ExportError(f"cannot write {target}: {error.strerror or error}") from None
+
+
+def _silence_stdout() -> None:
+    """Points stdout at /dev/null so the interpreter's final flush of data that cannot be
+    written does not print a second error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _umask() -> int:

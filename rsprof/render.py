@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from datetime import datetime
 from typing import IO
@@ -122,18 +122,32 @@ def _tsv_cell(value: object) -> str:
     return str(value).replace("\t", " ").replace("\n", " ")
 
 
-def query_result(columns: list[str], rows: list[tuple[object, ...]], *, as_json: bool) -> None:
-    if as_json:
-        write_json([
-            {c: (v.hex() if isinstance(v, bytes) else v) for c, v in zip(columns, row)}
-            for row in rows
-        ])
+def query_result(columns: list[str], rows: Iterable[tuple[object, ...]], *,
+                 fmt: str = "tsv", out: IO[str] | None = None) -> None:
+    """Writes rows as they come (a query of 10^6 rows prints its first line at once):
+    TSV with a header line, CSV with a header line, or JSON as one array of objects
+    written object by object."""
+    stream = out or sys.stdout
+    if fmt == "json":
+        stream.write("[")
+        first = True
+        for row in rows:
+            obj = {c: (v.hex() if isinstance(v, bytes) else v) for c, v in zip(columns, row)}
+            stream.write(("\n  " if first else ",\n  ") + json.dumps(obj))
+            first = False
+        stream.write("\n]\n" if not first else "]\n")
         return
-    out = sys.stdout
+    if fmt == "csv":
+        writer = csv.writer(stream, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow(["" if v is None else v.hex() if isinstance(v, bytes) else v
+                             for v in row])
+        return
     if columns:
-        out.write("\t".join(columns) + "\n")
+        stream.write("\t".join(columns) + "\n")
     for row in rows:
-        out.write("\t".join(_tsv_cell(v) for v in row) + "\n")
+        stream.write("\t".join(_tsv_cell(v) for v in row) + "\n")
 
 
 def _duration(ms: int) -> str:

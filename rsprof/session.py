@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,6 +113,8 @@ def record(
 ) -> SessionOutcome:
     writer = ProfileWriter(output, append=append)
     recorder = Recorder(target, writer, options, child=child)
+    if quiet:  # with the TUI on screen, warnings are said once it has closed
+        recorder.on_warning = _print_warning
     result: RecordResult | None = None
     exit_code: int | None = None
     try:
@@ -123,10 +126,16 @@ def record(
         _finish_quietly(writer, "error: disk full")
         raise
     except BaseException as error:
-        _finish_quietly(writer, f"error: {error}")
+        if recorder.checkpoints_written == 0 and writer.created:
+            writer.abandon()  # failed before recording anything: leave no empty profile
+        else:
+            _finish_quietly(writer, f"error: {error}")
         if child is not None:
             stop_child(child)
         raise
+    if not quiet:
+        for message in recorder.warnings:
+            _print_warning(message)
     if child is not None:
         exit_code = stop_child(child)
     extra: dict[str, object] = {"heap_mode": result.heap_mode}
@@ -134,6 +143,20 @@ def record(
         extra["target_exit_code"] = exit_code
     writer.finish(result.stop_reason, extra)
     return SessionOutcome(output, result, exit_code)
+
+
+# Signals that end a recording the way Ctrl-C does: the file is finalized with the reason
+# and a launched target is stopped, never orphaned. SIGHUP (the terminal closed, or
+# `kill -HUP`) is treated like SIGTERM.
+_STOP_REASONS: dict[int, str] = {
+    signal.SIGINT: "interrupted",
+    signal.SIGTERM: "terminated",
+    signal.SIGHUP: "hangup",
+}
+
+
+def _print_warning(message: str) -> None:
+    print(f"rsprof: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _finish_quietly(writer: ProfileWriter, reason: str) -> None:
@@ -145,9 +168,9 @@ def _finish_quietly(writer: ProfileWriter, reason: str) -> None:
 
 def _record_headless(recorder: Recorder, child: subprocess.Popen[bytes] | None) -> RecordResult:
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        recorder.request_stop("interrupted" if signum == signal.SIGINT else "terminated")
+        recorder.request_stop(_STOP_REASONS[signum])
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_REASONS}
     try:
         if child is not None:
             # Release the child once sampling is enabled: the first checkpoint callback is
@@ -185,11 +208,16 @@ def _record_with_tui(
     thread.start()
     attached.wait()
     if "error" not in outcome:
-        previous = signal.signal(signal.SIGTERM, lambda *_: recorder.request_stop("terminated"))
+        # SIGTERM, and SIGHUP (the terminal went away): finalize like a quit.
+        previous = {
+            sig: signal.signal(sig, lambda signum, _f: recorder.request_stop(_STOP_REASONS[signum]))
+            for sig in (signal.SIGTERM, signal.SIGHUP)
+        }
         try:
             run_tui(str(output), live=True)
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         recorder.request_stop("user-quit")
     thread.join()
     if "error" in outcome:

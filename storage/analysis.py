@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -118,8 +119,13 @@ def cpu_rows(selection: Selection, granularity: str = "functions") -> list[Funct
 def list_profiles(directory: str | os.PathLike[str]) -> list[ProfileSummary]:
     """Every readable profile in a folder, newest first; other files are skipped."""
     folder = Path(directory)
-    if not folder.is_dir():
-        raise ProfileError(f"{folder}: no such directory")
+    try:
+        st = folder.stat()
+    except OSError as error:
+        reason = "no such directory" if isinstance(error, FileNotFoundError) else error.strerror
+        raise ProfileError(f"{folder}: {reason}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ProfileError(f"{folder}: not a directory")
     found: list[ProfileSummary] = []
     for file in folder.iterdir():
         if file.suffix != ".db" or not file.is_file():

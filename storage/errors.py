@@ -11,3 +11,7 @@ class ProfileExists(ProfileError):
 
 class StorageFullError(ProfileError):
     """The disk filled up while recording; checkpoints already committed are intact."""
+
+
+class ProfileLocked(ProfileError):
+    """Another rsprof is still recording into the file (`-a` on it is refused)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,9 +15,13 @@ from rsprof.storage.schema import SCHEMA_VERSION
 def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
     """Opens a profile read-only: writes through this connection fail, the file is untouched."""
     file = Path(path)
-    if not file.exists():
-        raise ProfileError(f"{file}: no such file")
-    if not file.is_file():
+    try:
+        st = file.stat()
+    except FileNotFoundError:
+        raise ProfileError(f"{file}: no such file") from None
+    except OSError as error:  # a name too long, a loop of links, a component not a folder
+        raise ProfileError(f"{file}: {error.strerror or error}") from None
+    if not stat.S_ISREG(st.st_mode):
         raise ProfileError(f"{file}: not a file")
     try:
         conn = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)

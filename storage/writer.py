@@ -8,6 +8,7 @@ checkpoints.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import time
@@ -15,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rsprof.storage.errors import ProfileError, ProfileExists, StorageFullError
+from rsprof.storage.errors import ProfileError, ProfileExists, ProfileLocked, StorageFullError
 from rsprof.storage.schema import SCHEMA_VERSION, create_schema, u64_from_sql, u64_to_sql
 
 
@@ -65,17 +66,31 @@ class ProfileWriter:
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = Path(path)
-        if self.path.exists() and not append:
-            raise ProfileExists(f"{self.path} already exists")
         try:
+            existed = self.path.exists()
+        except OSError as error:  # a name too long, a component that is not a folder
+            raise ProfileError(f"cannot write {self.path}: {error.strerror or error}") from None
+        if existed and not append:
+            raise ProfileExists(f"{self.path} already exists")
+        self._lock_fd: int | None = None
+        self.created = not existed
+        try:
+            if existed:
+                self._lock()  # before SQLite touches a file another recorder writes
             self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            if not existed:
+                self._lock()
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             if append and self._has_tables():
                 self._check_appendable()
             create_schema(self.conn)
         except sqlite3.Error as error:
-            raise ProfileError(f"cannot write {self.path}: {error}") from error
+            self.abandon()
+            raise self._storage_error(error) from error
+        except BaseException:
+            self.abandon()
+            raise
         self._modules: dict[tuple[str, str | None], int] = {}
         self._locations: dict[tuple[str, str, int, int | None], int] = {}
         self._frames: dict[tuple[int, int | None], int] = {}
@@ -87,6 +102,46 @@ class ProfileWriter:
         self._load_existing()
 
     # -- setup ---------------------------------------------------------------------------
+
+    def _lock(self) -> None:
+        """One recorder per file: an exclusive flock on the profile for the writer's
+        lifetime (flock locks are separate from SQLite's POSIX byte-range locks, so readers
+        are unaffected). The descriptor is closed only after the connection: closing any
+        descriptor of a file drops this process's POSIX locks on it."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as error:
+            raise ProfileError(f"cannot write {self.path}: {error.strerror or error}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ProfileLocked(
+                f"{self.path} is being recorded by another rsprof; wait for it to finish or"
+                " write to another file"
+            ) from None
+        except OSError:
+            pass  # a file system without flock: no lock, as before
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def abandon(self) -> None:
+        """Gives the file up after a failure before anything was recorded: closes it and,
+        if this writer created it, removes it (no 0-byte or empty profile is left)."""
+        conn = getattr(self, "conn", None)
+        if conn is not None:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        self._unlock()
+        if self.created:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
 
     def _has_tables(self) -> bool:
         row = self.conn.execute(
@@ -361,6 +416,7 @@ class ProfileWriter:
         except sqlite3.Error:
             pass  # a reader still holds the file open: it stays in WAL mode, nothing lost
         self.conn.close()
+        self._unlock()
 
     def commit(self) -> None:
         try:
@@ -374,6 +430,7 @@ class ProfileWriter:
             self.commit()
         finally:
             self.conn.close()
+            self._unlock()
 
     # -- plumbing ------------------------------------------------------------------------
 

@@ -97,11 +97,20 @@ class DwarfIndex:
     def _build_unit_map(self) -> None:
         """Sorted address ranges -> unit offset: .debug_aranges first (no DIE decoding), then
         the unit DIEs' own ranges for units aranges does not list (clang omits aranges)."""
-        entries = list(self._reader.aranges())
+        units = list(self._reader.units())
+        known = set(units)
+        # Every offset aranges gives is checked against the real units: corrupt aranges
+        # pointing outside .debug_info lose their entries, not the module.
+        entries = [(lo, hi, unit) for lo, hi, unit in self._reader.aranges()
+                   if unit in known and lo < hi]
         listed = {unit for _, _, unit in entries}
-        for unit in self._reader.units():
+        for unit in units:
             if unit not in listed:
-                entries.extend((lo, hi, unit) for lo, hi in self._reader.unit_ranges(unit))
+                try:
+                    ranges = list(self._reader.unit_ranges(unit))
+                except Exception:  # one undecodable unit: its addresses stay unknown
+                    continue
+                entries.extend((lo, hi, unit) for lo, hi in ranges if lo < hi)
         entries.sort()
         for lo, hi, unit in entries:
             if self._unit_hi and lo < self._unit_hi[-1]:
@@ -120,7 +129,10 @@ class DwarfIndex:
 
     def line_table(self, unit: int) -> LineTable | None:
         if unit not in self._lines:
-            raw = self._reader.line_table(unit)
+            try:
+                raw = self._reader.line_table(unit)
+            except Exception:  # a corrupt line program: this unit has no lines
+                raw = None
             table = None
             if raw is not None:
                 addrs, files, lines = array("Q"), array("I"), array("I")
@@ -135,7 +147,11 @@ class DwarfIndex:
         """Inline chains for sorted addresses grouped by unit: one DIE-tree walk per unit."""
         out: dict[int, tuple[Scope, ...]] = {}
         for unit, addrs in by_unit.items():
-            for addr, chain in zip(addrs, self._reader.inline_chains(unit, addrs), strict=True):
+            try:
+                chains = list(self._reader.inline_chains(unit, addrs))
+            except Exception:  # a corrupt DIE tree: this unit's addresses get no scopes
+                continue
+            for addr, chain in zip(addrs, chains, strict=False):
                 out[addr] = chain
         return out
 

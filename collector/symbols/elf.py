@@ -23,6 +23,9 @@ PT_LOAD = 1
 PT_NOTE = 4
 NT_GNU_BUILD_ID = 3
 ELFCOMPRESS_ZLIB = 1
+# A compressed section never inflates past this (a 0.5 MB zlib bomb made 512 MiB): the
+# section is then treated as absent and the module keeps its symbol-table names.
+MAX_DECOMPRESSED = 256 << 20
 
 
 class ElfError(Exception):
@@ -136,13 +139,21 @@ class ElfFile:
             return view
         hdr_fmt = self._e + ("IIQQ" if self.is64 else "III")
         hdr_size = struct.calcsize(hdr_fmt)
-        ch_type = struct.unpack_from(hdr_fmt, view)[0]
+        if len(view) < hdr_size:
+            return b""  # truncated compression header: the section is unusable
+        ch_type, *_, ch_size, _ = struct.unpack_from(hdr_fmt, view)
         if ch_type != ELFCOMPRESS_ZLIB:
             return b""  # zstd needs a module Python 3.11 lacks: treat as absent
+        if ch_size > MAX_DECOMPRESSED:
+            return b""
         try:
-            return zlib.decompress(view[hdr_size:])
+            inflater = zlib.decompressobj()
+            out = inflater.decompress(view[hdr_size:], MAX_DECOMPRESSED)
         except zlib.error:
             return b""
+        if inflater.unconsumed_tail:
+            return b""  # would inflate past the cap
+        return out
 
     def data_of(self, name: str) -> memoryview | bytes | None:
         sec = self._by_name.get(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .cache import FrameCache
@@ -26,8 +26,10 @@ class Module:
     """One ELF file on disk. Symbol tables and DWARF are loaded only on a cache miss."""
 
     def __init__(self, path: str, elf: ElfFile, cache_dir: Path | None,
-                 debug_roots: Sequence[str]) -> None:
+                 debug_roots: Sequence[str], warn: Callable[[str], None] | None = None) -> None:
         self.path = path
+        self._warn = warn
+        self._warned = False
         self.build_id: str | None = elf.build_id()
         self._elf = elf
         self._debug_roots = list(debug_roots)
@@ -57,7 +59,14 @@ class Module:
                 self._memo.update(self._cache.get_many(missing))
                 missing = [a for a in missing if a not in self._memo]
             if missing:
-                resolved = self._resolve(missing)
+                try:
+                    resolved = self._resolve(missing)
+                except Exception as error:
+                    # Corrupt debug info or symbol tables cost this module its names, never
+                    # the recording: symbol-table names if they still work, else
+                    # module+offset.
+                    self._degrade(error)
+                    resolved = self._resolve_fallback(missing)
                 self._memo.update(resolved)
                 if self._cache is not None:
                     self._cache.put_many(resolved)
@@ -91,6 +100,29 @@ class Module:
             # symbol tables alone rather than failing the profile.
             self._dwarf = None
         return self._dwarf
+
+    def _degrade(self, error: Exception) -> None:
+        self._dwarf = None
+        self._dwarf_loaded = True
+        if not self._warned:
+            self._warned = True
+            if self._warn is not None:
+                self._warn(f"{self.path}: unreadable debug info ({type(error).__name__}: "
+                           f"{error}); fewer symbols for this module")
+
+    def _resolve_fallback(self, vaddrs: list[int]) -> dict[int, tuple[SourceFrame, ...]]:
+        try:
+            symtab = self._symbols()
+            return {a: self._frames(a, symtab.lookup(a), None) for a in vaddrs}
+        except Exception:
+            self._symtab = SymbolTable.from_elf()
+            return {a: (SourceFrame(self._safe_unknown(a), "", 0, None),) for a in vaddrs}
+
+    def _safe_unknown(self, vaddr: int) -> str:
+        try:
+            return self._unknown(vaddr)
+        except Exception:
+            return f"{self._basename}+0x{vaddr:x}"
 
     def _resolve(self, vaddrs: list[int]) -> dict[int, tuple[SourceFrame, ...]]:
         symtab = self._symbols()
@@ -145,6 +177,12 @@ class Symbolizer:
                             else default_debug_roots())
         self._lock = threading.Lock()
         self._modules: dict[str, tuple[tuple[int, int, int, int], Module | None]] = {}
+        # Told once per module whose symbols could not be read (the recorder's warn).
+        self.on_warning: Callable[[str], None] | None = None
+
+    def _warn(self, message: str) -> None:
+        if self.on_warning is not None:
+            self.on_warning(message)
 
     def module(self, path: str) -> Module | None:
         """The module for an ELF file; None if it is missing or not ELF."""
@@ -161,8 +199,13 @@ class Symbolizer:
                 return hit[1]
             module: Module | None
             try:
-                module = Module(path, ElfFile(path), self.cache_dir, self.debug_roots)
+                module = Module(path, ElfFile(path), self.cache_dir, self.debug_roots,
+                                self._warn)
             except (OSError, ValueError, ElfError):
+                module = None
+            except Exception as error:  # e.g. struct.error on corrupt headers
+                self._warn(f"{path}: unreadable ELF file ({type(error).__name__}: {error});"
+                           " its frames are shown as module+offset")
                 module = None
             self._modules[path] = (key, module)
             return module

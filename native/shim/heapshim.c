@@ -340,7 +340,8 @@ static int64_t draw_countdown(void) {
  * anything else (a symlink, someone else's file, not a ring, another pid namespace, a
  * live pid) is left alone and tracking is disabled.  Returns 1 if the name was unlinked. */
 static int take_over_existing(const char *name, pid_t pid, uint64_t start, uint64_t pidns) {
-    int fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    /* O_NONBLOCK: a FIFO planted under our name must not hang the target. */
+    int fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
     if (fd < 0) {
         shim_log(errno == ELOOP ? "ring name is a symlink: not following it, heap tracking off"
                                 : "cannot open existing ring file: heap tracking off");

@@ -1,0 +1,401 @@
+"""The recorder never aborts, hangs or loses the profile (issue 11), recording side:
+hostile files in /dev/shm, a target that corrupts, truncates or floods its own heap ring,
+corrupt debug info. Real processes, real files. (Command-line side: test_robust_cli.py.)"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import build_target, run_rsprof, start_target
+
+import rsprof
+from rsprof._native import HeapReader
+
+SHM = Path("/dev/shm")
+SHIM = Path(rsprof.__file__).resolve().parent / "lib" / "librsprof_heap.so"
+
+
+def ring_path(pid: int) -> Path:
+    return SHM / f"rsprof-heap.{pid}"
+
+
+def dead_pid() -> int:
+    """A pid with no process (high in the pid space, checked)."""
+    limit = int(Path("/proc/sys/kernel/pid_max").read_text())
+    for pid in range(limit - 11, limit // 2, -97):
+        if not Path(f"/proc/{pid}").exists():
+            return pid
+    raise AssertionError("no free pid")
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        path.rmdir()
+    else:
+        path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def planted() -> Iterator[list[Path]]:
+    """Paths a test plants in /dev/shm, removed whatever happens."""
+    paths: list[Path] = []
+    yield paths
+    for path in paths:
+        if path.exists() or path.is_symlink():
+            remove(path)
+
+
+@pytest.fixture
+def spinner() -> Iterator[subprocess.Popen[str]]:
+    """A CPU-bound target without the heap shim."""
+    proc = start_target(build_target("split.c"), "30", "100")
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def record_pid(pid: int, out: Path, *extra: str,
+               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return run_rsprof("-p", str(pid), "-q", "-d", "1s", "-i", "250ms", "-o", str(out), *extra,
+                      timeout=timeout)
+
+
+def cpu_samples(db: Path) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return int(conn.execute("SELECT coalesce(sum(count), 0) FROM cpu_samples").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def meta(db: Path) -> dict[str, str]:
+    conn = sqlite3.connect(db)
+    try:
+        return dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    finally:
+        conn.close()
+
+
+# ------------------------------------------------------------------ 1. /dev/shm
+
+
+def test_fifo_and_directory_in_shm_never_hang_or_abort(
+    spinner: subprocess.Popen[str], planted: list[Path], tmp_path: Path
+) -> None:
+    """A FIFO at a dead pid's ring name (swept before every recording) and at the target's
+    own ring name, then a directory at the target's name: each recording ends on time with
+    exit 0 and its CPU data; the planted files are left alone."""
+    fifo_dead = ring_path(dead_pid())
+    os.mkfifo(fifo_dead, 0o600)
+    planted.append(fifo_dead)
+    fifo_target = ring_path(spinner.pid)
+    os.mkfifo(fifo_target, 0o600)
+    planted.append(fifo_target)
+    started = time.monotonic()
+    result = record_pid(spinner.pid, tmp_path / "fifo.db", timeout=30)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    assert cpu_samples(tmp_path / "fifo.db") > 0
+    assert took < 20
+    assert stat.S_ISFIFO(fifo_dead.lstat().st_mode) and stat.S_ISFIFO(fifo_target.lstat().st_mode)
+    # Sweeping directly is just as safe.
+    HeapReader.sweep_stale()
+    assert fifo_dead.exists()
+
+    fifo_target.unlink()
+    fifo_target.mkdir(mode=0o700)
+    result = record_pid(spinner.pid, tmp_path / "dir.db", timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert "internal error" not in result.stderr
+    assert cpu_samples(tmp_path / "dir.db") > 0
+    assert fifo_target.is_dir()
+    # Said once, as a warning, and kept in the file.
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "not a heap ring" in warnings[0], result.stderr
+    assert "not a heap ring" in meta(tmp_path / "dir.db").get("warnings", "")
+
+
+def test_symlink_at_ring_name_not_followed(planted: list[Path], tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"x" * 8192)
+    link = ring_path(dead_pid())
+    link.symlink_to(victim)
+    planted.append(link)
+    HeapReader.sweep_stale()
+    assert link.is_symlink() and victim.read_bytes() == b"x" * 8192
+    with pytest.raises(ValueError, match="not a heap ring"):
+        HeapReader.attach(int(link.name.rsplit(".", 1)[1]))
+
+
+def test_scribbled_ring_swept_only_when_its_pid_is_dead(planted: list[Path]) -> None:
+    """A ring whose header was scribbled over is swept once its pid is dead (and it is
+    old enough not to be a ring being created); one of a live pid is kept."""
+    garbage = os.urandom(4096) + bytes(65536)
+    dead = ring_path(dead_pid())
+    live = ring_path(os.getpid())
+    fresh = ring_path(dead_pid() - 1)
+    for path in (dead, live, fresh):
+        path.write_bytes(garbage)
+        path.chmod(0o600)
+        planted.append(path)
+    old = time.time() - 3600
+    os.utime(dead, (old, old))
+    os.utime(live, (old, old))
+    HeapReader.sweep_stale()
+    assert not dead.exists()
+    assert live.exists()  # its pid (this test) is alive
+    assert fresh.exists()  # too young: may be a ring being created
+
+
+def test_rings_created_exclusive_0600(tmp_path: Path) -> None:
+    binary = build_target("heap_sites.c")
+    env = dict(os.environ, LD_PRELOAD=str(SHIM))
+    old_umask = os.umask(0)
+    try:
+        proc = subprocess.Popen([str(binary), "10", str(tmp_path / "flag")], env=env,
+                                stdout=subprocess.PIPE, text=True)
+    finally:
+        os.umask(old_umask)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        st = ring_path(proc.pid).lstat()
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+        assert st.st_uid == os.geteuid()
+        # A ring others could write is refused; back at 0600 it is accepted.
+        ring_path(proc.pid).chmod(0o666)
+        with pytest.raises(ValueError, match="not 0600"):
+            HeapReader.attach(proc.pid)
+        ring_path(proc.pid).chmod(0o600)
+        HeapReader.attach(proc.pid).close()
+    finally:
+        proc.kill()
+        proc.wait()
+    HeapReader.sweep_stale()
+    assert not ring_path(proc.pid).exists()  # killed: swept
+
+
+# ------------------------------------------------------------------ 2. the target's ring
+
+
+def run_abuse(out: Path, mode: str, seconds: float, delay_ms: int = 300) -> tuple[
+        subprocess.CompletedProcess[str], int]:
+    """`rsprof run` on ring_abuse MODE; returns the result and rsprof's peak RSS (KiB)."""
+    from conftest import rsprof_env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "rsprof", "run", "-q", "-i", "250ms", "-o", str(out), "--",
+         str(build_target("ring_abuse.c")), mode, str(seconds), str(delay_ms)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        env=rsprof_env(),
+    )
+    peak = 0
+    deadline = time.monotonic() + seconds + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = int(line.split()[1])
+        except OSError:
+            pass
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), peak
+
+
+@pytest.mark.parametrize("mode", ["truncate", "kind", "depth", "lost", "size", "random"])
+def test_corrupt_ring_drops_heap_keeps_cpu(mode: str, tmp_path: Path) -> None:
+    """The target truncates its ring (SIGBUS for a reader that touched it), or commits a bad
+    kind, depth, lost counter, size or random words: one warning, heap data from then on
+    dropped, the CPU recording goes on to the target's exit and the file is finished."""
+    out = tmp_path / f"{mode}.db"
+    result, _ = run_abuse(out, mode, 1.2)
+    assert result.returncode == 0, result.stderr
+    assert "target exited with code 0" in result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, result.stderr
+    assert ("truncated" if mode == "truncate" else "corrupt heap ring") in warnings[0]
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    info = meta(out)
+    assert info["state"] == "finished" and info["stop_reason"] == "target-exited"
+    assert "heap data from then on dropped" in info["warnings"]
+    conn = sqlite3.connect(out)
+    try:
+        # CPU samples after the abuse (300 ms in): the recording went on.
+        late = conn.execute(
+            "SELECT coalesce(sum(samples), 0) FROM checkpoints WHERE timestamp_ms >"
+            " (SELECT min(timestamp_ms) FROM checkpoints) + 500").fetchone()[0]
+        assert late > 0
+        # The real allocations before the abuse were kept; nothing implausible was.
+        live = conn.execute("SELECT coalesce(max(live_bytes), 0) FROM heap_samples").fetchone()[0]
+        assert 0 < live < 1 << 32
+    finally:
+        conn.close()
+
+
+def test_flooding_target_bounded_memory_checkpoints_go_on(tmp_path: Path) -> None:
+    """A target writing allocation records with random 64-deep stacks and addresses as fast
+    as its ring takes them: rsprof's memory stays bounded (reader caps, counted as lost)
+    and checkpoints keep being written."""
+    seconds = 5.0
+    base_result, base_peak = run_abuse(tmp_path / "none.db", "none", 1.0)
+    assert base_result.returncode == 0, base_result.stderr
+    result, peak = run_abuse(tmp_path / "flood.db", "flood", seconds)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    conn = sqlite3.connect(tmp_path / "flood.db")
+    try:
+        checkpoints, lost = conn.execute(
+            "SELECT count(*), sum(heap_lost_events) FROM checkpoints").fetchone()
+    finally:
+        conn.close()
+    assert checkpoints >= seconds / 0.25 * 0.5  # the interval is 250 ms
+    assert lost > 0
+    # Measured: 260 MiB peak (the caps reached within seconds), against 2.0 GiB after an
+    # 8 s flood before the caps (2 checkpoints written). Baseline ~32 MiB.
+    assert peak - base_peak < 400 * 1024, (peak, base_peak)
+
+
+# ------------------------------------------------------------------ 3. corrupt debug info
+
+FUZZ_SCRIPT = r'''
+import random, sys
+from rsprof.collector.symbols import Symbolizer
+from rsprof.collector.symbols.elf import ElfFile
+src, out_dir, seeds, addrs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+data = bytearray(open(src, "rb").read())
+elf = ElfFile(src)
+spans = [(s.offset, s.size) for s in elf.sections if s.name.startswith((".debug", ".symtab",
+         ".strtab", ".dynsym", ".zdebug")) and s.size]
+import struct
+shoff, = struct.unpack_from("<Q", data, 0x28)
+shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+headers = [(0, 64), (shoff, shentsize * shnum)]
+addrs = [int(a) for a in addrs.split(",")]
+for seed in [int(s) for s in seeds.split(",")]:
+    rng = random.Random(seed)
+    mutant = bytearray(data)
+    for _ in range(rng.choice((1, 4, 16, 64))):
+        off, size = rng.choice(spans + headers) if rng.random() < 0.9 else rng.choice(headers)
+        pos = off + rng.randrange(size)
+        mutant[pos] = rng.randrange(256) if rng.random() < 0.7 else rng.choice((0, 0xff))
+    path = f"{out_dir}/mutant-{seed}"
+    open(path, "wb").write(mutant)
+    warned = []
+    sym = Symbolizer(disk_cache=False, debug_roots=[out_dir + "/none"])
+    sym.on_warning = warned.append
+    module = sym.module(path)
+    if module is not None:
+        frames = module.symbolize(addrs)
+        assert len(frames) == len(addrs) and all(frames), seed
+print("ok")
+'''
+
+
+def _text_addrs(binary: Path) -> list[int]:
+    out = subprocess.run(["nm", "--defined-only", str(binary)], capture_output=True, text=True,
+                         check=True).stdout
+    return [int(line.split()[0], 16) + 3 for line in out.splitlines()
+            if line.split()[1:2] in (["T"], ["t"])][:40]
+
+
+def test_mutated_elf_and_dwarf_never_raise(tmp_path: Path) -> None:
+    """Seeded random byte mutations of a binary's header, symbol tables and DWARF (plain and
+    zlib-compressed sections) through the symbolizer: every address still gets a frame,
+    no exception escapes, the process does not crash (a subprocess, so a native crash is a
+    failed test, not a dead test run)."""
+    from conftest import rsprof_env
+
+    plain = build_target("sym_basic.c")
+    compressed = build_target("sym_basic.c", ("-gz=zlib",))
+    seeds = ",".join(str(s) for s in range(300))
+    for binary in (plain, compressed):
+        addrs = ",".join(str(a) for a in _text_addrs(binary))
+        result = subprocess.run(
+            [sys.executable, "-P", "-c", FUZZ_SCRIPT, str(binary), str(tmp_path), seeds, addrs],
+            capture_output=True, text=True, timeout=120, env=rsprof_env())
+        assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def _copy_with(binary: Path, dest: Path, section: str, patch: Callable[[bytearray, int, int],
+               None]) -> Path:
+    from rsprof.collector.symbols.elf import ElfFile
+
+    data = bytearray(binary.read_bytes())
+    sec = ElfFile(str(binary)).section(section)
+    assert sec is not None, section
+    patch(data, sec.offset, sec.size)
+    dest.write_bytes(data)
+    return dest
+
+
+def _patch_section_size(binary: Path, dest: Path, section: str, new_size: int) -> Path:
+    """Sets a section header's sh_size (64-bit little-endian ELF)."""
+    import struct
+
+    from rsprof.collector.symbols.elf import ElfFile
+
+    elf = ElfFile(str(binary))
+    data = bytearray(binary.read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, = struct.unpack_from("<H", data, 0x3A)
+    index = [s.name for s in elf.sections].index(section)
+    struct.pack_into("<Q", data, shoff + index * shentsize + 0x20, new_size)
+    dest.write_bytes(data)
+    return dest
+
+
+def test_corrupt_aranges_and_compressed_header_fall_back(tmp_path: Path) -> None:
+    """aranges pointing outside .debug_info (KeyError before) and a compressed section cut
+    to 8 bytes (struct.error before): the functions keep their names."""
+    from rsprof.collector.symbols import Symbolizer
+
+    binary = build_target("sym_basic.c")
+    nm = subprocess.run(["nm", str(binary)], capture_output=True, text=True, check=True).stdout
+    outer = next(int(line.split()[0], 16) for line in nm.splitlines()
+                 if line.endswith(" outer_work"))
+
+    def bad_aranges(data: bytearray, off: int, size: int) -> None:
+        data[off + 6:off + 10] = (0x0FFFFFF0).to_bytes(4, "little")  # debug_info_offset
+
+    cases = [
+        _copy_with(binary, tmp_path / "aranges", ".debug_aranges", bad_aranges),
+        _patch_section_size(build_target("sym_basic.c", ("-gz=zlib",)), tmp_path / "chdr",
+                            ".debug_info", 8),
+    ]
+    for path in cases:
+        sym = Symbolizer(disk_cache=False, debug_roots=[str(tmp_path / "none")])
+        module = sym.module(str(path))
+        assert module is not None
+        (frames,) = module.symbolize([outer + 4])
+        assert frames[-1].function == "outer_work", (path, frames)
+
+
+def test_decompression_capped(tmp_path: Path) -> None:
+    """A compressed section that would inflate past 256 MiB (a zlib bomb of ~300 KiB) is
+    treated as absent, whatever size its header claims; the cap is never exceeded."""
+    import struct
+    import zlib
+
+    from rsprof.collector.symbols.elf import SHF_COMPRESSED, ElfFile, Section
+
+    binary = build_target("sym_basic.c")
+    packer = zlib.compressobj(9)
+    chunk = bytes(1 << 20)
+    bomb = b"".join(packer.compress(chunk) for _ in range(300)) + packer.flush()
+    path = tmp_path / "bomb"
+    original = binary.read_bytes()
+    for claimed in (300 << 20, 100):
+        blob = struct.pack("<IIQQ", 1, 0, claimed, 1) + bomb
+        path.write_bytes(original + blob)
+        elf = ElfFile(str(path))
+        sec = Section(".debug_info", 1, SHF_COMPRESSED, 0, len(original), len(blob), 0, 0)
+        assert elf.section_data(sec) == b""
