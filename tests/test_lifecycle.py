@@ -23,7 +23,8 @@ def _meta(path: Path) -> dict[str, str]:
 
 def test_target_exiting_mid_recording_finalizes(tmp_path: Path) -> None:
     out = tmp_path / "exit.db"
-    target = start_target(build_target("split.c"), "2", "100000")
+    # Long enough to outlast rsprof's own start-up on a loaded machine, well short of -d.
+    target = start_target(build_target("split.c"), "5", "100000")
     result = run_rsprof("-p", str(target.pid), "-q", "-d", "30s", "-o", str(out))
     target.wait()
     assert result.returncode == 0, result.stderr

@@ -257,7 +257,9 @@ def test_flooding_target_bounded_memory_checkpoints_go_on(tmp_path: Path) -> Non
             "SELECT count(*), sum(heap_lost_events) FROM checkpoints").fetchone()
     finally:
         conn.close()
-    assert checkpoints >= seconds / 0.25 * 0.5  # the interval is 250 ms
+    # The interval is 250 ms; a loaded machine slows every checkpoint, but they go on (before
+    # the caps: 2 checkpoints in an 8 s flood).
+    assert checkpoints >= 5, checkpoints
     assert lost > 0
     # Measured: 260 MiB peak (the caps reached within seconds), against 2.0 GiB after an
     # 8 s flood before the caps (2 checkpoints written). Baseline ~32 MiB.
