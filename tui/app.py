@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 from rsprof.storage.live import LiveProfile
 from textual.app import App
+from textual.binding import Binding, BindingType
 
-from .main_screen import MainScreen
+from .main_screen import EXIT_INTERRUPTED, MainScreen
 from .model import DataSource
 
 
@@ -21,6 +23,10 @@ class RsprofApp(App[int]):
     """
 
     CSS_PATH = "rsprof.tcss"
+    # Ctrl-C stops the recording and quits (rsprof's README), instead of Textual's hint.
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+c", "interrupt", "Stop", show=False, priority=True),
+    ]
     TITLE = "rsprof"
     ENABLE_COMMAND_PALETTE = False
 
@@ -40,6 +46,12 @@ class RsprofApp(App[int]):
 
     def on_mount(self) -> None:
         self.push_screen(MainScreen())
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C: exit code 130 tells the recording session "interrupted" (it stops and
+        finalizes the file); viewing a file, it just quits."""
+        code = EXIT_INTERRUPTED if self.live else 0
+        self.exit(code, return_code=code)
 
     @property
     def main(self) -> MainScreen:

@@ -45,8 +45,10 @@ class ProfileChart(PlotextPlot, can_focus=True):
         if series is None:
             self.refresh()
             return
-        x0 = (series.start_ms - state.t0_ms) / 1000
         x1 = (series.end_ms - state.t0_ms) / 1000
+        # A window longer than the recording starts at the recording's start: the axis
+        # then spans what exists (no run of "0s" labels for the time before it).
+        x0 = max((series.start_ms - state.t0_ms) / 1000, 0.0 if x1 > 0 else x1 - 1)
         xs = [p[0] for p in series.points]
         ys = [p[1] for p in series.points]
         if state.bytes:
