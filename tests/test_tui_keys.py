@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rsprof.storage.live import CpuRow
 from rsprof.tui.app import RsprofApp
 from rsprof.tui.main_screen import MainScreen
-from rsprof.tui.model import View
+from rsprof.tui.model import TreeRow, View
 from rsprof.tui.screens import HelpScreen, ThreadPicker
 from rsprof.tui.widgets.chart import ProfileChart
 from rsprof.tui.widgets.header import ProfileHeader
@@ -67,6 +68,24 @@ def parts(app: RsprofApp) -> tuple[MainScreen, ProfileTable, ProfileChart, str]:
 
 def names(table: ProfileTable) -> list[str]:
     return [r.function for r in table.rows]
+
+
+def tree(table: ProfileTable) -> list[TreeRow]:
+    rows = [r for r in table.rows if isinstance(r, TreeRow)]
+    assert len(rows) == len(table.rows)
+    return rows
+
+
+def chosen(table: ProfileTable) -> TreeRow:
+    row = table.selected
+    assert isinstance(row, TreeRow)
+    return row
+
+
+def cpu(table: ProfileTable) -> list[CpuRow]:
+    rows = [r for r in table.rows if isinstance(r, CpuRow)]
+    assert len(rows) == len(table.rows)
+    return rows
 
 
 def test_view_keys_1_2_m(profile: Path) -> None:
@@ -399,7 +418,7 @@ def test_call_tree_f_space_arrows(profile: Path) -> None:
         await press(pilot, "f")
         assert main.tree_shown and table.columns[2].label == "Function (call tree)"
         assert "1 CPU tree" in main.query_one(ProfileHeader).plain
-        rows = table.rows
+        rows = tree(table)
         # hot paths start expanded (>= 10 %): main > compute_hash > hash_round
         assert [(r.name, len(r.path)) for r in rows[:3]] == [
             ("main", 1), ("compute_hash", 2), ("hash_round", 3)]
@@ -407,12 +426,12 @@ def test_call_tree_f_space_arrows(profile: Path) -> None:
         assert rows[1].total_pct == pytest.approx(51.68, abs=0.01)
         assert rows[1].self_pct == pytest.approx(39.60, abs=0.01)
         await press(pilot, "j", "space")  # collapse compute_hash
-        assert [r.name for r in table.rows[:3]] == ["main", "compute_hash", "matrix_multiply"]
-        assert table.selected and table.selected.name == "compute_hash"
+        assert [r.name for r in tree(table)[:3]] == ["main", "compute_hash", "matrix_multiply"]
+        assert chosen(table).name == "compute_hash"
         await press(pilot, "right")  # open again
-        assert table.rows[2].name == "hash_round"
+        assert tree(table)[2].name == "hash_round"
         await press(pilot, "j", "left")  # on a leaf: to its parent
-        assert table.selected and table.selected.name == "compute_hash"
+        assert chosen(table).name == "compute_hash"
         await press(pilot, "k", "left")  # collapse main
         assert len(table.rows) == 1
         await press(pilot, "s")  # no sorting in the tree: children are heaviest first
@@ -428,17 +447,17 @@ def test_call_tree_follows_thread_and_window(profile: Path) -> None:
         main, table, _, _ = parts(app)
         await press(pilot, "t", "j", "j", "enter", "f")  # worker-2 (4244)
         assert main.thread == 4244
-        names_ = [r.name for r in table.rows]
+        names_ = [r.name for r in tree(table)]
         assert names_[0] == "main" and "compute_hash" not in names_
-        assert table.rows[1].name == "matrix_multiply"
+        assert tree(table)[1].name == "matrix_multiply"
         # worker-2 exits after checkpoint 90: the last minute has no samples of it
         await press(pilot, "w", "plus", "plus")  # the last 10 s only
         assert main.window_on and table.rows == []
         await press(pilot, "minus", "minus")  # the last minute: checkpoints 61..90 are in
-        assert table.rows and table.rows[0].name == "main"
-        assert table.rows[0].total_pct == pytest.approx(100)
+        assert table.rows and tree(table)[0].name == "main"
+        assert tree(table)[0].total_pct == pytest.approx(100)
         await press(pilot, "w", "t", "g", "enter")
-        assert main.thread is None and table.rows[1].name == "compute_hash"
+        assert main.thread is None and tree(table)[1].name == "compute_hash"
 
     drive(make_app(profile), scenario)
 
@@ -452,7 +471,7 @@ def test_callers_callees_e(profile: Path) -> None:
         assert panel.peek.function == "compute_hash"
         assert [n.function for n in panel.peek.callers] == ["main"]
         assert [n.function for n in panel.peek.callees] == ["hash_round"]
-        assert panel.peek.callees[0].samples == table.rows[3].self_samples  # hash_round
+        assert panel.peek.callees[0].samples == cpu(table)[3].self_samples  # hash_round
         await press(pilot, "j")  # the panel follows the selection
         assert panel.peek.function == "matrix_multiply" and panel.peek.callees == ()
         await press(pilot, "f", "e", "e")  # from the tree too
