@@ -704,7 +704,8 @@ class LiveProfile:
             whole = total.get(key, 0)
 
             def edges(found: dict[int, int]) -> tuple[Neighbour, ...]:
-                items = sorted(found.items(), key=lambda kv: (-kv[1], kv[0]))
+                # ties by name, as `rsprof peek` orders them
+                items = sorted(found.items(), key=lambda kv: (-kv[1], self._fn_name[kv[0]]))
                 return tuple(
                     Neighbour(k, self._fn_name[k], self._location_text(self._fn_best_loc[k]),
                               n, 100.0 * n / whole if whole else 0.0)
