@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,9 @@ class RsprofApp(App[int]):
         self.live = live
         self.clock = clock
         self.refresh_interval = refresh_interval
+        # The recording process that started this TUI (`rsprof.tui --live` only): when it
+        # is no longer our parent, the file's "recording" state is stale.
+        self.recorder_pid: int | None = None
 
     def on_mount(self) -> None:
         self.push_screen(MainScreen())
@@ -74,6 +78,8 @@ def run_tui(db_path: str, *, live: bool) -> int:
     source = LiveProfile(path)
     try:
         app = RsprofApp(source, live=live)
+        if live:
+            app.recorder_pid = os.getppid()
         result = app.run()
     finally:
         source.close()

@@ -303,10 +303,14 @@ class MainScreen(Screen[None]):
         return ""
 
     def _recorder_gone(self, snapshot: Snapshot) -> bool:
-        """VIEW mode only: the recorder that the TUI runs beside is known to be alive."""
+        """The file says "recording" but nobody writes it. Live mode: the recorder is the
+        process that started this TUI, so it is gone when our parent changed. VIEW mode:
+        no checkpoint for RECORDER_GONE_INTERVALS intervals (and 30 s)."""
         info, last = snapshot.info, snapshot.summary.last_timestamp_ms
-        if self.rsprof.live or info.state != "recording":
+        if info.state != "recording":
             return False
+        if self.rsprof.live:
+            return self.rsprof.recorder_pid is not None and os.getppid() != self.rsprof.recorder_pid
         newest = last if last is not None else info.start_time_ms
         if newest is None:
             return False
