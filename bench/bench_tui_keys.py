@@ -9,7 +9,9 @@ round trips). Presses are spaced 100-300 ms apart at random so they land at ever
 of the 0.5 s refresh and the 1 s checkpoint. Repeated with the chart open (`c`).
 
 Usage: python bench/bench_tui_keys.py [--presses N] [--size 80x24] [--freq 999]
-Prints median / p90 / max per mode, in ms.
+           [--baseline OTHER/bin/rsprof --rounds N]
+Prints median / p90 / max per mode, in ms; with --baseline, runs of the two builds
+alternate, so both see the same machine load.
 """
 
 from __future__ import annotations
@@ -79,43 +81,65 @@ def summary(name: str, times: list[float]) -> str:
             f" max {max(times):.0f} ms ({len(times)} presses)")
 
 
+def run_once(rsprof: str, size: str, freq: int, presses: int,
+             rng: random.Random) -> dict[str, list[float]] | None:
+    cols, rows = size.split("x")
+    with tempfile.TemporaryDirectory() as tmp:
+        session = f"rsprof-keys-{os.getpid()}"
+        out = Path(tmp) / "rsprof.rsprof-demo.bench.db"
+        # No stderr redirect: Textual draws on stderr.
+        command = (f"cd {shlex.quote(tmp)} && {shlex.quote(rsprof)} demo --cpu-freq"
+                   f" {freq} -o {shlex.quote(str(out))}; sleep 60")
+        tmux("new-session", "-d", "-s", session, "-x", cols, "-y", rows, command)
+        try:
+            if not wait(lambda: cursor_line(session) is not None, 90):
+                screen = tmux("capture-pane", "-p", "-t", session)
+                print(f"{rsprof}: the TUI did not show a table:\n{screen}",
+                      file=sys.stderr)
+                return None
+            time.sleep(3)  # a few checkpoints in: the table has rows to move over
+            closed = measure(session, presses, rng)
+            tmux("send-keys", "-t", session, "c")
+            time.sleep(1.5)
+            opened = measure(session, presses, rng)
+            tmux("send-keys", "-t", session, "c")
+            tmux("send-keys", "-t", session, "q")
+            wait(lambda: "RECORDING" not in tmux("capture-pane", "-p", "-t", session), 20)
+        finally:
+            tmux("kill-session", "-t", session)
+    return {"chart closed": closed, "chart open": opened}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presses", type=int, default=40)
     parser.add_argument("--size", default="80x24")
     parser.add_argument("--freq", type=int, default=999)
     parser.add_argument("--rsprof", default=shutil.which("rsprof") or "rsprof")
+    parser.add_argument("--baseline", help="another rsprof to compare with: runs alternate "
+                        "between the two (the machine's load changes over minutes)")
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     if shutil.which("tmux") is None:
         print("needs tmux", file=sys.stderr)
         return 2
-    cols, rows = args.size.split("x")
     rng = random.Random(1)
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        session = f"rsprof-keys-{os.getpid()}"
-        out = Path(tmp) / "rsprof.rsprof-demo.bench.db"
-        command = (f"cd {shlex.quote(tmp)} && {shlex.quote(args.rsprof)} demo --cpu-freq"
-                   f" {args.freq} -o {shlex.quote(str(out))}; sleep 60")
-        tmux("new-session", "-d", "-s", session, "-x", cols, "-y", rows, command)
-        try:
-            if not wait(lambda: cursor_line(session) is not None, 30):
-                print("the TUI did not show a table:\n" + tmux("capture-pane", "-p", "-t", session),
-                      file=sys.stderr)
+    builds = {"this": args.rsprof}
+    if args.baseline:
+        builds = {"baseline": args.baseline, "this": args.rsprof}
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
+    for _ in range(args.rounds):
+        for name, rsprof in builds.items():
+            got = run_once(rsprof, args.size, args.freq, args.presses, rng)
+            if got is None:
                 return 1
-            time.sleep(3)  # a few checkpoints in: the table has rows to move over
-            results.append(summary("chart closed", measure(session, args.presses, rng)))
-            tmux("send-keys", "-t", session, "c")
-            time.sleep(1.5)
-            results.append(summary("chart open", measure(session, args.presses, rng)))
-            tmux("send-keys", "-t", session, "c")
-            tmux("send-keys", "-t", session, "q")
-            wait(lambda: "RECORDING" not in tmux("capture-pane", "-p", "-t", session), 20)
-        finally:
-            tmux("kill-session", "-t", session)
-    print(f"rsprof demo --cpu-freq {args.freq}, {args.size}, {os.cpu_count()} CPUs")
-    for line in results:
-        print(line)
+            for mode, values in got.items():
+                times[name].setdefault(mode, []).extend(values)
+    print(f"rsprof demo --cpu-freq {args.freq}, {args.size}, {os.cpu_count()} CPUs,"
+          f" load average {os.getloadavg()[0]:.0f}")
+    for name, modes in times.items():
+        for mode, values in modes.items():
+            print(summary(f"{name} {mode}", values))
     return 0
 
 
