@@ -191,15 +191,29 @@ class MainScreen(Screen[None]):
     def _build(self, query: Query, refresh: bool) -> None:
         app = self.rsprof
         source = app.source
+        previous = self.snapshot
         if source.thread != query.thread:
             source.set_thread(query.thread)
             refresh = True
+            previous = None
         try:
+            if refresh and previous is not None and previous.query == query:
+                # A timer tick with nothing new in the file (checkpoints come once a
+                # second, ticks twice): nothing to rebuild or redraw.
+                if not source.refresh():
+                    self.app.call_from_thread(self._unchanged)
+                    return
+                refresh = False
             snapshot = build_snapshot(source, query, refresh=refresh)
         except Exception as exc:  # keep the UI alive; show what went wrong
             self.app.call_from_thread(self._failed, exc)
             return
         self.app.call_from_thread(self._apply, snapshot)
+
+    def _unchanged(self) -> None:
+        self._job_running = False
+        self._show_header()
+        self._run_pending()
 
     def _failed(self, exc: Exception) -> None:
         self._job_running = False
