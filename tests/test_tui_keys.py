@@ -575,3 +575,32 @@ def test_view_of_a_file_whose_recorder_is_gone(tmp_path: Path) -> None:
         assert "00:00:30" in text  # the recording's length, not a running clock
 
     drive(make_app(path), scenario)
+
+
+def test_export_x_writes_the_view(tmp_path: Path) -> None:
+    import gzip
+    import json
+
+    from rsprof.storage.pprof import profile_pb2
+
+    path = build_profile(tmp_path / "rsprof.demo.231114221320.db")
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        await press(pilot, "t", "j", "j", "enter")  # worker-2 (4244)
+        await press(pilot, "x")
+        await app.workers.wait_for_complete()
+        written = tmp_path / "rsprof.demo.231114221320.cpu.pb.gz"
+        assert written.exists()
+        pb = profile_pb2.Profile()
+        pb.ParseFromString(gzip.decompress(written.read_bytes()))
+        threads = {t.tid: t.samples for t in app.main.snapshot.threads}  # type: ignore[union-attr]
+        assert sum(s.value[0] for s in pb.sample) == threads[4244]
+        await press(pilot, "x")  # never overwrites: a second file
+        await app.workers.wait_for_complete()
+        assert (tmp_path / "rsprof.demo.231114221320.cpu.2.pb.gz").exists()
+        await press(pilot, "2", "X")  # the Memory view: heap, speedscope
+        await app.workers.wait_for_complete()
+        doc = json.loads((tmp_path / "rsprof.demo.231114221320.heap.speedscope.json").read_text())
+        assert doc["profiles"]
+
+    drive(make_app(path), scenario)

@@ -19,6 +19,7 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
+from .export import ProfileError, export_view
 from .format import fmt_offset
 from .model import (
     COLUMNS,
@@ -36,6 +37,7 @@ from .model import (
     column,
     max_pan,
     next_sort,
+    query_window,
 )
 from .screens import ALL_THREADS, HelpScreen, ThreadPicker
 from .widgets.chart import ChartState, ProfileChart
@@ -92,6 +94,8 @@ class MainScreen(Screen[None]):
         Binding("l", "pan(-1)", "Pan forward", show=False),
         Binding("z", "from_zero", "Y from 0", show=False),
         Binding("tab", "switch_focus", "Focus", show=False),
+        Binding("x", "export('pprof')", "Export", show=False),
+        Binding("X", "export('speedscope')", "Export speedscope", show=False),
         Binding("question_mark", "help", "Help"),
     ]
     CHART_ACTIONS: ClassVar[set[str]] = {"bar", "from_zero"}
@@ -592,6 +596,37 @@ class MainScreen(Screen[None]):
                 self.request_update()
 
         self.app.push_screen(ThreadPicker(threads, self.thread), chosen)
+
+    def action_export(self, fmt: str) -> None:
+        """Writes what the view shows (thread, window, filter) beside the profile."""
+        snap = self.snapshot
+        if snap is None:
+            return
+        q = snap.query
+        since = until = None
+        start, end, _label = query_window(q, snap.summary, snap.info.interval_ms)
+        t0 = snap.info.start_time_ms
+        if t0 is None:
+            t0 = (snap.summary.first_timestamp_ms or 0) - snap.info.interval_ms
+        if start is not None and end is not None:
+            since, until = max(0.0, (start - t0) / 1000), max(0.0, (end - t0) / 1000)
+        kind = "cpu" if q.view is View.CPU else "heap"
+        self.notify(f"exporting {kind} to {fmt}…", timeout=2)
+        self._export(fmt, kind, q.thread, since, until, q.filter)
+
+    @work(thread=True, group="export", exclusive=True)
+    def _export(self, fmt: str, kind: str, tid: int | None, since: float | None,
+                until: float | None, name_filter: str) -> None:
+        try:
+            path, count = export_view(self.rsprof.source.path, fmt=fmt, kind=kind, tid=tid,
+                                      since_s=since, until_s=until, name_filter=name_filter)
+        except (ProfileError, OSError, ValueError) as exc:
+            self.app.call_from_thread(
+                self.notify, f"export failed: {exc}", severity="error", timeout=8)
+            return
+        what = "samples" if kind == "cpu" else "allocations"
+        self.app.call_from_thread(
+            self.notify, f"wrote {path} ({count:,} {what})", timeout=10)
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())
