@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from rsprof.storage.callgraph import TreeNode, call_tree, count_neighbours
+from rsprof.storage.callsite import call_site_position
 
 TREND_LEN = 12
 """Checkpoints kept per function for the Trend sparkline."""
@@ -180,6 +181,10 @@ def _location_text(file: str, line: int) -> str:
     return f"{file}:{line}" if line else file
 
 
+class _Named(NamedTuple):
+    function: str
+
+
 class _Stack(NamedTuple):
     """A stored stack in function keys: leaf first, inline levels each their own entry."""
 
@@ -222,6 +227,11 @@ class LiveProfile:
         self._loc_fid: dict[int, int] = {}
         self._loc_module: dict[int, int | None] = {}
         self._stacks: dict[int, _Stack] = {}
+        # heap: allocating stacks cut at the call site (storage.callsite), as function keys,
+        # and per stack [live bytes, allocated bytes] over the whole recording
+        self._heap_paths: dict[int, tuple[int, ...]] = {}
+        self._heap_stack_bytes: dict[int, list[int]] = {}
+        self._heap_stack_last_id = 0
         # whole-heap live bytes after each checkpoint (aligned with _cp_ids)
         self._heap_tl = array("q")
         self._tl_site: dict[int, int] = {}
@@ -313,6 +323,8 @@ class LiveProfile:
             self._read_heap(last)
         if self._tl_last_id < last:
             self._read_heap_timeline(last)
+        if self._heap_stack_last_id < last:
+            self._read_heap_stacks(last)
         if new_cps:
             self._read_threads(last)
         return bool(changed)
@@ -502,6 +514,52 @@ class LiveProfile:
             self._cpu_last_sum = sums[ids[-1]]
         self._cpu_last_id = last
 
+    def _ensure_heap_paths(self, ids: Iterable[int]) -> None:
+        """Allocating stacks from their call site outwards: the shim's, allocator and
+        runtime frames above the first user frame go (the rules of `rsprof top heap`)."""
+        missing = sorted({i for i in ids if i not in self._heap_paths})
+        for chunk_start in range(0, len(missing), 500):
+            chunk = missing[chunk_start : chunk_start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._conn.execute(
+                "SELECT sf.stack_id, sf.position, fl.location_id, COALESCE(m.path, '')"
+                " FROM stack_frames sf JOIN frames f ON f.id = sf.frame_id"
+                " LEFT JOIN modules m ON m.id = f.module_id"
+                " JOIN frame_locations fl ON fl.frame_id = sf.frame_id"
+                f" WHERE sf.stack_id IN ({marks})"
+                " ORDER BY sf.stack_id, sf.position, fl.inline_depth",
+                chunk,
+            ).fetchall()
+            self._ensure_locations(r[2] for r in rows)
+            frames: dict[int, list[tuple[str, list[int]]]] = {}
+            previous: tuple[int, int] | None = None
+            for sid, position, lid, module in rows:
+                stack = frames.setdefault(sid, [])
+                if previous != (sid, position):
+                    stack.append((module, []))
+                    previous = (sid, position)
+                stack[-1][1].append(lid)
+            for sid in chunk:
+                stack = frames.get(sid, [])
+                named = [(module, [_Named(self._loc[lid][0]) for lid in lids])
+                         for module, lids in stack]
+                at = call_site_position(named) or (0, 0)
+                lids = [lid for _m, chain in stack[at[0] :] for lid in chain][at[1] :]
+                self._heap_paths[sid] = tuple(self._fid(lid) for lid in lids)
+
+    def _read_heap_stacks(self, last: int) -> None:
+        rows = self._conn.execute(
+            "SELECT stack_id, SUM(alloc_bytes) - SUM(free_bytes), SUM(alloc_bytes)"
+            " FROM heap_stack_samples WHERE checkpoint_id > ? AND checkpoint_id <= ?"
+            " GROUP BY stack_id",
+            (self._heap_stack_last_id, last),
+        ).fetchall()
+        for sid, live, allocated in rows:
+            acc = self._heap_stack_bytes.setdefault(sid, [0, 0])
+            acc[0] += live
+            acc[1] += allocated
+        self._heap_stack_last_id = last
+
     def _read_heap_timeline(self, last: int) -> None:
         """Whole-heap live bytes after each new checkpoint: each site's row holds its live
         bytes when it changed, so the total moves by the difference to its previous row."""
@@ -676,16 +734,18 @@ class LiveProfile:
         with self._lock:
             weights = self._stack_weights(start_ms, end_ms)
             root = call_tree((self._stacks[sid].path, n) for sid, n in weights.items())
+            return self._convert_tree(root, "all samples")
 
-            def convert(node: TreeNode, path: tuple[int, ...]) -> CallNode:
-                name, where = ("all samples", "") if node.key < 0 else (
-                    self._fn_name[node.key], self._location_text(self._fn_best_loc[node.key]))
-                return CallNode(
-                    path, node.key, name, where, node.total, node.self,
-                    tuple(convert(c, (*path, c.key)) for c in node.sorted_children()),
-                )
+    def _convert_tree(self, root: TreeNode, root_name: str) -> CallNode:
+        def convert(node: TreeNode, path: tuple[int, ...]) -> CallNode:
+            name, where = (root_name, "") if node.key < 0 else (
+                self._fn_name[node.key], self._location_text(self._fn_best_loc[node.key]))
+            return CallNode(
+                path, node.key, name, where, node.total, node.self,
+                tuple(convert(c, (*path, c.key)) for c in node.sorted_children()),
+            )
 
-            return convert(root, ())
+        return convert(root, ())
 
     def peek(self, key: int, start_ms: int | None = None, end_ms: int | None = None) -> PeekInfo:
         """Callers and callees of function `key` (pprof's -peek): each edge counted once
@@ -720,6 +780,20 @@ class LiveProfile:
             )
 
     # -- heap -----------------------------------------------------------------------------
+
+    def heap_tree(self, allocated: bool = False) -> CallNode:
+        """The top-down tree of allocating stacks (cut at the call site) by live bytes (or
+        bytes allocated): a node's total is the bytes allocated under it, its self the bytes
+        allocated right there (a call site). Whole recording, all threads (the heap tables
+        keep no thread)."""
+        with self._lock:
+            self._ensure_heap_paths(self._heap_stack_bytes)
+            index = 1 if allocated else 0
+            root = call_tree(
+                (self._heap_paths[sid], max(0, b[index]))
+                for sid, b in self._heap_stack_bytes.items()
+            )
+            return self._convert_tree(root, "all live bytes")
 
     def heap_timeline(self, points: int = 120) -> HeapTimeline:
         """Whole-heap live bytes over the recording, in at most `points` buckets."""

@@ -604,3 +604,24 @@ def test_export_x_writes_the_view(tmp_path: Path) -> None:
         assert doc["profiles"]
 
     drive(make_app(path), scenario)
+
+
+def test_memory_allocation_tree_f(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        await press(pilot, "2", "f")
+        assert main.tree_shown and table.columns[0].label == "Total"
+        assert "2 Memory tree" in main.query_one(ProfileHeader).plain
+        rows = tree(table)
+        # total = live bytes allocated under the node; self = at the call site itself
+        live = {"leaky_cache_insert": 8192 * 120, "load_config": 1 << 19, "make_buffer": 16384}
+        assert rows[0].name == "main" and rows[0].total_value == sum(live.values())
+        assert rows[0].self_value == 0
+        assert {r.name: r.self_value for r in rows[1:]} == live
+        assert [r.name for r in rows[1:]] == list(live)  # heaviest first
+        await press(pilot, "c")  # the chart is per call site: not in the allocation tree
+        assert not main.chart_open
+        await press(pilot, "f", "c")
+        assert main.chart_open
+
+    drive(make_app(profile), scenario)

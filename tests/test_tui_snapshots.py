@@ -76,3 +76,8 @@ def test_live_target_exited(
                          stop_reason="target-exited")
     app = make_app(path, live=True)
     assert snap_compare(app, terminal_size=size, run_before=keys())
+
+
+@SIZES
+def test_memory_tree(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(make_app(profile), terminal_size=size, run_before=keys("2", "f"))

@@ -25,6 +25,7 @@ from .model import (
     COLUMNS,
     DEFAULT_SORT,
     DEFAULT_ZOOM,
+    HEAP_TREE_COLUMNS,
     TREE_COLUMNS,
     ZOOM_LEVELS,
     ChartRequest,
@@ -116,8 +117,10 @@ class MainScreen(Screen[None]):
         self.tree_mode = False
         self.peek_open = False
         self.window_on = False  # tree and peek cover the zoom/pan window, not everything
-        self.expanded: frozenset[tuple[int, ...]] = frozenset()
-        self.collapsed: frozenset[tuple[int, ...]] = frozenset()
+        # tree nodes opened / closed by the user, per view (the auto-open rule does the rest)
+        self.expanded_by: dict[View, frozenset[tuple[int, ...]]] = dict.fromkeys(View, frozenset())
+        self.collapsed_by: dict[View, frozenset[tuple[int, ...]]] = dict.fromkeys(
+            View, frozenset())
         self.snapshot: Snapshot | None = None
         self._job_running = False
         self._job_pending: bool | None = None  # None: nothing pending, else "refresh" flag
@@ -161,7 +164,7 @@ class MainScreen(Screen[None]):
 
     @property
     def tree_shown(self) -> bool:
-        return self.tree_mode and self.view is View.CPU
+        return self.tree_mode
 
     def current_query(self) -> Query:
         sort, descending = self.sorts[self.view]
@@ -175,8 +178,8 @@ class MainScreen(Screen[None]):
         return Query(
             self.view, sort, descending, self.filter_text, self.thread, chart,
             tree=self.tree_shown,
-            expanded=self.expanded if self.tree_shown else frozenset(),
-            collapsed=self.collapsed if self.tree_shown else frozenset(),
+            expanded=self.expanded_by[self.view] if self.tree_shown else frozenset(),
+            collapsed=self.collapsed_by[self.view] if self.tree_shown else frozenset(),
             peek=peek,
             window=(self.zoom, self.pan_steps) if self.window_on else None,
             timeline_points=max(1, timeline - 2) if self.view is View.MEMORY else 0,
@@ -259,7 +262,10 @@ class MainScreen(Screen[None]):
             empty = f"no function matches “{q.filter}”"
         else:
             empty = "no samples yet" if q.view is View.CPU else "no allocations yet"
-        columns = TREE_COLUMNS if q.tree else COLUMNS[q.view]
+        if q.tree:
+            columns = TREE_COLUMNS if q.view is View.CPU else HEAP_TREE_COLUMNS
+        else:
+            columns = COLUMNS[q.view]
         table.set_rows(columns, snapshot.rows, "" if q.tree else q.sort, q.descending,
                        empty_text=empty, trend_top=snapshot.trend_top)
         chart = self.query_one(ProfileChart)
@@ -397,8 +403,11 @@ class MainScreen(Screen[None]):
             return self.chart_open or (self.window_on and (self.tree_shown or self.peek_open))
         if action == "pause":
             return self.rsprof.live
-        if action in ("toggle_tree", "toggle_peek", "toggle_window"):
+        if action in ("toggle_peek", "toggle_window"):
             return self.view is View.CPU
+        if action == "toggle_chart":
+            # the Memory chart is per call site; the allocation tree's nodes are functions
+            return not (self.tree_mode and self.view is View.MEMORY)
         if action == "expand":
             return self.tree_shown
         if action in ("cycle_sort", "reverse_sort", "filter"):
@@ -530,6 +539,8 @@ class MainScreen(Screen[None]):
 
     def action_toggle_tree(self) -> None:
         self.tree_mode = not self.tree_mode
+        if self.tree_mode and self.chart_open and self.view is View.MEMORY:
+            self.action_toggle_chart()
         self.query_one(ProfileTable).focus()
         self.refresh_bindings()
         self._show_header()
@@ -569,12 +580,13 @@ class MainScreen(Screen[None]):
             return
         if not row.has_children or want == row.expanded:
             return
+        view = self.view
         if want:
-            self.expanded |= {row.path}
-            self.collapsed -= {row.path}
+            self.expanded_by[view] |= {row.path}
+            self.collapsed_by[view] -= {row.path}
         else:
-            self.collapsed |= {row.path}
-            self.expanded -= {row.path}
+            self.collapsed_by[view] |= {row.path}
+            self.expanded_by[view] -= {row.path}
         self.request_update()
 
     def action_pause(self) -> None:

@@ -41,6 +41,8 @@ class TreeRow(NamedTuple):
     total_pct: float
     has_children: bool
     expanded: bool
+    self_value: int = 0  # samples (CPU) or bytes (Memory)
+    total_value: int = 0
 
 
 Row = CpuRow | HeapRow | TreeRow
@@ -73,6 +75,7 @@ class DataSource(Protocol):
         self, key: int, start_ms: int | None = None, end_ms: int | None = None
     ) -> PeekInfo: ...
     def heap_timeline(self, points: int = 120) -> HeapTimeline: ...
+    def heap_tree(self, allocated: bool = False) -> CallNode: ...
     def heap_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int) -> Series: ...
 
 
@@ -113,7 +116,13 @@ TREE_COLUMNS: tuple[Column, ...] = (
     Column("total", "Total %", 8, sortable=False),
     Column("self", "Self %", 8, sortable=False),
     Column("function", "Function (call tree)", flex=3, numeric=False, sortable=False),
-    Column("location", "Location", flex=1, numeric=False, sortable=False, cut="start"),
+    Column("location", "Location", flex=2, numeric=False, sortable=False, cut="start"),
+)
+HEAP_TREE_COLUMNS: tuple[Column, ...] = (
+    Column("total_bytes", "Total", 10, sortable=False),
+    Column("self_bytes", "Self", 10, sortable=False),
+    Column("function", "Function (allocation tree)", flex=3, numeric=False, sortable=False),
+    Column("location", "Location", flex=2, numeric=False, sortable=False, cut="start"),
 )
 # Total (inclusive) first: a program's own functions (main, its workers) lead the table,
 # not only the leaf it spends its time in.
@@ -135,6 +144,8 @@ _CELLS: dict[str, Callable[[Any, float | None], str]] = {
     "live_bytes": lambda r, _t: fmt_bytes(r.live_bytes),
     "alloc_bytes": lambda r, _t: fmt_bytes(r.alloc_bytes),
     "alloc_count": lambda r, _t: fmt_count(r.alloc_count),
+    "total_bytes": lambda r, _t: fmt_bytes(r.total_value),
+    "self_bytes": lambda r, _t: fmt_bytes(r.self_value),
 }
 _SORT_KEYS: dict[str, Callable[[Any], Any]] = {
     "self": lambda r: (r.self_samples, r.total_samples),
@@ -242,6 +253,7 @@ def flatten_tree(
         rows.append(TreeRow(
             hash(node.path), node.path, " " * depth + marker + node.function, node.function,
             node.location, 100.0 * node.self_samples / whole, pct, has, is_open,
+            node.self_samples, node.total_samples,
         ))
         if is_open:
             stack.extend((c, depth + 1) for c in reversed(node.children))
@@ -261,7 +273,7 @@ class Query:
     filter: str = ""
     thread: int | None = None
     chart: ChartRequest | None = None
-    tree: bool = False  # the CPU view shows the call tree instead of the table
+    tree: bool = False  # the call tree (CPU) or allocation tree (Memory) instead of the table
     expanded: frozenset[tuple[int, ...]] = frozenset()
     collapsed: frozenset[tuple[int, ...]] = frozenset()
     peek: int | None = None  # function key whose callers and callees to show
@@ -310,16 +322,18 @@ def build_snapshot(
     trend_top = None
     if query.view is View.CPU and query.tree:
         rows = list(flatten_tree(source.call_tree(start, end), query.expanded, query.collapsed))
+    elif query.tree:
+        rows = list(flatten_tree(source.heap_tree(), query.expanded, query.collapsed))
     elif query.view is View.CPU:
         rows = list(source.cpu_rows())
     else:
         rows = list(source.heap_rows())
     heap_available = info.heap_mode not in ("", "none") and source.has_heap_data
     total = len(rows)
-    if query.filter and not (query.view is View.CPU and query.tree):
+    if query.filter and not query.tree:
         needle = query.filter.lower()
         rows = [r for r in rows if needle in r.function.lower()]
-    if not (query.view is View.CPU and query.tree):
+    if not query.tree:
         sort_rows(rows, query.sort, query.descending)
     if query.view is View.CPU and not query.tree:
         trend_top = max((max(r.trend) for r in rows if isinstance(r, CpuRow)), default=0)

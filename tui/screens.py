@@ -21,7 +21,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("Ctrl-C", "stop the recording and quit"),
     ("1 / 2", "CPU view / Memory view"),
     ("m", "toggle between the two views"),
-    ("f", "call tree (CPU view)"),
+    ("f", "call tree (CPU) / allocation tree (Memory)"),
     ("Space, → / ←", "tree: toggle, open / close a node"),
     ("e", "callers and callees of the selected function"),
     ("w", "tree and callers: whole recording or the zoom/pan window"),

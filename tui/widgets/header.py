@@ -106,8 +106,9 @@ def header_lines(state: HeaderState, width: int) -> tuple[Text, Text]:
                              f" PID {state.pid}" if state.pid is not None else ""), 20),
     ]
     tabs = Text(" ")
-    for view, label in ((View.CPU, f" 1 CPU{state.tab_suffix} "), (View.MEMORY, " 2 Memory ")):
-        tabs.append(label, "bold reverse" if view is state.view else "dim")
+    for view, label in ((View.CPU, "1 CPU"), (View.MEMORY, "2 Memory")):
+        suffix = state.tab_suffix if view is state.view else ""
+        tabs.append(f" {label}{suffix} ", "bold reverse" if view is state.view else "dim")
         tabs.append(" ")
     line2 = [_Field(tabs, 100, sep=False), _Field(Text(f"thread {state.thread}"), 90)]
     if state.show_target:

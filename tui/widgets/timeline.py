@@ -30,8 +30,16 @@ def timeline_text(timeline: HeapTimeline | None, width: int) -> Text:
     caption.truncate(width, overflow="ellipsis")
     values = [v for _t, v in timeline.points][-max(1, width - 1) :]
     top = max(timeline.peak_bytes, max(values, default=0), 1)
+    # From zero, unless the heap never drops below half its peak: then from its lowest
+    # value (said in the caption), so the changes are not squeezed into the top row.
+    low = min(values, default=0)
+    bottom = low if low > top / 2 else 0
+    if bottom:
+        caption.append(f"  (axis from {fmt_bytes(bottom)})", "dim")
+        caption.truncate(width, overflow="ellipsis")
     levels = ROWS * (len(BLOCKS) - 1)
-    heights = [round(v / top * levels) if v > 0 else 0 for v in values]
+    span = max(1, top - bottom)
+    heights = [max(1, round((v - bottom) / span * levels)) if v > 0 else 0 for v in values]
     peak_col = max(range(len(values)), key=values.__getitem__) if values else -1
     lines = [caption]
     for row in range(ROWS - 1, -1, -1):
