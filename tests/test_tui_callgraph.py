@@ -96,3 +96,46 @@ def test_windowed_tree_and_peek(profile: Path) -> None:
     window = lp.peek(key, START_MS + 100_000, START_MS + 120_000)
     assert window.all_samples == root.total_samples
     assert 0 < window.total_samples < lp.peek(key).total_samples
+
+
+def test_heap_tree_equals_top_heap(profile: Path) -> None:
+    from rsprof.storage.analysis import top_heap
+
+    lp = LiveProfile(profile)
+    lp.refresh()
+    root = lp.heap_tree()
+    with Profile(profile) as p:
+        sites = top_heap(p, limit=None)
+    selfs: dict[str, int] = {}
+    for node in _walk(root)[1:]:
+        selfs[node.function] = selfs.get(node.function, 0) + node.self_samples
+    assert {f: b for f, b in selfs.items() if b} == {
+        s.function: s.live_bytes for s in sites if s.live_bytes}
+    assert root.total_samples == sum(s.live_bytes for s in sites)
+    allocated = lp.heap_tree(allocated=True)
+    assert allocated.total_samples == sum(s.total_alloc_bytes for s in sites)
+
+
+def test_heap_timeline(tmp_path: Path) -> None:
+    from tui_fixture import append_checkpoints
+
+    path = build_profile(tmp_path / "p.db", 30, state="recording")
+    lp = LiveProfile(path)
+    lp.refresh()
+
+    def expected(i: int) -> int:  # the fixture's live bytes after checkpoint i
+        return 8192 * i + 16384 + ((1 << 20) if i < 60 else (1 << 19))
+
+    tl = lp.heap_timeline(30)
+    assert [v for _t, v in tl.points] == [expected(i) for i in range(1, 31)]
+    assert tl.points[0][0] == 1000.0 and tl.current_bytes == expected(30)
+    append_checkpoints(path, 120)  # read incrementally: the same as a fresh reader
+    lp.refresh()
+    fresh = LiveProfile(path)
+    fresh.refresh()
+    assert lp.heap_timeline(40) == fresh.heap_timeline(40)
+    tl = lp.heap_timeline(40)  # 120 checkpoints in 40 buckets: each its highest value
+    assert len(tl.points) == 40 and tl.points[19][1] == expected(59)
+    assert (tl.peak_bytes, tl.peak_offset_ms) == (expected(59), 59_000)
+    short = lp.heap_timeline(240)  # more cells than checkpoints: each repeated
+    assert len(short.points) == 240 and short.points[0][1] == short.points[1][1]
