@@ -625,3 +625,18 @@ def test_memory_allocation_tree_f(profile: Path) -> None:
         assert main.chart_open
 
     drive(make_app(profile), scenario)
+
+
+def test_trend_scale_r(profile: Path) -> None:
+    from rsprof.tui.model import TREND, cell_text
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        assert table.trend_top == max(max(r.trend) for r in cpu(table))
+        row = cpu(table)[-1]  # idle_wait: 2 % of the samples
+        assert set(cell_text(TREND, row, table.trend_top)) == {"▁"}  # small on one scale
+        await press(pilot, "r")
+        assert main.trend_per_row and table.trend_top is None
+        assert set(cell_text(TREND, row, table.trend_top)) != {"▁"}  # its own scale
+
+    drive(make_app(profile), scenario)

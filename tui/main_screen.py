@@ -94,6 +94,7 @@ class MainScreen(Screen[None]):
         Binding("h", "pan(1)", "Pan", key_display="h/l"),
         Binding("l", "pan(-1)", "Pan forward", show=False),
         Binding("z", "from_zero", "Y from 0", show=False),
+        Binding("r", "trend_scale", "Trend scale", show=False),
         Binding("tab", "switch_focus", "Focus", show=False),
         Binding("x", "export('pprof')", "Export", show=False),
         Binding("X", "export('speedscope')", "Export speedscope", show=False),
@@ -115,6 +116,7 @@ class MainScreen(Screen[None]):
         self.from_zero = False
         self.paused = False
         self.tree_mode = False
+        self.trend_per_row = False
         self.peek_open = False
         self.window_on = False  # tree and peek cover the zoom/pan window, not everything
         # tree nodes opened / closed by the user, per view (the auto-open rule does the rest)
@@ -183,6 +185,7 @@ class MainScreen(Screen[None]):
             peek=peek,
             window=(self.zoom, self.pan_steps) if self.window_on else None,
             timeline_points=max(1, timeline - 2) if self.view is View.MEMORY else 0,
+            trend_per_row=self.trend_per_row,
         )
 
     def request_update(self, *, refresh: bool = False) -> None:
@@ -470,6 +473,12 @@ class MainScreen(Screen[None]):
         new = next_sort(self.view, key)
         self.sorts[self.view] = (new, column(self.view, new).numeric)
         self.notify(f"sorted by {column(self.view, new).label}", timeout=1.5)
+        self.request_update()
+
+    def action_trend_scale(self) -> None:
+        self.trend_per_row = not self.trend_per_row
+        self.notify("Trend: each row its own scale" if self.trend_per_row
+                    else "Trend: one scale for the column", timeout=2)
         self.request_update()
 
     def action_reverse_sort(self) -> None:

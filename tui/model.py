@@ -137,7 +137,7 @@ _CELLS: dict[str, Callable[[Any, float | None], str]] = {
     # CPU: one scale for the whole column (top), so a 0.1 % function looks it. Heap: each
     # row from its own minimum to maximum, so a slow leak shows as a ramp.
     "trend": lambda r, top: (
-        sparkline(r.trend, top=top)
+        sparkline(r.trend, top=top or None)
         if isinstance(r, CpuRow)
         else sparkline(r.trend, from_zero=False)
     ),
@@ -279,6 +279,7 @@ class Query:
     peek: int | None = None  # function key whose callers and callees to show
     window: tuple[int, int] | None = None  # (zoom, pan) for tree and peek; None: everything
     timeline_points: int = 0  # Memory view: the heap timeline's width in cells (0: none)
+    trend_per_row: bool = False  # CPU Trend: each row its own scale, not the column's
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,7 @@ def build_snapshot(
         rows = [r for r in rows if needle in r.function.lower()]
     if not query.tree:
         sort_rows(rows, query.sort, query.descending)
-    if query.view is View.CPU and not query.tree:
+    if query.view is View.CPU and not query.tree and not query.trend_per_row:
         trend_top = max((max(r.trend) for r in rows if isinstance(r, CpuRow)), default=0)
     series = None
     if query.chart is not None and summary.last_timestamp_ms is not None:

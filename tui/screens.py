@@ -33,6 +33,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("+ / -", "zoom the chart (or window) in / out (5s … 1d)"),
     ("b", "bar or line chart"),
     ("z", "chart's y axis from zero, or fitted to the data"),
+    ("r", "CPU Trend: one scale for the column, or per row"),
     ("Tab", "move focus between table and chart"),
     ("/", "filter rows by function name (Esc clears)"),
     ("s / S", "sort by the next column / reverse (or click a header)"),

@@ -59,7 +59,9 @@ class ProfileChart(PlotextPlot, can_focus=True):
             plt.ylabel("% samples")
         if xs:
             if state.bar:
-                plt.bar(xs, ys, width=0.8, marker="█")
+                # Full-width bars: at 0.8 the gaps between them fall on cell boundaries
+                # irregularly (some bars touch, some do not).
+                plt.bar(xs, ys, width=1.0, marker="█")
             else:
                 plt.plot(xs, ys, marker="braille")
         else:
