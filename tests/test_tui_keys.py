@@ -640,3 +640,23 @@ def test_trend_scale_r(profile: Path) -> None:
         assert set(cell_text(TREND, row, table.trend_top)) != {"▁"}  # its own scale
 
     drive(make_app(profile), scenario)
+
+
+def test_live_tui_whose_recorder_is_gone(tmp_path: Path) -> None:
+    """`rsprof.tui --live` learns its recorder's PID (its parent); a parent that changed
+    (the recorder was killed) makes a "recording" file a stopped one."""
+    import os
+
+    path = build_profile(tmp_path / "live.db", 30, state="recording")
+    app = make_app(path, live=True, refresh_interval=0.05)
+    app.recorder_pid = os.getppid()
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        assert "RECORDING" in app.main.query_one(ProfileHeader).plain
+        app.recorder_pid = -1  # as if our parent were no longer the recorder
+        await pilot.pause(0.2)
+        await settle(pilot)
+        text = app.main.query_one(ProfileHeader).plain
+        assert "STOPPED" in text and "stopped (recorder gone)" in text
+
+    drive(app, scenario)
