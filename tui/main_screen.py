@@ -17,6 +17,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Input, Static
 
 from .export import ProfileError, export_view
@@ -61,6 +62,9 @@ NO_HEAP = (
 RECORDER_GONE_INTERVALS = 10
 """VIEW mode: a file that says "recording" but got no checkpoint for this many intervals
 (and at least 30 s) has lost its recorder (killed, machine rebooted)."""
+
+FOLLOW_DELAY_S = 0.06
+"""How long after the selection moves the chart and callers panel follow it."""
 
 # Ctrl-C: the TUI's exit code that tells the recording session "interrupted" (as a shell
 # reports SIGINT), where q and Esc mean "the user quit".
@@ -127,6 +131,7 @@ class MainScreen(Screen[None]):
         self._job_running = False
         self._job_pending: bool | None = None  # None: nothing pending, else "refresh" flag
         self._job_started = 0.0
+        self._follow_timer: Timer | None = None
         self.last_update_s = 0.0  # request to drawn widgets, for the benchmark
 
     @property
@@ -155,7 +160,8 @@ class MainScreen(Screen[None]):
 
     @property
     def busy(self) -> bool:
-        return self._job_running or self._job_pending is not None
+        return (self._job_running or self._job_pending is not None
+                or self._follow_timer is not None)
 
     @staticmethod
     def function_key(row: Row | None) -> int | None:
@@ -497,8 +503,16 @@ class MainScreen(Screen[None]):
 
     @on(ProfileTable.CursorMoved)
     def _selection_changed(self) -> None:
+        # The chart and callers panel follow the selection a moment later: the moved
+        # highlight is drawn first, and holding `j` redraws the chart once, not per row.
         if self.chart_open or self.peek_open:
-            self.request_update()
+            if self._follow_timer is not None:
+                self._follow_timer.stop()
+            self._follow_timer = self.set_timer(FOLLOW_DELAY_S, self._follow_selection)
+
+    def _follow_selection(self) -> None:
+        self._follow_timer = None
+        self.request_update()
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
