@@ -162,8 +162,10 @@ class TuiProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        # -P: the current folder must not shadow the installed package (`rsprof demo` run
+        # from a checkout of rsprof would import its unbuilt rsprof/ folder).
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rsprof.tui", str(self.output), "--live"]
+            [sys.executable, "-P", "-m", "rsprof.tui", str(self.output), "--live"]
         )
         threading.Thread(target=self._watch, name="rsprof-tui-watch", daemon=True).start()
 

@@ -145,6 +145,11 @@ def test_live_tui_in_its_own_process_and_sighup_finalizes(tmp_path: Path) -> Non
 
 
 def test_live_ctrl_c_stops_the_recording(tmp_path: Path) -> None:
+    # Run from a folder holding an `rsprof` package that is not rsprof (a checkout of its
+    # source, say): the TUI's process must still import the installed one.
+    decoy = tmp_path / "rsprof"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy rsprof was imported')\n")
     out = tmp_path / "rsprof.rsprof-demo.261123101532.db"
     exit_file = tmp_path / "exit"
     session = f"rsprof-tui-int-{os.getpid()}"
