@@ -117,13 +117,13 @@ def record(
         recorder.on_warning = _print_warning
     result: RecordResult | None = None
     exit_code: int | None = None
+    tui = None if quiet else TuiProcess(output, recorder)
     try:
-        if quiet:
-            result = _record_headless(recorder, child)
-        else:
-            result = _record_with_tui(recorder, output, child)
+        result = _record(recorder, child, tui)
     except StorageFullError:
         _finish_quietly(writer, "error: disk full")
+        if tui is not None:
+            tui.close()
         raise
     except BaseException as error:
         if recorder.checkpoints_written == 0 and writer.created:
@@ -132,6 +132,8 @@ def record(
             _finish_quietly(writer, f"error: {error}")
         if child is not None:
             stop_child(child)
+        if tui is not None:
+            tui.close()
         raise
     if not quiet:
         for message in recorder.warnings:
@@ -142,17 +144,11 @@ def record(
     if exit_code is not None:
         extra["target_exit_code"] = exit_code
     writer.finish(result.stop_reason, extra)
+    if tui is not None:
+        # The finished file is on screen ("target exited (exit code N)"): the TUI stays
+        # until the user quits, unless the terminal or a signal ended the session.
+        tui.close(wait=result.stop_reason not in ("hangup", "terminated"))
     return SessionOutcome(output, result, exit_code)
-
-
-# Signals that end a recording the way Ctrl-C does: the file is finalized with the reason
-# and a launched target is stopped, never orphaned. SIGHUP (the terminal closed, or
-# `kill -HUP`) is treated like SIGTERM.
-_STOP_REASONS: dict[int, str] = {
-    signal.SIGINT: "interrupted",
-    signal.SIGTERM: "terminated",
-    signal.SIGHUP: "hangup",
-}
 
 
 def _print_warning(message: str) -> None:
@@ -166,63 +162,82 @@ def _finish_quietly(writer: ProfileWriter, reason: str) -> None:
         pass
 
 
-def _record_headless(recorder: Recorder, child: subprocess.Popen[bytes] | None) -> RecordResult:
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        recorder.request_stop(_STOP_REASONS[signum])
+class TuiProcess:
+    """The live TUI in a process of its own (`python -m rsprof.tui FILE --live`) that
+    follows the file the recorder writes: keys never wait for sampling, unwinding or
+    symbolization, which hold the GIL in this process. When it exits, the recording stops:
+    status 0 (`q`, `Esc`) is "user-quit", 130 (Ctrl-C) is "interrupted"."""
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in _STOP_REASONS}
-    try:
+    def __init__(self, output: Path, recorder: Recorder) -> None:
+        self.output = output
+        self.recorder = recorder
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        # -P: the current folder must not shadow the installed package (`rsprof demo` run
+        # from a checkout of rsprof would import its unbuilt rsprof/ folder).
+        self.process = subprocess.Popen(
+            [sys.executable, "-P", "-m", "rsprof.tui", str(self.output), "--live"]
+        )
+        threading.Thread(target=self._watch, name="rsprof-tui-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        assert self.process is not None
+        status = self.process.wait()
+        if status == 0:
+            reason = "user-quit"
+        elif status == 130:
+            reason = "interrupted"
+        else:
+            reason = f"error: the TUI exited with status {status}"
+        self.recorder.request_stop(reason)
+
+    def close(self, *, wait: bool = False) -> None:
+        """Waits for the user to quit (`wait`), or ends the TUI now."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        if not wait:
+            process.terminate()
+        try:
+            process.wait(None if wait else 5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+# Signals that end a recording the way Ctrl-C does: the file is finalized with the reason
+# and a launched target is stopped, never orphaned. SIGHUP (the terminal closed, or
+# `kill -HUP`) is treated like SIGTERM.
+_SIGNAL_REASONS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
+                   signal.SIGHUP: "hangup"}
+
+
+def _record(
+    recorder: Recorder, child: subprocess.Popen[bytes] | None, tui: TuiProcess | None
+) -> RecordResult:
+    """Runs the recorder in this thread until something stops it. Ctrl-C, SIGTERM and
+    SIGHUP (the terminal closed) stop it the same way, so the file is always finalized."""
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        recorder.request_stop(_SIGNAL_REASONS.get(signal.Signals(signum), "terminated"))
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in _SIGNAL_REASONS}
+
+    def attached() -> None:
+        # Release the child once sampling is enabled: the first checkpoint callback is
+        # too late, so the recorder exposes an attach hook.
         if child is not None:
-            # Release the child once sampling is enabled: the first checkpoint callback is
-            # too late, so the recorder exposes an attach hook.
-            recorder.on_attached = lambda: release(child)
+            release(child)
+        if tui is not None:
+            tui.start()
+
+    recorder.on_attached = attached
+    try:
         return recorder.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _record_with_tui(
-    recorder: Recorder, output: Path, child: subprocess.Popen[bytes] | None
-) -> RecordResult:
-    from rsprof.tui import run_tui  # imported late: headless runs never pay for Textual
-
-    outcome: dict[str, object] = {}
-    attached = threading.Event()
-
-    def attach_hook() -> None:
-        if child is not None:
-            release(child)
-        attached.set()
-
-    recorder.on_attached = attach_hook
-
-    def work() -> None:
-        try:
-            outcome["result"] = recorder.run()
-        except BaseException as error:
-            outcome["error"] = error
-            attached.set()
-
-    thread = threading.Thread(target=work, name="rsprof-recorder", daemon=True)
-    thread.start()
-    attached.wait()
-    if "error" not in outcome:
-        # SIGTERM, and SIGHUP (the terminal went away): finalize like a quit.
-        previous = {
-            sig: signal.signal(sig, lambda signum, _f: recorder.request_stop(_STOP_REASONS[signum]))
-            for sig in (signal.SIGTERM, signal.SIGHUP)
-        }
-        try:
-            run_tui(str(output), live=True)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        recorder.request_stop("user-quit")
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["result"]  # type: ignore[return-value]
 
 
 def target_for_child(child: subprocess.Popen[bytes], argv: Sequence[str]) -> Target:

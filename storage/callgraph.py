@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rsprof.storage.granularity import Entry, EntryTable
@@ -87,23 +88,10 @@ def peek(selection: Selection, pattern: re.Pattern[str], *, value_index: int,
         if not value:
             continue
         stack = table.stack(sample)
-        seen_callers: set[tuple[int, int]] = set()
-        seen_callees: set[tuple[int, int]] = set()
-        counted: set[int] = set()
-        for position, e in enumerate(stack):
+        for e in stack:
             if e not in matches:
                 matches[e] = bool(pattern.search(table.entries[e].label))
-            if not matches[e]:
-                continue
-            if position == 0:
-                flat[e] = flat.get(e, 0) + value
-            if e not in counted:
-                counted.add(e)
-                total[e] = total.get(e, 0) + value
-            caller = stack[position + 1] if position + 1 < len(stack) else None
-            callee = stack[position - 1] if position > 0 else None
-            _add_edge(callers, e, caller, value, seen_callers)
-            _add_edge(callees, e, callee, value, seen_callees)
+        count_neighbours(stack, value, matches.__getitem__, flat, total, callers, callees)
     result = []
     for e, cum in total.items():
         result.append(Peek(
@@ -114,6 +102,71 @@ def peek(selection: Selection, pattern: re.Pattern[str], *, value_index: int,
             callees=_edges(callees.get(e, {}), cum, table)))
     result.sort(key=lambda p: (-abs(p.total), p.entry.label))
     return result
+
+
+def count_neighbours(
+    stack: Sequence[int],
+    value: int,
+    wanted: Callable[[int], bool],
+    flat: dict[int, int],
+    total: dict[int, int],
+    callers: dict[int, dict[int, int]],
+    callees: dict[int, dict[int, int]],
+) -> None:
+    """Adds one sample (`stack` leaf first, weight `value`) to the peek counts of every
+    entry `wanted` accepts: flat when it is the leaf, total once per sample, and each
+    (entry, caller) and (entry, callee) edge once per sample even under recursion. Shared by
+    `peek` and the TUI's callers/callees panel (`storage.live`)."""
+    seen_callers: set[tuple[int, int]] = set()
+    seen_callees: set[tuple[int, int]] = set()
+    counted: set[int] = set()
+    last = len(stack) - 1
+    for position, e in enumerate(stack):
+        if not wanted(e):
+            continue
+        if position == 0:
+            flat[e] = flat.get(e, 0) + value
+        if e not in counted:
+            counted.add(e)
+            total[e] = total.get(e, 0) + value
+        caller = stack[position + 1] if position < last else None
+        callee = stack[position - 1] if position > 0 else None
+        _add_edge(callers, e, caller, value, seen_callers)
+        _add_edge(callees, e, callee, value, seen_callees)
+
+
+@dataclass(slots=True)
+class TreeNode:
+    """One node of a top-down call tree: a function reached by one call path."""
+
+    key: int  # the function's key (an entry number)
+    total: int = 0  # samples with this path on the stack
+    self: int = 0  # samples with this path as the whole stack
+    children: dict[int, TreeNode] = field(default_factory=dict)
+
+    def sorted_children(self) -> list[TreeNode]:
+        """Heaviest first; ties by key, so the order is stable between refreshes."""
+        return sorted(self.children.values(), key=lambda n: (-n.total, n.key))
+
+
+def call_tree(stacks: Iterable[tuple[Sequence[int], int]]) -> TreeNode:
+    """A top-down tree (root: every sample) of stacks given leaf first with their weight.
+    A node's total counts each sample once: a path visits a node at most once, so recursion
+    shows as nested nodes, as in pprof's and perf's trees."""
+    root = TreeNode(-1)
+    for stack, value in stacks:
+        if not value:
+            continue
+        root.total += value
+        node = root
+        for key in reversed(stack):
+            child = node.children.get(key)
+            if child is None:
+                child = node.children[key] = TreeNode(key)
+            child.total += value
+            node = child
+        node.self += value
+    return root
 
 
 def _add_edge(edges: dict[int, dict[int, int]], e: int, other: int | None, value: int,

@@ -18,10 +18,13 @@ import threading
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+
+from rsprof.storage.callgraph import TreeNode, call_tree, count_neighbours
+from rsprof.storage.callsite import call_site_position
 
 TREND_LEN = 12
 """Checkpoints kept per function for the Trend sparkline."""
@@ -62,15 +65,22 @@ class CheckpointSummary:
 
 
 class CpuRow(NamedTuple):
-    """One function: self samples over the run and in the last interval.
+    """One function (a name in a module, as `rsprof top cpu` counts them).
+
+    self: samples whose innermost frame is in the function; total: samples with the
+    function anywhere on the stack, once per sample even under recursion (`top`'s Self and
+    Total). live: total samples in the last checkpoint interval; trend: total samples in
+    each of the last checkpoints. Percentages are of every sample of the thread shown.
 
     (A NamedTuple: the table may hold 10 000 of them, rebuilt at every refresh.)"""
 
     key: int
     function: str
     location: str
-    samples: int
+    self_samples: int
+    total_samples: int
     live_samples: int
+    self_pct: float
     total_pct: float
     live_pct: float
     trend: tuple[int, ...]
@@ -99,6 +109,56 @@ class ThreadInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Neighbour:
+    """A caller or callee of a peeked function: samples with that call edge on the stack."""
+
+    key: int
+    function: str
+    location: str
+    samples: int
+    pct: float  # of the peeked function's total samples
+
+
+@dataclass(frozen=True, slots=True)
+class PeekInfo:
+    """pprof's peek for one function: its self and total samples, who calls it, whom it calls."""
+
+    key: int
+    function: str
+    location: str
+    self_samples: int
+    total_samples: int
+    all_samples: int  # every sample of the range and thread (the percentages' base)
+    callers: tuple[Neighbour, ...]
+    callees: tuple[Neighbour, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CallNode:
+    """A node of the top-down call tree: `path` is the function keys from the root."""
+
+    path: tuple[int, ...]
+    key: int
+    function: str
+    location: str
+    total_samples: int
+    self_samples: int
+    children: tuple[CallNode, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HeapTimeline:
+    """Live bytes of the whole heap over time: (ms since start, bytes) at bucket ends,
+    each bucket its highest value, so a short peak is never averaged away. Live bytes are
+    what the allocator shim saw allocated and not yet freed (not the process's RSS)."""
+
+    points: tuple[tuple[float, int], ...]
+    peak_bytes: int
+    peak_offset_ms: int | None  # when the peak was first reached, since the start
+    current_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Series:
     """A chart's data: `points` are (seconds since recording start, value), one per bucket."""
 
@@ -121,13 +181,17 @@ def _location_text(file: str, line: int) -> str:
     return f"{file}:{line}" if line else file
 
 
-_THREAD_LEAF_SQL = """
-SELECT s.checkpoint_id, fl.location_id, SUM(s.count)
-FROM cpu_stack_samples s
-JOIN stack_frames sf ON sf.stack_id = s.stack_id AND sf.position = 0
-JOIN frame_locations fl ON fl.frame_id = sf.frame_id AND fl.inline_depth = 0
-WHERE s.checkpoint_id > ? AND s.checkpoint_id <= ? AND s.tid = ?
-"""
+class _Named(NamedTuple):
+    function: str
+
+
+class _Stack(NamedTuple):
+    """A stored stack in function keys: leaf first, inline levels each their own entry."""
+
+    leaf: int  # function key of the innermost frame
+    leaf_location: int  # its location id
+    path: tuple[int, ...]
+    distinct: tuple[int, ...]  # each function once (inclusive counts)
 
 
 class LiveProfile:
@@ -154,13 +218,25 @@ class LiveProfile:
         self._thread_samples: dict[int, int] = {}
         self._threads_last_id = 0
         self._threads: list[ThreadInfo] = []
-        # functions (CPU rows): id = index into these lists
-        self._fn_index: dict[tuple[str, str], int] = {}
+        # functions (CPU rows): id = index into these lists. A function is a name in a
+        # module, as `rsprof top cpu` (storage.granularity, "functions") counts it.
+        self._fn_index: dict[tuple[str, int | None], int] = {}
         self._fn_name: list[str] = []
-        self._fn_file: list[str] = []
         self._fn_locs: list[list[int]] = []
         self._fn_best_loc: list[int] = []
         self._loc_fid: dict[int, int] = {}
+        self._loc_module: dict[int, int | None] = {}
+        self._stacks: dict[int, _Stack] = {}
+        # heap: allocating stacks cut at the call site (storage.callsite), as function keys,
+        # and per stack [live bytes, allocated bytes] over the whole recording
+        self._heap_paths: dict[int, tuple[int, ...]] = {}
+        self._heap_stack_bytes: dict[int, list[int]] = {}
+        self._heap_stack_last_id = 0
+        # whole-heap live bytes after each checkpoint (aligned with _cp_ids)
+        self._heap_tl = array("q")
+        self._tl_site: dict[int, int] = {}
+        self._tl_total = 0
+        self._tl_last_id = 0
         self._reset_cpu()
         self._reset_heap()
 
@@ -190,8 +266,10 @@ class LiveProfile:
     def _reset_cpu(self) -> None:
         """Forgets CPU numbers; function ids (row keys) stay stable for the file's lifetime."""
         self._cpu_last_id = 0
+        self._fn_self = [0] * len(self._fn_name)
         self._fn_total = [0] * len(self._fn_name)
         self._loc_total: dict[int, int] = {}
+        self._stack_counts: dict[int, int] = {}
         self._cpu_sum = 0
         self._cpu_last: dict[int, int] = {}
         self._cpu_last_sum = 0
@@ -205,7 +283,7 @@ class LiveProfile:
         self._heap_base: dict[int, int] = {}
 
     def set_thread(self, tid: int | None) -> None:
-        """Restricts CPU numbers to one thread's self samples (None: all threads).
+        """Restricts CPU numbers to one thread's samples (None: all threads).
 
         The next `refresh()` re-reads the CPU part of the file for that thread.
         """
@@ -243,6 +321,10 @@ class LiveProfile:
             changed = True
         if self._heap_last_id < last:
             self._read_heap(last)
+        if self._tl_last_id < last:
+            self._read_heap_timeline(last)
+        if self._heap_stack_last_id < last:
+            self._read_heap_stacks(last)
         if new_cps:
             self._read_threads(last)
         return bool(changed)
@@ -300,17 +382,20 @@ class LiveProfile:
         missing = [i for i in ids if i not in self._loc]
         if not missing:
             return
-        for lid, fn, file, line in self._conn.execute(
-            "SELECT id, function, file, line FROM locations WHERE id > ?", (self._max_loc_id,)
+        for lid, fn, file, line, module in self._conn.execute(
+            "SELECT id, function, file, line, module_id FROM locations WHERE id > ?",
+            (self._max_loc_id,),
         ):
             self._loc[lid] = (fn, file or "", line or 0)
+            self._loc_module[lid] = module
             self._max_loc_id = max(self._max_loc_id, lid)
         for lid in missing:
             if lid not in self._loc:
                 row = self._conn.execute(
-                    "SELECT function, file, line FROM locations WHERE id = ?", (lid,)
+                    "SELECT function, file, line, module_id FROM locations WHERE id = ?", (lid,)
                 ).fetchone()
                 self._loc[lid] = (row[0], row[1] or "", row[2] or 0) if row else (f"#{lid}", "", 0)
+                self._loc_module[lid] = row[3] if row else None
 
     def _location_text(self, lid: int) -> str:
         text = self._loc_text.get(lid)
@@ -323,30 +408,62 @@ class LiveProfile:
         fid = self._loc_fid.get(lid)
         if fid is not None:
             return fid
-        fn, file, _line = self._loc[lid]
-        fid = self._fn_index.get((fn, file))
+        fn = self._loc[lid][0]
+        ident = (fn, self._loc_module.get(lid))
+        fid = self._fn_index.get(ident)
         if fid is None:
             fid = len(self._fn_name)
-            self._fn_index[(fn, file)] = fid
+            self._fn_index[ident] = fid
             self._fn_name.append(fn)
-            self._fn_file.append(file)
             self._fn_locs.append([])
+            self._fn_self.append(0)
             self._fn_total.append(0)
             self._fn_best_loc.append(lid)
         self._fn_locs[fid].append(lid)
         self._loc_fid[lid] = fid
         return fid
 
-    def _add_cpu(self, lid: int, count: int) -> int:
-        fid = self._fid(lid)
-        self._fn_total[fid] += count
+    def _ensure_stacks(self, ids: Iterable[int]) -> None:
+        """Loads the stacks not known yet, as function keys (stacks never change)."""
+        missing = sorted({i for i in ids if i not in self._stacks})
+        for chunk_start in range(0, len(missing), 500):
+            chunk = missing[chunk_start : chunk_start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._conn.execute(
+                "SELECT sf.stack_id, fl.location_id FROM stack_frames sf"
+                " JOIN frame_locations fl ON fl.frame_id = sf.frame_id"
+                f" WHERE sf.stack_id IN ({marks})"
+                " ORDER BY sf.stack_id, sf.position, fl.inline_depth",
+                chunk,
+            ).fetchall()
+            self._ensure_locations(lid for _sid, lid in rows)
+            paths: dict[int, list[int]] = {}
+            for sid, lid in rows:
+                paths.setdefault(sid, []).append(lid)
+            for sid in chunk:
+                lids = paths.get(sid)
+                if not lids:  # an empty stack: nothing to attribute
+                    self._stacks[sid] = _Stack(-1, 0, (), ())
+                    continue
+                path = tuple(self._fid(lid) for lid in lids)
+                self._stacks[sid] = _Stack(path[0], lids[0], path, tuple(dict.fromkeys(path)))
+
+    def _add_stack(self, sid: int, count: int) -> _Stack:
+        stack = self._stacks[sid]
+        self._cpu_sum += count
+        self._stack_counts[sid] = self._stack_counts.get(sid, 0) + count
+        if stack.leaf < 0:
+            return stack
+        leaf, lid = stack.leaf, stack.leaf_location
+        self._fn_self[leaf] += count
+        for fid in stack.distinct:
+            self._fn_total[fid] += count
         total = self._loc_total.get(lid, 0) + count
         self._loc_total[lid] = total
-        best = self._fn_best_loc[fid]
+        best = self._fn_best_loc[leaf]
         if best != lid and total > self._loc_total.get(best, 0):
-            self._fn_best_loc[fid] = lid
-        self._cpu_sum += count
-        return fid
+            self._fn_best_loc[leaf] = lid
+        return stack
 
     def _split(self, since: int, last: int) -> tuple[int, list[int]]:
         """Checkpoint ids in (since, last]: the id up to which to aggregate, then the rest."""
@@ -357,51 +474,111 @@ class LiveProfile:
             return ids[-self.trend_len - 1], ids[-self.trend_len :]
         return since, ids
 
-    def _cpu_rows(self, since: int, upto: int, grouped: bool) -> Iterator[tuple[int, ...]]:
-        if self.thread is None:
-            if grouped:
-                sql = (
-                    "SELECT location_id, SUM(count) FROM cpu_samples"
-                    " WHERE checkpoint_id > ? AND checkpoint_id <= ? GROUP BY location_id"
-                )
-            else:
-                sql = (
-                    "SELECT checkpoint_id, location_id, count FROM cpu_samples"
-                    " WHERE checkpoint_id > ? AND checkpoint_id <= ?"
-                )
-            return iter(self._conn.execute(sql, (since, upto)).fetchall())
+    def _stack_rows(self, since: int, upto: int, grouped: bool) -> list[tuple[int, ...]]:
+        """(stack_id, count) (grouped) or (checkpoint_id, stack_id, count) in (since, upto]."""
+        where = "checkpoint_id > ? AND checkpoint_id <= ?"
+        params: tuple[int, ...] = (since, upto)
+        if self.thread is not None:
+            where += " AND tid = ?"
+            params += (self.thread,)
         if grouped:
-            sql = (
-                "SELECT fl.location_id, SUM(s.count) FROM cpu_stack_samples s"
-                " JOIN stack_frames sf ON sf.stack_id = s.stack_id AND sf.position = 0"
-                " JOIN frame_locations fl ON fl.frame_id = sf.frame_id AND fl.inline_depth = 0"
-                " WHERE s.checkpoint_id > ? AND s.checkpoint_id <= ? AND s.tid = ?"
-                " GROUP BY fl.location_id"
-            )
+            sql = f"SELECT stack_id, SUM(count) FROM cpu_stack_samples WHERE {where} GROUP BY 1"
         else:
-            sql = _THREAD_LEAF_SQL + " GROUP BY s.checkpoint_id, fl.location_id"
-        return iter(self._conn.execute(sql, (since, upto, self.thread)).fetchall())
+            sql = (
+                "SELECT checkpoint_id, stack_id, SUM(count) FROM cpu_stack_samples"
+                f" WHERE {where} GROUP BY 1, 2"
+            )
+        return self._conn.execute(sql, params).fetchall()
 
     def _read_cpu(self, last: int) -> None:
         bulk_to, ids = self._split(self._cpu_last_id, last)
         if bulk_to > self._cpu_last_id:
-            rows = list(self._cpu_rows(self._cpu_last_id, bulk_to, grouped=True))
-            self._ensure_locations(r[0] for r in rows)
-            for lid, count in rows:
-                self._add_cpu(lid, count)
+            rows = self._stack_rows(self._cpu_last_id, bulk_to, grouped=True)
+            self._ensure_stacks(r[0] for r in rows)
+            for sid, count in rows:
+                self._add_stack(sid, count)
         if ids:
             per_cp: dict[int, dict[int, int]] = {cid: {} for cid in ids}
-            rows = list(self._cpu_rows(bulk_to, last, grouped=False))
-            self._ensure_locations(r[1] for r in rows)
-            for cid, lid, count in rows:
-                fid = self._add_cpu(lid, count)
+            sums = dict.fromkeys(ids, 0)
+            rows = self._stack_rows(bulk_to, last, grouped=False)
+            self._ensure_stacks(r[1] for r in rows)
+            for cid, sid, count in rows:
+                stack = self._add_stack(sid, count)
+                sums[cid] += count
                 slot = per_cp[cid]
-                slot[fid] = slot.get(fid, 0) + count
+                for fid in stack.distinct:
+                    slot[fid] = slot.get(fid, 0) + count
             for cid in ids:
                 self._cpu_ring.append(per_cp[cid])
             self._cpu_last = per_cp[ids[-1]]
-            self._cpu_last_sum = sum(self._cpu_last.values())
+            self._cpu_last_sum = sums[ids[-1]]
         self._cpu_last_id = last
+
+    def _ensure_heap_paths(self, ids: Iterable[int]) -> None:
+        """Allocating stacks from their call site outwards: the shim's, allocator and
+        runtime frames above the first user frame go (the rules of `rsprof top heap`)."""
+        missing = sorted({i for i in ids if i not in self._heap_paths})
+        for chunk_start in range(0, len(missing), 500):
+            chunk = missing[chunk_start : chunk_start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._conn.execute(
+                "SELECT sf.stack_id, sf.position, fl.location_id, COALESCE(m.path, '')"
+                " FROM stack_frames sf JOIN frames f ON f.id = sf.frame_id"
+                " LEFT JOIN modules m ON m.id = f.module_id"
+                " JOIN frame_locations fl ON fl.frame_id = sf.frame_id"
+                f" WHERE sf.stack_id IN ({marks})"
+                " ORDER BY sf.stack_id, sf.position, fl.inline_depth",
+                chunk,
+            ).fetchall()
+            self._ensure_locations(r[2] for r in rows)
+            frames: dict[int, list[tuple[str, list[int]]]] = {}
+            previous: tuple[int, int] | None = None
+            for sid, position, lid, module in rows:
+                stack = frames.setdefault(sid, [])
+                if previous != (sid, position):
+                    stack.append((module, []))
+                    previous = (sid, position)
+                stack[-1][1].append(lid)
+            for sid in chunk:
+                stack = frames.get(sid, [])
+                named = [(module, [_Named(self._loc[lid][0]) for lid in lids])
+                         for module, lids in stack]
+                at = call_site_position(named) or (0, 0)
+                lids = [lid for _m, chain in stack[at[0] :] for lid in chain][at[1] :]
+                self._heap_paths[sid] = tuple(self._fid(lid) for lid in lids)
+
+    def _read_heap_stacks(self, last: int) -> None:
+        rows = self._conn.execute(
+            "SELECT stack_id, SUM(alloc_bytes) - SUM(free_bytes), SUM(alloc_bytes)"
+            " FROM heap_stack_samples WHERE checkpoint_id > ? AND checkpoint_id <= ?"
+            " GROUP BY stack_id",
+            (self._heap_stack_last_id, last),
+        ).fetchall()
+        for sid, live, allocated in rows:
+            acc = self._heap_stack_bytes.setdefault(sid, [0, 0])
+            acc[0] += live
+            acc[1] += allocated
+        self._heap_stack_last_id = last
+
+    def _read_heap_timeline(self, last: int) -> None:
+        """Whole-heap live bytes after each new checkpoint: each site's row holds its live
+        bytes when it changed, so the total moves by the difference to its previous row."""
+        changes: dict[int, int] = {}
+        for cid, lid, live in self._conn.execute(
+            "SELECT checkpoint_id, location_id, live_bytes FROM heap_site_samples"
+            " WHERE checkpoint_id > ? AND checkpoint_id <= ? ORDER BY checkpoint_id",
+            (self._tl_last_id, last),
+        ):
+            self._tl_total += live - self._tl_site.get(lid, 0)
+            self._tl_site[lid] = live
+            changes[cid] = self._tl_total
+        lo = bisect_right(self._cp_ids, self._tl_last_id)
+        hi = bisect_right(self._cp_ids, last)
+        value = self._heap_tl[-1] if self._heap_tl else 0
+        for i in range(lo, hi):
+            value = changes.get(self._cp_ids[i], value)
+            self._heap_tl.append(value)
+        self._tl_last_id = last
 
     def _read_heap(self, last: int) -> None:
         bulk_to, ids = self._split(self._heap_last_id, last)
@@ -499,8 +676,8 @@ class LiveProfile:
         return trends
 
     def cpu_rows(self) -> list[CpuRow]:
-        """Every function with self samples (unsorted). Trends have `trend_len` values,
-        oldest first; the first ones are 0 while fewer checkpoints exist."""
+        """Every function with samples (unsorted), in key order. Trends have `trend_len`
+        values, oldest first; the first ones are 0 while fewer checkpoints exist."""
         with self._lock:
             trends = self._trends(self._cpu_ring, None)
             zero = (0,) * self.trend_len
@@ -511,6 +688,7 @@ class LiveProfile:
             for fid, samples in enumerate(self._fn_total):
                 if not samples:
                     continue
+                own = self._fn_self[fid]
                 live = last.get(fid, 0)
                 trend = trends.get(fid)
                 rows.append(
@@ -518,14 +696,126 @@ class LiveProfile:
                         fid,
                         self._fn_name[fid],
                         self._location_text(self._fn_best_loc[fid]),
+                        own,
                         samples,
                         live,
+                        100.0 * own / total,
                         100.0 * samples / total,
                         100.0 * live / last_total,
                         tuple(trend) if trend is not None else zero,
                     )
                 )
             return rows
+
+    # -- call graph -----------------------------------------------------------------------
+
+    def _stack_weights(self, start_ms: int | None, end_ms: int | None) -> dict[int, int]:
+        """Samples per stack id of the thread shown: the whole recording read so far, or
+        the checkpoints with timestamps in (start_ms, end_ms]."""
+        if start_ms is None or end_ms is None:
+            return dict(self._stack_counts)
+        lo, hi = self._window_ids(start_ms, end_ms)
+        if lo >= hi:
+            return {}
+        rows = self._stack_rows(self._cp_ids[lo] - 1, self._cp_ids[hi - 1], grouped=True)
+        self._ensure_stacks(r[0] for r in rows)
+        return dict(rows)  # type: ignore[arg-type]
+
+    def function_label(self, key: int) -> tuple[str, str]:
+        """(name, location) of function `key`."""
+        with self._lock:
+            if not 0 <= key < len(self._fn_name):
+                return "?", "?"
+            return self._fn_name[key], self._location_text(self._fn_best_loc[key])
+
+    def call_tree(self, start_ms: int | None = None, end_ms: int | None = None) -> CallNode:
+        """The top-down call tree of the thread shown (whole recording, or a time window):
+        the root holds every sample; children are heaviest first."""
+        with self._lock:
+            weights = self._stack_weights(start_ms, end_ms)
+            root = call_tree((self._stacks[sid].path, n) for sid, n in weights.items())
+            return self._convert_tree(root, "all samples")
+
+    def _convert_tree(self, root: TreeNode, root_name: str) -> CallNode:
+        def convert(node: TreeNode, path: tuple[int, ...]) -> CallNode:
+            name, where = (root_name, "") if node.key < 0 else (
+                self._fn_name[node.key], self._location_text(self._fn_best_loc[node.key]))
+            return CallNode(
+                path, node.key, name, where, node.total, node.self,
+                tuple(convert(c, (*path, c.key)) for c in node.sorted_children()),
+            )
+
+        return convert(root, ())
+
+    def peek(self, key: int, start_ms: int | None = None, end_ms: int | None = None) -> PeekInfo:
+        """Callers and callees of function `key` (pprof's -peek): each edge counted once
+        per sample, with its share of the function's total samples."""
+        with self._lock:
+            weights = self._stack_weights(start_ms, end_ms)
+            flat: dict[int, int] = {}
+            total: dict[int, int] = {}
+            callers: dict[int, dict[int, int]] = {}
+            callees: dict[int, dict[int, int]] = {}
+            wanted = key.__eq__
+            for sid, n in weights.items():
+                stack = self._stacks[sid]
+                if key in stack.distinct:
+                    count_neighbours(stack.path, n, wanted, flat, total, callers, callees)
+            whole = total.get(key, 0)
+
+            def edges(found: dict[int, int]) -> tuple[Neighbour, ...]:
+                # ties by name, as `rsprof peek` orders them
+                items = sorted(found.items(), key=lambda kv: (-kv[1], self._fn_name[kv[0]]))
+                return tuple(
+                    Neighbour(k, self._fn_name[k], self._location_text(self._fn_best_loc[k]),
+                              n, 100.0 * n / whole if whole else 0.0)
+                    for k, n in items
+                )
+
+            name, where = ("?", "?") if not 0 <= key < len(self._fn_name) else (
+                self._fn_name[key], self._location_text(self._fn_best_loc[key]))
+            return PeekInfo(
+                key, name, where, flat.get(key, 0), whole, sum(weights.values()),
+                edges(callers.get(key, {})), edges(callees.get(key, {})),
+            )
+
+    # -- heap -----------------------------------------------------------------------------
+
+    def heap_tree(self, allocated: bool = False) -> CallNode:
+        """The top-down tree of allocating stacks (cut at the call site) by live bytes (or
+        bytes allocated): a node's total is the bytes allocated under it, its self the bytes
+        allocated right there (a call site). Whole recording, all threads (the heap tables
+        keep no thread)."""
+        with self._lock:
+            self._ensure_heap_paths(self._heap_stack_bytes)
+            index = 1 if allocated else 0
+            root = call_tree(
+                (self._heap_paths[sid], max(0, b[index]))
+                for sid, b in self._heap_stack_bytes.items()
+            )
+            return self._convert_tree(root, "all live bytes")
+
+    def heap_timeline(self, points: int = 120) -> HeapTimeline:
+        """Whole-heap live bytes over the recording, in at most `points` buckets."""
+        with self._lock:
+            n = len(self._heap_tl)
+            if not n:
+                return HeapTimeline((), 0, None, 0)
+            t0 = self.info.start_time_ms
+            if t0 is None:
+                t0 = self._cp_ts[0] - self.info.interval_ms
+            peak_i = max(range(n), key=self._heap_tl.__getitem__)
+            # Exactly `points` buckets: a short recording's checkpoints are repeated (wide
+            # bars), a long one's are merged (each bucket keeps its highest value).
+            points = max(1, points)
+            out = []
+            for i in range(points):
+                lo = i * n // points
+                hi = max(lo + 1, (i + 1) * n // points)
+                out.append((float(self._cp_ts[hi - 1] - t0), max(self._heap_tl[lo:hi])))
+            return HeapTimeline(
+                tuple(out), self._heap_tl[peak_i], self._cp_ts[peak_i] - t0, self._heap_tl[-1]
+            )
 
     def heap_rows(self) -> list[HeapRow]:
         """Every allocation call site seen (unsorted); trends are of live bytes."""
@@ -565,37 +855,41 @@ class LiveProfile:
         )
 
     def cpu_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int) -> Series:
-        """CPU % (self samples of function `key` / all samples, of the selected thread) per
-        bucket of `bucket_ms` for checkpoints with timestamp in (start_ms, end_ms]."""
+        """CPU % (total samples of function `key`, i.e. with it anywhere on the stack, / all
+        samples, of the selected thread) per bucket of `bucket_ms` for checkpoints with
+        timestamp in (start_ms, end_ms]."""
         bucket_ms = max(1, bucket_ms)
         with self._lock:
             lo, hi = self._window_ids(start_ms, end_ms)
             if lo >= hi or key >= len(self._fn_locs):
                 return Series(start_ms, end_ms, bucket_ms, ())
             first, last = self._cp_ids[lo], self._cp_ids[hi - 1]
-            locs = self._fn_locs[key]
-            marks = ",".join("?" * len(locs))
+            where = "checkpoint_id BETWEEN ? AND ?"
+            params: tuple[int, ...] = (first, last)
+            if self.thread is not None:
+                where += " AND tid = ?"
+                params += (self.thread,)
+            # Every stack of the thread shown up to the last refresh is loaded already.
+            stacks = [sid for sid, st in self._stacks.items() if key in st.distinct]
+            num: dict[int, int] = {}
+            if len(stacks) <= 2000:
+                marks = ",".join("?" * len(stacks))
+                num = dict(self._conn.execute(
+                    f"SELECT checkpoint_id, SUM(count) FROM cpu_stack_samples WHERE {where}"
+                    f" AND stack_id IN ({marks}) GROUP BY checkpoint_id",
+                    (*params, *stacks),
+                ).fetchall())
+            else:  # too many for one statement's parameters: filter here
+                wanted = set(stacks)
+                for cid, sid, n in self._conn.execute(
+                    f"SELECT checkpoint_id, stack_id, SUM(count) FROM cpu_stack_samples"
+                    f" WHERE {where} GROUP BY 1, 2", params,
+                ):
+                    if sid in wanted:
+                        num[cid] = num.get(cid, 0) + n
             if self.thread is None:
-                num = dict(
-                    self._conn.execute(
-                        "SELECT checkpoint_id, SUM(count) FROM cpu_samples WHERE checkpoint_id"
-                        f" BETWEEN ? AND ? AND location_id IN ({marks}) GROUP BY checkpoint_id",
-                        (first, last, *locs),
-                    ).fetchall()
-                )
                 den = {self._cp_ids[i]: self._cp_samples[i] for i in range(lo, hi)}
             else:
-                num = dict(
-                    self._conn.execute(
-                        "SELECT s.checkpoint_id, SUM(s.count) FROM cpu_stack_samples s"
-                        " JOIN stack_frames sf ON sf.stack_id = s.stack_id AND sf.position = 0"
-                        " JOIN frame_locations fl"
-                        " ON fl.frame_id = sf.frame_id AND fl.inline_depth = 0"
-                        " WHERE s.checkpoint_id BETWEEN ? AND ? AND s.tid = ?"
-                        f" AND fl.location_id IN ({marks}) GROUP BY s.checkpoint_id",
-                        (first, last, self.thread, *locs),
-                    ).fetchall()
-                )
                 den = dict(
                     self._conn.execute(
                         "SELECT checkpoint_id, SUM(count) FROM cpu_stack_samples"

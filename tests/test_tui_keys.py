@@ -10,20 +10,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rsprof.storage.live import CpuRow
 from rsprof.tui.app import RsprofApp
 from rsprof.tui.main_screen import MainScreen
-from rsprof.tui.model import View
+from rsprof.tui.model import TreeRow, View
 from rsprof.tui.screens import HelpScreen, ThreadPicker
 from rsprof.tui.widgets.chart import ProfileChart
 from rsprof.tui.widgets.header import ProfileHeader
+from rsprof.tui.widgets.peek import PeekPanel
 from rsprof.tui.widgets.table import ProfileTable
+from rsprof.tui.widgets.timeline import HeapTimelineView
 from textual.pilot import Pilot
 from textual.widgets import Input, OptionList, Static
 
 # tests/ is not a package: make its helpers importable under plain `pytest` too.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tui_fixture import (
+    FAKE_NOW,
     LONG_NAME,
+    START_MS,
     append_checkpoints,
     build_profile,
     cpu_pattern,
@@ -65,16 +70,36 @@ def names(table: ProfileTable) -> list[str]:
     return [r.function for r in table.rows]
 
 
+def tree(table: ProfileTable) -> list[TreeRow]:
+    rows = [r for r in table.rows if isinstance(r, TreeRow)]
+    assert len(rows) == len(table.rows)
+    return rows
+
+
+def chosen(table: ProfileTable) -> TreeRow:
+    row = table.selected
+    assert isinstance(row, TreeRow)
+    return row
+
+
+def cpu(table: ProfileTable) -> list[CpuRow]:
+    rows = [r for r in table.rows if isinstance(r, CpuRow)]
+    assert len(rows) == len(table.rows)
+    return rows
+
+
 def test_view_keys_1_2_m(profile: Path) -> None:
     async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
         main, table, _, header = parts(app)
-        assert main.view is View.CPU and names(table)[0] == "compute_hash"
+        # Total % (inclusive) first: the program's own main leads, then its hot functions
+        assert main.view is View.CPU and names(table)[:2] == ["main", "compute_hash"]
         assert "VIEW" in header and "8,940 samples" in header and "demo PID 4242" in header
         await press(pilot, "2")
         assert main.view is View.MEMORY and names(table)[0] == "leaky_cache_insert"
         assert table.columns[0].label == "Live"
         await press(pilot, "1")
-        assert main.view is View.CPU and table.columns[0].label == "Total %"
+        assert main.view is View.CPU
+        assert [c.label for c in table.columns][:3] == ["Self %", "Total %", "Live %"]
         await press(pilot, "m")
         assert main.view is View.MEMORY
         await press(pilot, "m")
@@ -88,11 +113,12 @@ def test_row_navigation_j_k_g_G(profile: Path) -> None:
         _, table, _, _ = parts(app)
         assert table.cursor == 0
         await press(pilot, "j", "j")
-        assert table.cursor == 2 and table.selected and table.selected.function == "hash_round"
+        assert table.cursor == 2 and table.selected
+        assert table.selected.function == "matrix_multiply"
         await press(pilot, "k")
-        assert table.selected and table.selected.function == "matrix_multiply"
+        assert table.selected and table.selected.function == "compute_hash"
         await press(pilot, "G")
-        assert table.cursor == len(table.rows) - 1 and table.selected.function == "main"
+        assert table.cursor == len(table.rows) - 1 and table.selected.function == "idle_wait"
         await press(pilot, "g")
         assert table.cursor == 0
         await press(pilot, "down", "down", "up")
@@ -122,10 +148,11 @@ def test_chart_c_enter_escape_b_z_tab(profile: Path) -> None:
         assert not chart.display
         await press(pilot, "c")
         assert main.chart_open and chart.display and chart.state is not None
-        assert chart.state.title.startswith("compute_hash · CPU % of samples · 1m window · line")
+        assert chart.state.title.startswith("main · Total % of samples · 1m window · line")
         assert chart.state.series is not None and len(chart.state.series.points) == 60
+        assert {y for _x, y in chart.state.series.points} == {100.0}  # main is on every stack
         await press(pilot, "j")  # the chart follows the selection
-        assert chart.state.title.startswith("matrix_multiply")
+        assert chart.state.title.startswith("compute_hash")
         await press(pilot, "b")
         assert chart.state.bar and "· bar" in chart.state.title
         await press(pilot, "z")
@@ -175,15 +202,20 @@ def test_sort_s_and_header_click(profile: Path) -> None:
         main, table, _, _ = parts(app)
         assert table.sort_key == "total"
         await press(pilot, "s")
-        assert table.sort_key == "live" and names(table)[0] == "compute_hash"
-        assert names(table)[1] == "parse_input"  # 15 samples in the last interval
+        assert table.sort_key == "live" and names(table)[:2] == ["main", "compute_hash"]
+        assert names(table)[2] == "parse_input"  # 15 samples in the last interval
         await press(pilot, "s")
         assert table.sort_key == "function" and not table.descending
         assert names(table)[:2] == ["__memmove_avx_unaligned_erms", "compress_block"]
+        await press(pilot, "S")  # reverses
+        assert table.sort_key == "function" and table.descending
         await press(pilot, "s", "s")
+        assert table.sort_key == "self" and names(table)[0] == "compute_hash"
+        assert names(table)[-1] == "main"  # 1 self sample a checkpoint
+        await press(pilot, "s")
         assert table.sort_key == "total"
         # click the Location header (x beyond the Function column), then again to reverse
-        location_x = sum(w + 1 for w in table._widths()[:3]) + 2
+        location_x = sum(w + 1 for w in table._widths()[:4]) + 2
         await pilot.click(ProfileTable, offset=(location_x, 0))
         await settle(pilot)
         assert table.sort_key == "location" and not table.descending
@@ -233,7 +265,7 @@ def test_thread_picker_t(profile: Path) -> None:
         await press(pilot, "j", "j", "enter")
         assert isinstance(app.screen, MainScreen)
         assert main.thread == 4244
-        assert set(names(table)) == {"matrix_multiply", "compress_block", LONG_NAME}
+        assert set(names(table)) == {"main", "matrix_multiply", "compress_block", LONG_NAME}
         assert "thread 4244 worker-2" in main.query_one(ProfileHeader).plain
         await press(pilot, "t", "escape")  # cancel keeps the choice
         assert main.thread == 4244
@@ -351,3 +383,280 @@ def test_target_exit_comes_from_the_file(tmp_path: Path) -> None:
         assert len(main.query_one(ProfileTable).rows) == 9  # numbers stay
 
     drive(make_app(path, live=True, refresh_interval=0.05), scenario)
+
+
+def test_escape_quits_when_nothing_is_open(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main = app.main
+        await press(pilot, "c", "e")  # Esc closes the innermost first: chart, then panel
+        await press(pilot, "escape")
+        assert not main.chart_open and main.peek_open and app.is_running
+        await press(pilot, "escape")
+        assert not main.peek_open and app.is_running
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.return_code == 0 and not app.is_running
+
+    drive(make_app(profile), scenario)
+
+
+def test_ctrl_c_stops_and_quits(tmp_path: Path) -> None:
+    path = build_profile(tmp_path / "live.db", 10, state="recording")
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        # 130 tells the recording session "interrupted" (it stops and finalizes the file)
+        assert app.return_value == 130 and app.return_code == 130 and not app.is_running
+
+    drive(make_app(path, live=True), scenario)
+
+
+def test_call_tree_f_space_arrows(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        await press(pilot, "f")
+        assert main.tree_shown and table.columns[2].label == "Function (call tree)"
+        assert "1 CPU tree" in main.query_one(ProfileHeader).plain
+        rows = tree(table)
+        # hot paths start expanded (>= 10 %): main > compute_hash > hash_round
+        assert [(r.name, len(r.path)) for r in rows[:3]] == [
+            ("main", 1), ("compute_hash", 2), ("hash_round", 3)]
+        assert rows[0].total_pct == pytest.approx(100)
+        assert rows[1].total_pct == pytest.approx(51.68, abs=0.01)
+        assert rows[1].self_pct == pytest.approx(39.60, abs=0.01)
+        await press(pilot, "j", "space")  # collapse compute_hash
+        assert [r.name for r in tree(table)[:3]] == ["main", "compute_hash", "matrix_multiply"]
+        assert chosen(table).name == "compute_hash"
+        await press(pilot, "right")  # open again
+        assert tree(table)[2].name == "hash_round"
+        await press(pilot, "j", "left")  # on a leaf: to its parent
+        assert chosen(table).name == "compute_hash"
+        await press(pilot, "k", "left")  # collapse main
+        assert len(table.rows) == 1
+        await press(pilot, "s")  # no sorting in the tree: children are heaviest first
+        assert main.sorts[View.CPU] == ("total", True)
+        await press(pilot, "f")
+        assert not main.tree_shown and table.columns[0].label == "Self %"
+
+    drive(make_app(profile), scenario)
+
+
+def test_call_tree_follows_thread_and_window(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        await press(pilot, "t", "j", "j", "enter", "f")  # worker-2 (4244)
+        assert main.thread == 4244
+        names_ = [r.name for r in tree(table)]
+        assert names_[0] == "main" and "compute_hash" not in names_
+        assert tree(table)[1].name == "matrix_multiply"
+        # worker-2 exits after checkpoint 90: the last minute has no samples of it
+        await press(pilot, "w", "plus", "plus")  # the last 10 s only
+        assert main.window_on and table.rows == []
+        await press(pilot, "minus", "minus")  # the last minute: checkpoints 61..90 are in
+        assert table.rows and tree(table)[0].name == "main"
+        assert tree(table)[0].total_pct == pytest.approx(100)
+        await press(pilot, "w", "t", "g", "enter")
+        assert main.thread is None and tree(table)[1].name == "compute_hash"
+
+    drive(make_app(profile), scenario)
+
+
+def test_callers_callees_e(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        await press(pilot, "j", "e")  # compute_hash
+        panel = main.query_one(PeekPanel)
+        assert panel.display and panel.peek is not None
+        assert panel.peek.function == "compute_hash"
+        assert [n.function for n in panel.peek.callers] == ["main"]
+        assert [n.function for n in panel.peek.callees] == ["hash_round"]
+        assert panel.peek.callees[0].samples == cpu(table)[3].self_samples  # hash_round
+        await press(pilot, "j")  # the panel follows the selection
+        assert panel.peek.function == "matrix_multiply" and panel.peek.callees == ()
+        await press(pilot, "f", "e", "e")  # from the tree too
+        assert panel.peek and panel.peek.function == "main"
+        assert [n.function for n in panel.peek.callers] == ["main"]  # main -> main
+        await press(pilot, "e")
+        assert not panel.display
+
+    drive(make_app(profile), scenario)
+
+
+def test_memory_timeline_and_thread_note(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, _, _, _ = parts(app)
+        await press(pilot, "2")
+        timeline = main.query_one(HeapTimelineView)
+        assert timeline.display and timeline.timeline is not None
+        tl = timeline.timeline
+        # leaky 8 KiB/s + make_buffer 16 KiB + load_config 1 MiB until 60 s, then half
+        assert tl.peak_bytes == 8192 * 59 + 16384 + (1 << 20)
+        assert tl.peak_offset_ms == 59_000
+        assert tl.current_bytes == 8192 * 120 + 16384 + (1 << 19)
+        assert "peak 1.5 MiB at 59s" in str(timeline.render())
+        await press(pilot, "t", "j", "enter")  # a thread: the heap says it is not per thread
+        assert "(heap: all)" in main.query_one(ProfileHeader).plain
+        await press(pilot, "1")
+        assert not timeline.display
+
+    drive(make_app(profile), scenario)
+
+
+def test_keys_work_after_empty_memory_view(tmp_path: Path) -> None:
+    path = build_profile(tmp_path / "noheap.db", 20, heap_mode="none")
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        _, table, _, _ = parts(app)
+        await press(pilot, "2", "1")
+        assert table.has_focus
+        await press(pilot, "j", "j")
+        assert table.cursor == 2
+        await press(pilot, "k")
+        assert table.cursor == 1
+
+    drive(make_app(path), scenario)
+
+
+def test_scroll_position_kept_across_refreshes(tmp_path: Path) -> None:
+    path = build_profile(tmp_path / "live.db", 30, state="recording")
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        _, table, _, _ = parts(app)
+        table.scroll_to(y=3, animate=False, immediate=True)  # what the mouse wheel does
+        await settle(pilot)
+        scrolled = table.scroll_offset.y
+        assert scrolled > 0
+        append_checkpoints(path, 32)
+        await pilot.pause(0.2)
+        await settle(pilot)
+        assert app.main.snapshot and app.main.snapshot.summary.count == 32
+        assert table.scroll_offset.y == scrolled  # a refresh does not snap back
+        await press(pilot, "j")  # a key brings the cursor back into view
+        assert table.scroll_offset.y <= table.cursor
+
+    drive(make_app(path, live=True, refresh_interval=0.05), scenario, size=(80, 8))
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_header_never_wraps(tmp_path: Path, width: int) -> None:
+    path = build_profile(tmp_path / "rsprof.myserver-with-a-long-name.261123101530.db", 30,
+                         state="recording")
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        db = sqlite3.connect(path)
+        db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                       [("state", "finished"), ("stop_reason", "target-exited"),
+                        ("target_exit_code", "3")])
+        db.commit()
+        db.close()
+        await press(pilot, "t", "j", "enter")  # a named thread makes line 2 longer
+        await pilot.pause(0.2)
+        await settle(pilot)
+        lines = app.main.query_one(ProfileHeader).plain.split("\n")
+        assert len(lines) == 2 and all(len(line) <= width for line in lines)
+        assert "STOPPED" in lines[0] and "target exited (exit code 3)" in lines[0]
+        assert "00:00:30" in lines[0]
+        assert "1 CPU" in lines[1] and "2 Memory" in lines[1]
+        assert "thread 4243 worker-1" in lines[1] and "CPU " in lines[1] and "RSS " in lines[1]
+        if width >= 160:
+            assert path.name in lines[0] and "demo PID 4242" in lines[0]
+
+    drive(make_app(path, live=True, refresh_interval=0.05), scenario, size=(width, 24))
+
+
+def test_view_of_a_file_whose_recorder_is_gone(tmp_path: Path) -> None:
+    path = build_profile(tmp_path / "gone.db", 30, state="recording")  # never finished
+    assert FAKE_NOW * 1000 - (START_MS + 30_000) > 30_000  # the fake clock: 95 s later
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        text = app.main.query_one(ProfileHeader).plain
+        assert "stopped (recorder gone)" in text and "VIEW" in text
+        assert "00:00:30" in text  # the recording's length, not a running clock
+
+    drive(make_app(path), scenario)
+
+
+def test_export_x_writes_the_view(tmp_path: Path) -> None:
+    import gzip
+    import json
+
+    from rsprof.storage.pprof import profile_pb2
+
+    path = build_profile(tmp_path / "rsprof.demo.231114221320.db")
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        await press(pilot, "t", "j", "j", "enter")  # worker-2 (4244)
+        await press(pilot, "x")
+        await app.workers.wait_for_complete()
+        written = tmp_path / "rsprof.demo.231114221320.cpu.pb.gz"
+        assert written.exists()
+        pb = profile_pb2.Profile()
+        pb.ParseFromString(gzip.decompress(written.read_bytes()))
+        threads = {t.tid: t.samples for t in app.main.snapshot.threads}  # type: ignore[union-attr]
+        assert sum(s.value[0] for s in pb.sample) == threads[4244]
+        await press(pilot, "x")  # never overwrites: a second file
+        await app.workers.wait_for_complete()
+        assert (tmp_path / "rsprof.demo.231114221320.cpu.2.pb.gz").exists()
+        await press(pilot, "2", "X")  # the Memory view: heap, speedscope
+        await app.workers.wait_for_complete()
+        doc = json.loads((tmp_path / "rsprof.demo.231114221320.heap.speedscope.json").read_text())
+        assert doc["profiles"]
+
+    drive(make_app(path), scenario)
+
+
+def test_memory_allocation_tree_f(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        await press(pilot, "2", "f")
+        assert main.tree_shown and table.columns[0].label == "Total"
+        assert "2 Memory tree" in main.query_one(ProfileHeader).plain
+        rows = tree(table)
+        # total = live bytes allocated under the node; self = at the call site itself
+        live = {"leaky_cache_insert": 8192 * 120, "load_config": 1 << 19, "make_buffer": 16384}
+        assert rows[0].name == "main" and rows[0].total_value == sum(live.values())
+        assert rows[0].self_value == 0
+        assert {r.name: r.self_value for r in rows[1:]} == live
+        assert [r.name for r in rows[1:]] == list(live)  # heaviest first
+        await press(pilot, "c")  # the chart is per call site: not in the allocation tree
+        assert not main.chart_open
+        await press(pilot, "f", "c")
+        assert main.chart_open
+
+    drive(make_app(profile), scenario)
+
+
+def test_trend_scale_r(profile: Path) -> None:
+    from rsprof.tui.model import TREND, cell_text
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        assert table.trend_top == max(max(r.trend) for r in cpu(table))
+        row = cpu(table)[-1]  # idle_wait: 2 % of the samples
+        assert set(cell_text(TREND, row, table.trend_top)) == {"▁"}  # small on one scale
+        await press(pilot, "r")
+        assert main.trend_per_row and table.trend_top is None
+        assert set(cell_text(TREND, row, table.trend_top)) != {"▁"}  # its own scale
+
+    drive(make_app(profile), scenario)
+
+
+def test_live_tui_whose_recorder_is_gone(tmp_path: Path) -> None:
+    """`rsprof.tui --live` learns its recorder's PID (its parent); a parent that changed
+    (the recorder was killed) makes a "recording" file a stopped one."""
+    import os
+
+    path = build_profile(tmp_path / "live.db", 30, state="recording")
+    app = make_app(path, live=True, refresh_interval=0.05)
+    app.recorder_pid = os.getppid()
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        assert "RECORDING" in app.main.query_one(ProfileHeader).plain
+        app.recorder_pid = -1  # as if our parent were no longer the recorder
+        await pilot.pause(0.2)
+        await settle(pilot)
+        text = app.main.query_one(ProfileHeader).plain
+        assert "STOPPED" in text and "stopped (recorder gone)" in text
+
+    drive(app, scenario)

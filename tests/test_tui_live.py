@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rsprof.storage.live import TREND_LEN, LiveProfile
+from rsprof.storage.live import TREND_LEN, CpuRow, LiveProfile
 from rsprof.tui.format import fit_start, fmt_bytes, fmt_elapsed, sparkline
 from rsprof.tui.model import ChartRequest, Query, View, build_snapshot, next_sort
 
@@ -47,13 +47,23 @@ def test_totals_match_sql(profile: Path) -> None:
         "SELECT l.function, SUM(c.count) FROM cpu_samples c"
         " JOIN locations l ON l.id = c.location_id GROUP BY l.function"
     ):
-        assert rows[fn].samples == samples
+        assert rows[fn].self_samples == samples
+    # Total: the cpu_functions view (and `rsprof top cpu`) count the same, once per sample
+    for fn, own, total in conn.execute("SELECT function, self, total FROM cpu_functions"):
+        assert (rows[fn].self_samples, rows[fn].total_samples) == (own, total)
     assert rows["compute_hash"].location == "src/hash.c:42"  # the hottest of its two lines
-    assert sum(r.total_pct for r in rows.values()) == pytest.approx(100)
-    # last interval: checkpoint 120 (worker-2 exited after 90)
-    assert rows["compute_hash"].live_samples == 20 + 0 + 5
+    assert sum(r.self_pct for r in rows.values()) == pytest.approx(100)
+    # main's stack is main -> main (recursion): still 100 %, never 200 %
+    assert rows["main"].total_pct == pytest.approx(100)
+    # hash_round is inlined into compute_hash: compute_hash's total includes it
+    assert rows["compute_hash"].total_samples == (
+        rows["compute_hash"].self_samples + rows["hash_round"].self_samples)
+    # last interval: checkpoint 120 (worker-2 exited after 90); Live is total samples
+    assert rows["compute_hash"].live_samples == 20 + 0 + 5 + 8 + 0
     assert rows["matrix_multiply"].live_samples == 0
     assert rows["parse_input"].trend == (1,) * 11 + (15,)
+    assert rows["main"].trend == tuple(
+        sum(c for _t, _f, c in cpu_pattern(i)) for i in range(109, 121))
     assert not lp.refresh()  # nothing new
 
 
@@ -67,7 +77,7 @@ def test_incremental_refresh_reads_only_new_checkpoints(tmp_path: Path) -> None:
     assert lp.summary().count == 31
     assert lp.summary().samples == expected_samples(31)
     rows = by_name(lp.cpu_rows())
-    assert rows["compute_hash"].live_samples == 20 + 1 + 5
+    assert rows["compute_hash"].live_samples == 20 + 1 + 5 + 8 + 1
     assert len(rows["compute_hash"].trend) == TREND_LEN
     append_checkpoints(path, 120)  # a big jump: older part aggregated in SQL
     lp.refresh()
@@ -109,15 +119,16 @@ def test_thread_filter(profile: Path) -> None:
     lp.set_thread(4244)
     lp.refresh()
     rows = by_name(lp.cpu_rows())
-    assert set(rows) == {"matrix_multiply", "compress_block", LONG_NAME}
+    assert set(rows) == {"main", "matrix_multiply", "compress_block", LONG_NAME}
     assert "compute_hash" not in rows
     assert rows["matrix_multiply"].key == key  # keys are stable across thread changes
-    assert sum(r.samples for r in rows.values()) == threads[4244].samples
+    assert sum(r.self_samples for r in rows.values()) == threads[4244].samples
+    assert rows["main"].total_samples == threads[4244].samples
     lp.set_thread(4243)
     lp.refresh()
     rows = by_name(lp.cpu_rows())
     # hash_round is inlined into compute_hash: the leaf (inline depth 0) gets the sample
-    assert set(rows) == {"compute_hash", "hash_round", "__memmove_avx_unaligned_erms"}
+    assert set(rows) == {"main", "compute_hash", "hash_round", "__memmove_avx_unaligned_erms"}
 
 
 def test_series(profile: Path) -> None:
@@ -146,6 +157,7 @@ def test_snapshot_filter_sort_chart(profile: Path) -> None:
     lp = LiveProfile(profile)
     snap = build_snapshot(lp, Query(filter="HASH"))
     assert [r.function for r in snap.rows] == ["compute_hash", "hash_round"]
+    assert snap.trend_top == max(max(r.trend) for r in snap.rows if isinstance(r, CpuRow))
     assert snap.total_rows == 9 and snap.heap_available
     snap = build_snapshot(lp, Query(sort="function", descending=False), refresh=False)
     names = [r.function for r in snap.rows]
@@ -156,7 +168,7 @@ def test_snapshot_filter_sort_chart(profile: Path) -> None:
     snap = build_snapshot(lp, Query(View.MEMORY, sort="live_bytes"), refresh=False)
     assert snap.rows[0].function == "leaky_cache_insert"
     assert next_sort(View.CPU, "total") == "live"
-    assert next_sort(View.CPU, "location") == "total"
+    assert next_sort(View.CPU, "location") == "self"
 
 
 def test_format_helpers() -> None:

@@ -23,7 +23,8 @@ SIZES = pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "16
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_profile(tmp_path_factory.mktemp("snap") / "fixture.db")
+    # A realistic name: rsprof's default is rsprof.<process>.<yymmddHHMMSS>.db
+    return build_profile(tmp_path_factory.mktemp("snap") / "rsprof.myserver.261123101530.db")
 
 
 def keys(*presses: str) -> Callable[[Pilot[Any]], Any]:
@@ -55,3 +56,28 @@ def test_chart_open(snap_compare: Any, profile: Path, size: tuple[int, int]) -> 
 def test_filter_active(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
     run_before = keys("slash", "h", "a", "s", "h")
     assert snap_compare(make_app(profile), terminal_size=size, run_before=run_before)
+
+
+@SIZES
+def test_call_tree(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(make_app(profile), terminal_size=size, run_before=keys("f"))
+
+
+@SIZES
+def test_callers_callees(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(make_app(profile), terminal_size=size, run_before=keys("j", "e"))
+
+
+@SIZES
+def test_live_target_exited(
+    snap_compare: Any, tmp_path: Path, size: tuple[int, int]
+) -> None:
+    path = build_profile(tmp_path / "rsprof.myserver.261123101530.db", 60,
+                         stop_reason="target-exited")
+    app = make_app(path, live=True)
+    assert snap_compare(app, terminal_size=size, run_before=keys())
+
+
+@SIZES
+def test_memory_tree(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(make_app(profile), terminal_size=size, run_before=keys("2", "f"))

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -38,48 +39,132 @@ def wait_for(check: Callable[[], bool], timeout: float = 30.0) -> bool:
     return False
 
 
-def test_view_in_tmux(tmp_path: Path) -> None:
-    # A profile recorded from a real target: the bundled demo, CPU and heap.
-    profile = tmp_path / "recorded.db"
-    recorded = run_rsprof("demo", "-q", "-d", "3s", "-o", str(profile), cwd=tmp_path)
-    assert recorded.returncode == 0, recorded.stderr
-    exit_file = tmp_path / "exit"
-    session = f"rsprof-tui-test-{os.getpid()}"
+def _command(tmp_path: Path, args: str, exit_file: Path) -> str:
     # The rsprof this test imports: the installed one under plain `pytest`, the source tree
     # under `python -m pytest`. tmux may start the command with another server's environment.
     spec = importlib.util.find_spec("rsprof")
     assert spec is not None and spec.origin is not None
     pythonpath = str(Path(spec.origin).resolve().parent.parent)
-    command = (
+    return (
         f"cd {shlex.quote(str(tmp_path))} && "
         f"PYTHONPATH={shlex.quote(pythonpath)} "
-        f"{shlex.quote(sys.executable)} -P -m rsprof view {shlex.quote(str(profile))}; "
+        f"{shlex.quote(sys.executable)} -P -m rsprof {args}; "
         f"echo EXIT:$? > {shlex.quote(str(exit_file))}"
     )
 
-    def screen() -> str:
+
+class Pane:
+    def __init__(self, session: str) -> None:
+        self.session = session
+
+    def screen(self) -> str:
         return subprocess.run(
-            ["tmux", "capture-pane", "-p", "-t", session],
+            ["tmux", "capture-pane", "-p", "-t", self.session],
             capture_output=True,
             text=True,
             check=False,
         ).stdout
 
+    def keys(self, *keys: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.session, *keys], check=True)
+
+
+def test_view_in_tmux(tmp_path: Path) -> None:
+    """The first screen of a profile recorded from the real demo, at 80x24: the demo's own
+    functions show (sorted by Total %), and the header does not wrap."""
+    profile = tmp_path / "rsprof.rsprof-demo.261123101530.db"
+    recorded = run_rsprof("demo", "-q", "-d", "3s", "-o", str(profile), cwd=tmp_path)
+    assert recorded.returncode == 0, recorded.stderr
+    exit_file = tmp_path / "exit"
+    session = f"rsprof-tui-test-{os.getpid()}"
+    command = _command(tmp_path, f"view {shlex.quote(str(profile))}", exit_file)
     subprocess.run(
-        ["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "40", command],
+        ["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", command],
         check=True,
     )
+    pane = Pane(session)
     try:
-        assert wait_for(lambda: "spin_for" in screen()), screen()
-        text = screen()
-        assert "VIEW" in text and "recorded.db" in text and "rsprof-demo" in text
-        assert "Total %" in text and "demo.c:" in text
-        subprocess.run(["tmux", "send-keys", "-t", session, "2"], check=True)
-        assert wait_for(lambda: "remember_request" in screen()), screen()
-        assert "load_config" in screen() and "Allocated" in screen()
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
-        assert wait_for(exit_file.exists), screen()
+        assert wait_for(lambda: "spin_for" in pane.screen()), pane.screen()
+        lines = pane.screen().splitlines()
+        assert "VIEW" in lines[0] and "samples" in lines[0]
+        assert "1 CPU" in lines[1] and "2 Memory" in lines[1] and "thread all" in lines[1]
+        assert "Self %" in lines[2] and "Total %" in lines[2] and "Live %" in lines[2]
+        first_screen = "\n".join(lines[:23])
+        for name in ("compute_hashes", "multiply_matrices", "parse_requests"):
+            assert name in first_screen, first_screen
+        assert "demo.c:" in first_screen
+        pane.keys("f")  # the call tree: main above parse_requests
+        assert wait_for(lambda: "Function (call tree)" in pane.screen()), pane.screen()
+        pane.keys("f", "2")
+        assert wait_for(lambda: "remember_request" in pane.screen()), pane.screen()
+        assert "load_config" in pane.screen() and "peak" in pane.screen()
+        pane.keys("q")
+        assert wait_for(exit_file.exists), pane.screen()
         assert wait_for(lambda: exit_file.read_text().strip() != "")
         assert exit_file.read_text().strip() == "EXIT:0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
+
+
+def _meta(path: Path) -> dict[str, str]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    finally:
+        conn.close()
+
+
+def _tui_processes(recorder_marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True,
+                         check=True).stdout
+    return [line for line in out.splitlines() if "rsprof.tui" in line and recorder_marker in line]
+
+
+def test_live_tui_in_its_own_process_and_sighup_finalizes(tmp_path: Path) -> None:
+    """`rsprof demo` with its TUI: the TUI runs in a process of its own; closing the
+    terminal (tmux kill-session: SIGHUP) leaves a finished file, never "recording"."""
+    out = tmp_path / "rsprof.rsprof-demo.261123101531.db"
+    exit_file = tmp_path / "exit"
+    session = f"rsprof-tui-hup-{os.getpid()}"
+    command = _command(tmp_path, f"demo -o {shlex.quote(str(out))}", exit_file)
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", command],
+        check=True,
+    )
+    pane = Pane(session)
+    try:
+        assert wait_for(lambda: "RECORDING" in pane.screen() and "spin_for" in pane.screen())
+        assert _tui_processes(out.name), "the TUI is not a process of its own"
+        pane.keys("j", "k")
+        assert _meta(out)["state"] == "recording"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
+    assert wait_for(lambda: _meta(out).get("state") == "finished", 20), _meta(out)
+    assert _meta(out)["stop_reason"] == "hangup"
+    assert wait_for(lambda: not _tui_processes(out.name), 10)
+
+
+def test_live_ctrl_c_stops_the_recording(tmp_path: Path) -> None:
+    # Run from a folder holding an `rsprof` package that is not rsprof (a checkout of its
+    # source, say): the TUI's process must still import the installed one.
+    decoy = tmp_path / "rsprof"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy rsprof was imported')\n")
+    out = tmp_path / "rsprof.rsprof-demo.261123101532.db"
+    exit_file = tmp_path / "exit"
+    session = f"rsprof-tui-int-{os.getpid()}"
+    command = _command(tmp_path, f"demo -o {shlex.quote(str(out))}", exit_file)
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", command],
+        check=True,
+    )
+    pane = Pane(session)
+    try:
+        assert wait_for(lambda: "RECORDING" in pane.screen() and "spin_for" in pane.screen())
+        pane.keys("C-c")
+        assert wait_for(lambda: exit_file.exists() and exit_file.read_text().strip() != ""), (
+            pane.screen())
+        assert _meta(out)["state"] == "finished"
+        assert _meta(out)["stop_reason"] == "interrupted"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 from rsprof.storage.live import LiveProfile
 from textual.app import App
+from textual.binding import Binding, BindingType
 
-from .main_screen import MainScreen
+from .main_screen import EXIT_INTERRUPTED, MainScreen
 from .model import DataSource
 
 
@@ -21,6 +24,10 @@ class RsprofApp(App[int]):
     """
 
     CSS_PATH = "rsprof.tcss"
+    # Ctrl-C stops the recording and quits (rsprof's README), instead of Textual's hint.
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+c", "interrupt", "Stop", show=False, priority=True),
+    ]
     TITLE = "rsprof"
     ENABLE_COMMAND_PALETTE = False
 
@@ -37,9 +44,18 @@ class RsprofApp(App[int]):
         self.live = live
         self.clock = clock
         self.refresh_interval = refresh_interval
+        # The recording process that started this TUI (`rsprof.tui --live` only): when it
+        # is no longer our parent, the file's "recording" state is stale.
+        self.recorder_pid: int | None = None
 
     def on_mount(self) -> None:
         self.push_screen(MainScreen())
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C: exit code 130 tells the recording session "interrupted" (it stops and
+        finalizes the file); viewing a file, it just quits."""
+        code = EXIT_INTERRUPTED if self.live else 0
+        self.exit(code, return_code=code)
 
     @property
     def main(self) -> MainScreen:
@@ -62,6 +78,8 @@ def run_tui(db_path: str, *, live: bool) -> int:
     source = LiveProfile(path)
     try:
         app = RsprofApp(source, live=live)
+        if live:
+            app.recorder_pid = os.getppid()
         result = app.run()
     finally:
         source.close()

@@ -9,15 +9,21 @@ from rich.cells import cell_len, set_cell_size
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
 
-def sparkline(values: Sequence[float], width: int = 12, *, from_zero: bool = True) -> str:
+def sparkline(
+    values: Sequence[float], width: int = 12, *, from_zero: bool = True, top: float | None = None
+) -> str:
     """One cell per value (the last `width`).
 
-    `from_zero`: bars scale from 0 to the largest value (CPU samples). Otherwise they
-    scale from the smallest to the largest value, so slow growth (a leak) shows as a
-    ramp; a flat series is a row of middle bars (all zero: lowest bars).
+    `from_zero`: bars scale from 0 to the largest value, or to `top` when given (one scale
+    shared by a whole column). Otherwise they scale from the smallest to the largest value,
+    so slow growth (a leak) shows as a ramp; a flat series is a row of middle bars (all
+    zero: lowest bars).
     """
     values = list(values)[-width:]
-    top = max(values, default=0)
+    if top is None:
+        top = max(values, default=0)
+    else:
+        from_zero = True
     if top <= 0:
         return SPARK_CHARS[0] * len(values)
     bottom = 0.0 if from_zero else min(values)

@@ -17,27 +17,36 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Input, Static
 
+from .export import ProfileError, export_view
 from .format import fmt_offset
 from .model import (
     COLUMNS,
     DEFAULT_SORT,
     DEFAULT_ZOOM,
+    HEAP_TREE_COLUMNS,
+    TREE_COLUMNS,
     ZOOM_LEVELS,
     ChartRequest,
     Query,
+    Row,
     Snapshot,
+    TreeRow,
     View,
     build_snapshot,
     column,
     max_pan,
     next_sort,
+    query_window,
 )
 from .screens import ALL_THREADS, HelpScreen, ThreadPicker
 from .widgets.chart import ChartState, ProfileChart
 from .widgets.header import HeaderState, ProfileHeader
+from .widgets.peek import PeekPanel
 from .widgets.table import ProfileTable
+from .widgets.timeline import HeapTimelineView
 
 if TYPE_CHECKING:
     from .app import RsprofApp
@@ -50,15 +59,37 @@ NO_HEAP = (
 )
 
 
+RECORDER_GONE_INTERVALS = 10
+"""VIEW mode: a file that says "recording" but got no checkpoint for this many intervals
+(and at least 30 s) has lost its recorder (killed, machine rebooted)."""
+
+FOLLOW_DELAY_S = 0.06
+"""How long after the selection moves the chart and callers panel follow it."""
+
+# Ctrl-C: the TUI's exit code that tells the recording session "interrupted" (as a shell
+# reports SIGINT), where q and Esc mean "the user quit".
+EXIT_INTERRUPTED = 130
+
+
 class MainScreen(Screen[None]):
+    # The footer shows the keys that matter in the current mode (check_action hides the
+    # others); `?` lists every key.
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("q", "app.quit", "Quit"),
-        Binding("1", "view('cpu')", "CPU"),
-        Binding("2", "view('memory')", "Memory"),
+        Binding("q", "quit", "Quit"),
+        Binding("escape", "escape", "Back/Quit", show=False),
+        Binding("1", "view('cpu')", "CPU", show=False),
+        Binding("2", "view('memory')", "Memory", show=False),
         Binding("m", "toggle_view", "Toggle view", show=False),
+        Binding("f", "toggle_tree", "Tree"),
+        Binding("e", "toggle_peek", "Callers"),
         Binding("c,enter", "toggle_chart", "Chart"),
+        Binding("space", "expand", "Fold", show=False),
+        Binding("right", "expand(1)", "Expand", show=False),
+        Binding("left", "expand(0)", "Collapse", show=False),
+        Binding("w", "toggle_window", "Window", show=False),
         Binding("slash", "filter", "Filter"),
         Binding("s", "cycle_sort", "Sort"),
+        Binding("S", "reverse_sort", "Reverse", show=False),
         Binding("t", "pick_thread", "Thread"),
         Binding("p", "pause", "Pause"),
         Binding("b", "bar", "Bar/line"),
@@ -67,11 +98,13 @@ class MainScreen(Screen[None]):
         Binding("h", "pan(1)", "Pan", key_display="h/l"),
         Binding("l", "pan(-1)", "Pan forward", show=False),
         Binding("z", "from_zero", "Y from 0", show=False),
+        Binding("r", "trend_scale", "Trend scale", show=False),
         Binding("tab", "switch_focus", "Focus", show=False),
-        Binding("escape", "escape", "Close"),
+        Binding("x", "export('pprof')", "Export", show=False),
+        Binding("X", "export('speedscope')", "Export speedscope", show=False),
         Binding("question_mark", "help", "Help"),
     ]
-    CHART_ACTIONS: ClassVar[set[str]] = {"bar", "zoom", "pan", "from_zero"}
+    CHART_ACTIONS: ClassVar[set[str]] = {"bar", "from_zero"}
 
     def __init__(self) -> None:
         super().__init__()
@@ -86,10 +119,19 @@ class MainScreen(Screen[None]):
         self.bar = False
         self.from_zero = False
         self.paused = False
+        self.tree_mode = False
+        self.trend_per_row = False
+        self.peek_open = False
+        self.window_on = False  # tree and peek cover the zoom/pan window, not everything
+        # tree nodes opened / closed by the user, per view (the auto-open rule does the rest)
+        self.expanded_by: dict[View, frozenset[tuple[int, ...]]] = dict.fromkeys(View, frozenset())
+        self.collapsed_by: dict[View, frozenset[tuple[int, ...]]] = dict.fromkeys(
+            View, frozenset())
         self.snapshot: Snapshot | None = None
         self._job_running = False
         self._job_pending: bool | None = None  # None: nothing pending, else "refresh" flag
         self._job_started = 0.0
+        self._follow_timer: Timer | None = None
         self.last_update_s = 0.0  # request to drawn widgets, for the benchmark
 
     @property
@@ -99,9 +141,11 @@ class MainScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield ProfileHeader(id="header")
         with Vertical(id="body"):
+            yield HeapTimelineView(id="timeline")
             yield ProfileTable(id="table")
             yield Static(NO_HEAP, id="no-heap")
             yield ProfileChart(id="chart")
+            yield PeekPanel(id="peek")
         yield Input(placeholder="filter by function name", id="filter")
         yield Footer()
 
@@ -116,15 +160,39 @@ class MainScreen(Screen[None]):
 
     @property
     def busy(self) -> bool:
-        return self._job_running or self._job_pending is not None
+        return (self._job_running or self._job_pending is not None
+                or self._follow_timer is not None)
+
+    @staticmethod
+    def function_key(row: Row | None) -> int | None:
+        """The storage key of the function a row shows (a tree line: its node's function)."""
+        if row is None:
+            return None
+        return row.path[-1] if isinstance(row, TreeRow) else row.key
+
+    @property
+    def tree_shown(self) -> bool:
+        return self.tree_mode
 
     def current_query(self) -> Query:
         sort, descending = self.sorts[self.view]
         chart = None
         table = self.query_one(ProfileTable)
-        if self.chart_open and table.selected is not None:
-            chart = ChartRequest(table.selected.key, self.zoom, self.pan_steps)
-        return Query(self.view, sort, descending, self.filter_text, self.thread, chart)
+        key = self.function_key(table.selected)
+        if self.chart_open and key is not None:
+            chart = ChartRequest(key, self.zoom, self.pan_steps)
+        peek = key if self.peek_open and self.view is View.CPU else None
+        timeline = self.query_one(HeapTimelineView).size.width or self.app.size.width
+        return Query(
+            self.view, sort, descending, self.filter_text, self.thread, chart,
+            tree=self.tree_shown,
+            expanded=self.expanded_by[self.view] if self.tree_shown else frozenset(),
+            collapsed=self.collapsed_by[self.view] if self.tree_shown else frozenset(),
+            peek=peek,
+            window=(self.zoom, self.pan_steps) if self.window_on else None,
+            timeline_points=max(1, timeline - 2) if self.view is View.MEMORY else 0,
+            trend_per_row=self.trend_per_row,
+        )
 
     def request_update(self, *, refresh: bool = False) -> None:
         """Builds a new snapshot in a worker; coalesces requests made while one runs."""
@@ -139,15 +207,29 @@ class MainScreen(Screen[None]):
     def _build(self, query: Query, refresh: bool) -> None:
         app = self.rsprof
         source = app.source
+        previous = self.snapshot
         if source.thread != query.thread:
             source.set_thread(query.thread)
             refresh = True
+            previous = None
         try:
+            if refresh and previous is not None and previous.query == query:
+                # A timer tick with nothing new in the file (checkpoints come once a
+                # second, ticks twice): nothing to rebuild or redraw.
+                if not source.refresh():
+                    self.app.call_from_thread(self._unchanged)
+                    return
+                refresh = False
             snapshot = build_snapshot(source, query, refresh=refresh)
         except Exception as exc:  # keep the UI alive; show what went wrong
             self.app.call_from_thread(self._failed, exc)
             return
         self.app.call_from_thread(self._apply, snapshot)
+
+    def _unchanged(self) -> None:
+        self._job_running = False
+        self._show_header()
+        self._run_pending()
 
     def _failed(self, exc: Exception) -> None:
         self._job_running = False
@@ -182,15 +264,32 @@ class MainScreen(Screen[None]):
         no_heap = q.view is View.MEMORY and not snapshot.heap_available
         table.display = not no_heap
         self.query_one("#no-heap").display = no_heap
-        if q.filter:
+        timeline = self.query_one(HeapTimelineView)
+        timeline.display = q.view is View.MEMORY and not no_heap
+        timeline.show(snapshot.timeline)
+        if q.filter and not q.tree:
             empty = f"no function matches “{q.filter}”"
         else:
             empty = "no samples yet" if q.view is View.CPU else "no allocations yet"
-        table.set_rows(COLUMNS[q.view], snapshot.rows, q.sort, q.descending, empty_text=empty)
+        if q.tree:
+            columns = TREE_COLUMNS if q.view is View.CPU else HEAP_TREE_COLUMNS
+        else:
+            columns = COLUMNS[q.view]
+        table.set_rows(columns, snapshot.rows, "" if q.tree else q.sort, q.descending,
+                       empty_text=empty, trend_top=snapshot.trend_top)
         chart = self.query_one(ProfileChart)
         chart.display = self.chart_open and not no_heap
         if self.chart_open and q.chart is not None:
             chart.show(self._chart_state(snapshot))
+        peek = self.query_one(PeekPanel)
+        peek.display = self.peek_open and q.view is View.CPU
+        if peek.display:
+            peek.show(snapshot.peek, snapshot.window_label)
+        # A hidden widget cannot keep focus: after the "no heap" page (or a closed panel)
+        # the keys go back to the table, never to nothing.
+        focused = self.focused
+        if table.display and (focused is None or not focused.display):
+            table.focus()
         self._show_header()
         self._announce_exit(previous, snapshot)
         self.last_update_s = time.perf_counter() - self._job_started
@@ -198,9 +297,9 @@ class MainScreen(Screen[None]):
     def _chart_state(self, snapshot: Snapshot) -> ChartState:
         q = snapshot.query
         assert q.chart is not None
-        row = next((r for r in snapshot.rows if r.key == q.chart.key), None)
-        name = row.function if row else "?"
-        metric = "live bytes" if q.view is View.MEMORY else "CPU % of samples"
+        row = next((r for r in snapshot.rows if self.function_key(r) == q.chart.key), None)
+        name = (row.name if isinstance(row, TreeRow) else row.function) if row else "?"
+        metric = "live bytes" if q.view is View.MEMORY else "Total % of samples"
         back = q.chart.pan * q.chart.window_ms / 2000
         where = f", {fmt_offset(back)} back" if q.chart.pan else ""
         style = "bar" if self.bar else "line"
@@ -232,7 +331,24 @@ class MainScreen(Screen[None]):
             return "target exited" + code
         if self.rsprof.live and info.state == "finished":
             return f"recording stopped: {info.stop_reason or 'finished'}"
+        if self._recorder_gone(snapshot):
+            return "stopped (recorder gone)"
         return ""
+
+    def _recorder_gone(self, snapshot: Snapshot) -> bool:
+        """The file says "recording" but nobody writes it. Live mode: the recorder is the
+        process that started this TUI, so it is gone when our parent changed. VIEW mode:
+        no checkpoint for RECORDER_GONE_INTERVALS intervals (and 30 s)."""
+        info, last = snapshot.info, snapshot.summary.last_timestamp_ms
+        if info.state != "recording":
+            return False
+        if self.rsprof.live:
+            return self.rsprof.recorder_pid is not None and os.getppid() != self.rsprof.recorder_pid
+        newest = last if last is not None else info.start_time_ms
+        if newest is None:
+            return False
+        quiet_ms = self.rsprof.clock() * 1000 - newest
+        return quiet_ms > max(30_000, RECORDER_GONE_INTERVALS * info.interval_ms)
 
     def _show_header(self) -> None:
         header = self.query_one(ProfileHeader)
@@ -252,7 +368,7 @@ class MainScreen(Screen[None]):
         start = info.start_time_ms
         if start is None:
             start = (summary.first_timestamp_ms or 0) - info.interval_ms
-        if recording and (app.live or info.state == "recording"):
+        if recording:
             end = app.clock() * 1000
         else:
             end = info.end_time_ms or summary.last_timestamp_ms or start
@@ -261,6 +377,9 @@ class MainScreen(Screen[None]):
         if snap.query.thread is not None:
             names = {t.tid: t.name for t in snap.threads}
             thread = f"{snap.query.thread} {names.get(snap.query.thread, '')}".strip()
+            if self.view is View.MEMORY:
+                # The heap tables keep no thread: say so instead of pretending to filter.
+                thread += " (heap: all)"
         elapsed = max(0.0, end - start)
         if self.paused and header.state is not None:
             elapsed = header.state.elapsed_ms  # frozen with the data
@@ -280,6 +399,7 @@ class MainScreen(Screen[None]):
                 rss_bytes=rss,
                 show_target=app.live or info.state == "recording",
                 notice=notice,
+                tab_suffix=" tree" if self.tree_mode else "",
             )
         )
 
@@ -288,16 +408,31 @@ class MainScreen(Screen[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in self.CHART_ACTIONS:
             return self.chart_open
+        if action in ("zoom", "pan"):
+            return self.chart_open or (self.window_on and (self.tree_shown or self.peek_open))
         if action == "pause":
             return self.rsprof.live
-        if action == "escape":
-            return self.chart_open or bool(self.filter_text) or self._filter_shown
+        if action in ("toggle_peek", "toggle_window"):
+            return self.view is View.CPU
+        if action == "toggle_chart":
+            # the Memory chart is per call site; the allocation tree's nodes are functions
+            return not (self.tree_mode and self.view is View.MEMORY)
+        if action == "expand":
+            return self.tree_shown
+        if action in ("cycle_sort", "reverse_sort", "filter"):
+            return not self.tree_shown
         return True
+
+    def action_quit(self) -> None:
+        self.app.exit(0, return_code=0)
+
+
 
     def action_view(self, view: str) -> None:
         if View(view) is not self.view:
             self.view = View(view)
             self.pan_steps = 0
+            self.refresh_bindings()
             self._show_header()
             self.request_update()
 
@@ -343,6 +478,18 @@ class MainScreen(Screen[None]):
         key, _ = self.sorts[self.view]
         new = next_sort(self.view, key)
         self.sorts[self.view] = (new, column(self.view, new).numeric)
+        self.notify(f"sorted by {column(self.view, new).label}", timeout=1.5)
+        self.request_update()
+
+    def action_trend_scale(self) -> None:
+        self.trend_per_row = not self.trend_per_row
+        self.notify("Trend: each row its own scale" if self.trend_per_row
+                    else "Trend: one scale for the column", timeout=2)
+        self.request_update()
+
+    def action_reverse_sort(self) -> None:
+        key, descending = self.sorts[self.view]
+        self.sorts[self.view] = (key, not descending)
         self.request_update()
 
     @on(ProfileTable.HeaderClicked)
@@ -356,8 +503,16 @@ class MainScreen(Screen[None]):
 
     @on(ProfileTable.CursorMoved)
     def _selection_changed(self) -> None:
-        if self.chart_open:
-            self.request_update()
+        # The chart and callers panel follow the selection a moment later: the moved
+        # highlight is drawn first, and holding `j` redraws the chart once, not per row.
+        if self.chart_open or self.peek_open:
+            if self._follow_timer is not None:
+                self._follow_timer.stop()
+            self._follow_timer = self.set_timer(FOLLOW_DELAY_S, self._follow_selection)
+
+    def _follow_selection(self) -> None:
+        self._follow_timer = None
+        self.request_update()
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
@@ -389,11 +544,73 @@ class MainScreen(Screen[None]):
         self.request_update()
 
     def action_escape(self) -> None:
+        """Closes what is open, innermost first (filter box, chart, callers panel, tree,
+        filter); with nothing open it quits, as `q` does (rsprof's keys)."""
         box = self.query_one("#filter", Input)
-        if box.has_focus or (self.filter_text and not self.chart_open):
+        if box.has_focus:
             self._clear_filter()
         elif self.chart_open:
             self.action_toggle_chart()
+        elif self.peek_open:
+            self.action_toggle_peek()
+        elif self.tree_shown:
+            self.action_toggle_tree()
+        elif self.filter_text:
+            self._clear_filter()
+        else:
+            self.action_quit()
+
+    def action_toggle_tree(self) -> None:
+        self.tree_mode = not self.tree_mode
+        if self.tree_mode and self.chart_open and self.view is View.MEMORY:
+            self.action_toggle_chart()
+        self.query_one(ProfileTable).focus()
+        self.refresh_bindings()
+        self._show_header()
+        self.request_update()
+
+    def action_toggle_peek(self) -> None:
+        self.peek_open = not self.peek_open
+        panel = self.query_one(PeekPanel)
+        panel.display = self.peek_open
+        if not self.peek_open and panel.has_focus:
+            self.query_one(ProfileTable).focus()
+        self.refresh_bindings()
+        self.request_update()
+
+    def action_toggle_window(self) -> None:
+        self.window_on = not self.window_on
+        self.refresh_bindings()
+        self.notify(
+            f"tree and callers: last {ZOOM_LEVELS[self.zoom][0]} (+/- zoom, h/l pan)"
+            if self.window_on else "tree and callers: whole recording", timeout=3)
+        self.request_update()
+
+    def action_expand(self, state: int | None = None) -> None:
+        """Space toggles the selected tree node; → opens it, ← closes it (or, on a closed
+        or leaf node, moves to its parent)."""
+        table = self.query_one(ProfileTable)
+        row = table.selected
+        if not isinstance(row, TreeRow):
+            return
+        want = (not row.expanded) if state is None else bool(state)
+        if not want and not row.expanded and state is not None and len(row.path) > 1:
+            parent = row.path[:-1]
+            index = next((i for i, r in enumerate(table.rows)
+                          if isinstance(r, TreeRow) and r.path == parent), None)
+            if index is not None:
+                table._move(index)
+            return
+        if not row.has_children or want == row.expanded:
+            return
+        view = self.view
+        if want:
+            self.expanded_by[view] |= {row.path}
+            self.collapsed_by[view] -= {row.path}
+        else:
+            self.collapsed_by[view] |= {row.path}
+            self.expanded_by[view] -= {row.path}
+        self.request_update()
 
     def action_pause(self) -> None:
         self.paused = not self.paused
@@ -414,6 +631,37 @@ class MainScreen(Screen[None]):
                 self.request_update()
 
         self.app.push_screen(ThreadPicker(threads, self.thread), chosen)
+
+    def action_export(self, fmt: str) -> None:
+        """Writes what the view shows (thread, window, filter) beside the profile."""
+        snap = self.snapshot
+        if snap is None:
+            return
+        q = snap.query
+        since = until = None
+        start, end, _label = query_window(q, snap.summary, snap.info.interval_ms)
+        t0 = snap.info.start_time_ms
+        if t0 is None:
+            t0 = (snap.summary.first_timestamp_ms or 0) - snap.info.interval_ms
+        if start is not None and end is not None:
+            since, until = max(0.0, (start - t0) / 1000), max(0.0, (end - t0) / 1000)
+        kind = "cpu" if q.view is View.CPU else "heap"
+        self.notify(f"exporting {kind} to {fmt}…", timeout=2)
+        self._export(fmt, kind, q.thread, since, until, q.filter)
+
+    @work(thread=True, group="export", exclusive=True)
+    def _export(self, fmt: str, kind: str, tid: int | None, since: float | None,
+                until: float | None, name_filter: str) -> None:
+        try:
+            path, count = export_view(self.rsprof.source.path, fmt=fmt, kind=kind, tid=tid,
+                                      since_s=since, until_s=until, name_filter=name_filter)
+        except (ProfileError, OSError, ValueError) as exc:
+            self.app.call_from_thread(
+                self.notify, f"export failed: {exc}", severity="error", timeout=8)
+            return
+        what = "samples" if kind == "cpu" else "allocations"
+        self.app.call_from_thread(
+            self.notify, f"wrote {path} ({count:,} {what})", timeout=10)
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())

@@ -12,20 +12,40 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 from rsprof.storage.live import (
+    CallNode,
     CheckpointSummary,
     CpuRow,
     HeapRow,
+    HeapTimeline,
+    PeekInfo,
     ProfileInfo,
     Series,
     ThreadInfo,
 )
 
-from .format import fmt_bytes, fmt_count, fmt_pct, sparkline
+from .format import fmt_bytes, fmt_count, fmt_offset, fmt_pct, sparkline
 
-Row = CpuRow | HeapRow
+
+class TreeRow(NamedTuple):
+    """One visible line of the call tree: a node and how deep it is."""
+
+    key: int  # hash of `path`: stable across refreshes, so the cursor stays on the node
+    path: tuple[int, ...]
+    function: str  # indented, with ▸ / ▾ / · in front
+    name: str
+    location: str
+    self_pct: float
+    total_pct: float
+    has_children: bool
+    expanded: bool
+    self_value: int = 0  # samples (CPU) or bytes (Memory)
+    total_value: int = 0
+
+
+Row = CpuRow | HeapRow | TreeRow
 
 
 class View(StrEnum):
@@ -50,6 +70,12 @@ class DataSource(Protocol):
     def cpu_rows(self) -> list[CpuRow]: ...
     def heap_rows(self) -> list[HeapRow]: ...
     def cpu_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int) -> Series: ...
+    def call_tree(self, start_ms: int | None = None, end_ms: int | None = None) -> CallNode: ...
+    def peek(
+        self, key: int, start_ms: int | None = None, end_ms: int | None = None
+    ) -> PeekInfo: ...
+    def heap_timeline(self, points: int = 120) -> HeapTimeline: ...
+    def heap_tree(self, allocated: bool = False) -> CallNode: ...
     def heap_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int) -> Series: ...
 
 
@@ -70,8 +96,9 @@ LOCATION = Column("location", "Location", flex=2, numeric=False, cut="start")
 
 COLUMNS: dict[View, tuple[Column, ...]] = {
     View.CPU: (
+        Column("self", "Self %", 8),
         Column("total", "Total %", 9),
-        Column("live", "Live %", 9),
+        Column("live", "Live %", 8),
         FUNCTION,
         LOCATION,
         TREND,
@@ -85,21 +112,45 @@ COLUMNS: dict[View, tuple[Column, ...]] = {
         TREND,
     ),
 }
+TREE_COLUMNS: tuple[Column, ...] = (
+    Column("total", "Total %", 8, sortable=False),
+    Column("self", "Self %", 8, sortable=False),
+    Column("function", "Function (call tree)", flex=3, numeric=False, sortable=False),
+    Column("location", "Location", flex=2, numeric=False, sortable=False, cut="start"),
+)
+HEAP_TREE_COLUMNS: tuple[Column, ...] = (
+    Column("total_bytes", "Total", 10, sortable=False),
+    Column("self_bytes", "Self", 10, sortable=False),
+    Column("function", "Function (allocation tree)", flex=3, numeric=False, sortable=False),
+    Column("location", "Location", flex=2, numeric=False, sortable=False, cut="start"),
+)
+# Total (inclusive) first: a program's own functions (main, its workers) lead the table,
+# not only the leaf it spends its time in.
 DEFAULT_SORT = {View.CPU: "total", View.MEMORY: "live_bytes"}
 
-_CELLS: dict[str, Callable[[Any], str]] = {
-    "total": lambda r: fmt_pct(r.total_pct),
-    "live": lambda r: fmt_pct(r.live_pct),
-    "function": lambda r: r.function,
-    "location": lambda r: r.location,
-    "trend": lambda r: sparkline(r.trend, from_zero=isinstance(r, CpuRow)),
-    "live_bytes": lambda r: fmt_bytes(r.live_bytes),
-    "alloc_bytes": lambda r: fmt_bytes(r.alloc_bytes),
-    "alloc_count": lambda r: fmt_count(r.alloc_count),
+_CELLS: dict[str, Callable[[Any, float | None], str]] = {
+    "self": lambda r, _t: fmt_pct(r.self_pct),
+    "total": lambda r, _t: fmt_pct(r.total_pct),
+    "live": lambda r, _t: fmt_pct(r.live_pct),
+    "function": lambda r, _t: r.function,
+    "location": lambda r, _t: r.location,
+    # CPU: one scale for the whole column (top), so a 0.1 % function looks it. Heap: each
+    # row from its own minimum to maximum, so a slow leak shows as a ramp.
+    "trend": lambda r, top: (
+        sparkline(r.trend, top=top or None)
+        if isinstance(r, CpuRow)
+        else sparkline(r.trend, from_zero=False)
+    ),
+    "live_bytes": lambda r, _t: fmt_bytes(r.live_bytes),
+    "alloc_bytes": lambda r, _t: fmt_bytes(r.alloc_bytes),
+    "alloc_count": lambda r, _t: fmt_count(r.alloc_count),
+    "total_bytes": lambda r, _t: fmt_bytes(r.total_value),
+    "self_bytes": lambda r, _t: fmt_bytes(r.self_value),
 }
 _SORT_KEYS: dict[str, Callable[[Any], Any]] = {
-    "total": attrgetter("samples"),
-    "live": attrgetter("live_samples"),
+    "self": lambda r: (r.self_samples, r.total_samples),
+    "total": lambda r: (r.total_samples, r.self_samples),
+    "live": lambda r: (r.live_samples, r.total_samples),
     "function": lambda r: r.function.lower(),
     "location": attrgetter("location"),
     "live_bytes": attrgetter("live_bytes"),
@@ -108,8 +159,8 @@ _SORT_KEYS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def cell_text(column: Column, row: Row) -> str:
-    return _CELLS[column.key](row)
+def cell_text(column: Column, row: Row, trend_top: float | None = None) -> str:
+    return _CELLS[column.key](row, trend_top)
 
 
 def column(view: View, key: str) -> Column:
@@ -176,6 +227,39 @@ def max_pan(summary: CheckpointSummary, zoom: int) -> int:
     return max(0, math.ceil(span / (ZOOM_LEVELS[zoom][1] / 2)))
 
 
+# -- call tree ------------------------------------------------------------------------------
+
+AUTO_EXPAND_PCT = 10.0
+"""Tree nodes with at least this share of the samples start expanded (the hot paths)."""
+
+
+def flatten_tree(
+    root: CallNode,
+    expanded: frozenset[tuple[int, ...]],
+    collapsed: frozenset[tuple[int, ...]],
+) -> list[TreeRow]:
+    """The visible lines of the tree, depth first, heaviest child first."""
+    whole = root.total_samples or 1
+    rows: list[TreeRow] = []
+    stack: list[tuple[CallNode, int]] = [(c, 0) for c in reversed(root.children)]
+    while stack:  # iterative: deep recursion in the target must not overflow ours
+        node, depth = stack.pop()
+        pct = 100.0 * node.total_samples / whole
+        has = bool(node.children)
+        is_open = has and (
+            node.path in expanded or (node.path not in collapsed and pct >= AUTO_EXPAND_PCT)
+        )
+        marker = ("▾ " if is_open else "▸ ") if has else "· "
+        rows.append(TreeRow(
+            hash(node.path), node.path, " " * depth + marker + node.function, node.function,
+            node.location, 100.0 * node.self_samples / whole, pct, has, is_open,
+            node.self_samples, node.total_samples,
+        ))
+        if is_open:
+            stack.extend((c, depth + 1) for c in reversed(node.children))
+    return rows
+
+
 # -- snapshots ------------------------------------------------------------------------------
 
 
@@ -189,6 +273,13 @@ class Query:
     filter: str = ""
     thread: int | None = None
     chart: ChartRequest | None = None
+    tree: bool = False  # the call tree (CPU) or allocation tree (Memory) instead of the table
+    expanded: frozenset[tuple[int, ...]] = frozenset()
+    collapsed: frozenset[tuple[int, ...]] = frozenset()
+    peek: int | None = None  # function key whose callers and callees to show
+    window: tuple[int, int] | None = None  # (zoom, pan) for tree and peek; None: everything
+    timeline_points: int = 0  # Memory view: the heap timeline's width in cells (0: none)
+    trend_per_row: bool = False  # CPU Trend: each row its own scale, not the column's
 
 
 @dataclass(frozen=True)
@@ -201,6 +292,22 @@ class Snapshot:
     threads: list[ThreadInfo]
     heap_available: bool
     series: Series | None = None
+    peek: PeekInfo | None = None
+    timeline: HeapTimeline | None = None
+    trend_top: float | None = None  # the CPU Trend column's shared scale
+    window_label: str = "whole recording"
+
+
+def query_window(query: Query, summary: CheckpointSummary, interval_ms: int) -> (
+        tuple[int | None, int | None, str]):
+    """(start_ms, end_ms, label) of the tree's and peek's time window."""
+    if query.window is None or summary.last_timestamp_ms is None:
+        return None, None, "whole recording"
+    zoom, pan = query.window
+    request = ChartRequest(0, zoom, pan)
+    start, end, _bucket = request.window(summary.last_timestamp_ms, interval_ms)
+    back = f", {fmt_offset(pan * request.window_ms / 2000)} back" if pan else ""
+    return start, end, f"last {request.zoom_label}{back}"
 
 
 def build_snapshot(
@@ -211,24 +318,39 @@ def build_snapshot(
         source.refresh()
     info = source.info
     summary = source.summary()
+    start, end, window_label = query_window(query, summary, info.interval_ms)
     rows: list[Row]
-    if query.view is View.CPU:
+    trend_top = None
+    if query.view is View.CPU and query.tree:
+        rows = list(flatten_tree(source.call_tree(start, end), query.expanded, query.collapsed))
+    elif query.tree:
+        rows = list(flatten_tree(source.heap_tree(), query.expanded, query.collapsed))
+    elif query.view is View.CPU:
         rows = list(source.cpu_rows())
     else:
         rows = list(source.heap_rows())
     heap_available = info.heap_mode not in ("", "none") and source.has_heap_data
     total = len(rows)
-    if query.filter:
+    if query.filter and not query.tree:
         needle = query.filter.lower()
         rows = [r for r in rows if needle in r.function.lower()]
-    sort_rows(rows, query.sort, query.descending)
+    if not query.tree:
+        sort_rows(rows, query.sort, query.descending)
+    if query.view is View.CPU and not query.tree and not query.trend_per_row:
+        trend_top = max((max(r.trend) for r in rows if isinstance(r, CpuRow)), default=0)
     series = None
     if query.chart is not None and summary.last_timestamp_ms is not None:
-        start, end, bucket = query.chart.window(summary.last_timestamp_ms, info.interval_ms)
+        c_start, c_end, bucket = query.chart.window(summary.last_timestamp_ms, info.interval_ms)
         if query.view is View.CPU:
-            series = source.cpu_series(query.chart.key, start, end, bucket)
+            series = source.cpu_series(query.chart.key, c_start, c_end, bucket)
         else:
-            series = source.heap_series(query.chart.key, start, end, bucket)
+            series = source.heap_series(query.chart.key, c_start, c_end, bucket)
+    peek = None
+    if query.peek is not None and query.view is View.CPU:
+        peek = source.peek(query.peek, start, end)
+    timeline = None
+    if query.view is View.MEMORY and query.timeline_points and heap_available:
+        timeline = source.heap_timeline(query.timeline_points)
     return Snapshot(
         query=query,
         info=info,
@@ -238,4 +360,8 @@ def build_snapshot(
         threads=source.threads(),
         heap_available=heap_available,
         series=series,
+        peek=peek,
+        timeline=timeline,
+        trend_top=trend_top,
+        window_label=window_label,
     )

@@ -45,8 +45,10 @@ class ProfileChart(PlotextPlot, can_focus=True):
         if series is None:
             self.refresh()
             return
-        x0 = (series.start_ms - state.t0_ms) / 1000
         x1 = (series.end_ms - state.t0_ms) / 1000
+        # A window longer than the recording starts at the recording's start: the axis
+        # then spans what exists (no run of "0s" labels for the time before it).
+        x0 = max((series.start_ms - state.t0_ms) / 1000, 0.0 if x1 > 0 else x1 - 1)
         xs = [p[0] for p in series.points]
         ys = [p[1] for p in series.points]
         if state.bytes:
@@ -57,7 +59,9 @@ class ProfileChart(PlotextPlot, can_focus=True):
             plt.ylabel("% samples")
         if xs:
             if state.bar:
-                plt.bar(xs, ys, width=0.8, marker="█")
+                # Full-width bars: at 0.8 the gaps between them fall on cell boundaries
+                # irregularly (some bars touch, some do not).
+                plt.bar(xs, ys, width=1.0, marker="█")
             else:
                 plt.plot(xs, ys, marker="braille")
         else:

@@ -1,13 +1,21 @@
-"""The two header lines: mode, file, elapsed time, samples, process; view tabs and status."""
+"""The two header lines: mode, notice, elapsed time, samples, file, process; view tabs,
+thread, the target's CPU % and RSS, filter.
+
+Nothing ever wraps: each line is laid out for the widget's width. Fields have priorities;
+the least important are dropped first and the file name is shortened with an ellipsis
+(keeping its end), so at 80 columns the mode, a "target exited" notice, the elapsed time,
+the tabs, the thread, CPU % and RSS always show.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widgets import Static
 
-from ..format import fmt_bytes, fmt_count, fmt_elapsed
+from ..format import fit_start, fmt_bytes, fmt_count, fmt_elapsed
 from ..model import View
 
 MODE_STYLES = {
@@ -15,7 +23,9 @@ MODE_STYLES = {
     "PAUSED": "bold black on yellow",
     "VIEW": "bold white on blue",
     "STOPPED": "bold white on grey35",
+    "LOADING": "bold reverse",
 }
+SEP = " │ "
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,40 +43,85 @@ class HeaderState:
     cpu_pct: float | None = None
     rss_bytes: int | None = None
     show_target: bool = False
-    notice: str = ""  # e.g. "target exited (code 0)"
+    notice: str = ""  # e.g. "target exited (exit code 0)"
+    tab_suffix: str = ""  # e.g. " tree": the CPU view's current mode
 
 
-def header_text(state: HeaderState) -> Text:
-    sep = (" │ ", "dim")
-    line1 = Text.assemble(
-        (" rsprof ", "bold"),
-        (f" {state.mode} ", MODE_STYLES.get(state.mode, "bold reverse")),
-        " ",
-        (state.file_name, "bold"),
-        "  ",
-        fmt_elapsed(state.elapsed_ms),
-        sep,
-        f"{fmt_count(state.samples)} samples",
-        sep,
-        (f"{fmt_count(state.lost_samples)} lost", "yellow" if state.lost_samples else ""),
-        sep,
-        (state.process_name or "?", "bold"),
-        f" PID {state.pid}" if state.pid is not None else "",
-    )
-    tabs = [(View.CPU, " 1 CPU "), (View.MEMORY, " 2 Memory ")]
-    line2 = Text(" ")
-    for view, label in tabs:
-        line2.append(label, "bold reverse" if view is state.view else "dim")
-        line2.append(" ")
-    line2.append_text(Text.assemble(sep, f"thread {state.thread}"))
+@dataclass(slots=True)
+class _Field:
+    text: Text
+    priority: int  # higher stays longer
+    elide: bool = False  # the one field that may be shortened (the file name)
+    sep: bool = True  # preceded by " │ " when not first
+
+
+def _layout(fields: list[_Field], width: int) -> Text:
+    """Drops the lowest-priority fields until the line fits, then shortens the elidable one."""
+    kept = list(fields)
+
+    def length(items: list[_Field]) -> int:
+        return sum(cell_len(f.text.plain) + (len(SEP) if f.sep and i else 0)
+                   for i, f in enumerate(items))
+
+    elidable = next((f for f in kept if f.elide), None)
+    floor = elidable.priority if elidable is not None else 0
+    # 1. fields less important than the file name go; 2. the file name gets shorter (down
+    # to 12 cells); 3. more important fields go, least important first.
+    while length(kept) > width and len(kept) > 1:
+        lowest = min(kept, key=lambda f: (f.priority, -kept.index(f)))
+        if lowest.priority < floor:
+            kept.remove(lowest)
+            continue
+        if elidable is not None and elidable in kept:
+            room = cell_len(elidable.text.plain) - (length(kept) - width)
+            if room >= 12:  # a file name shortened to less than this says nothing
+                elidable.text = Text(fit_start(elidable.text.plain, room),
+                                     style=elidable.text.style)
+                break
+        kept.remove(lowest)
+    line = Text()
+    for i, f in enumerate(kept):
+        if i and f.sep:
+            line.append(SEP, "dim")
+        line.append_text(f.text)
+    line.truncate(width, overflow="ellipsis")
+    return line
+
+
+def header_lines(state: HeaderState, width: int) -> tuple[Text, Text]:
+    mode = Text(f" {state.mode} ", MODE_STYLES.get(state.mode, "bold reverse"))
+    line1 = [
+        _Field(Text(" rsprof ", "bold"), 1, sep=False),
+        _Field(mode, 100, sep=False),
+    ]
+    if state.notice:
+        line1.append(_Field(Text(" " + state.notice, "bold red"), 90, sep=False))
+    line1 += [
+        _Field(Text(" " + fmt_elapsed(state.elapsed_ms)), 80, sep=False),
+        _Field(Text(f"{fmt_count(state.samples)} samples"), 70),
+        _Field(Text(state.file_name, "bold"), 60, elide=True),
+        _Field(Text(f"{fmt_count(state.lost_samples)} lost",
+                    "yellow" if state.lost_samples else ""), 40 if state.lost_samples else 5),
+        _Field(Text.assemble((state.process_name or "?", "bold"),
+                             f" PID {state.pid}" if state.pid is not None else ""), 20),
+    ]
+    tabs = Text(" ")
+    for view, label in ((View.CPU, "1 CPU"), (View.MEMORY, "2 Memory")):
+        suffix = state.tab_suffix if view is state.view else ""
+        tabs.append(f" {label}{suffix} ", "bold reverse" if view is state.view else "dim")
+        tabs.append(" ")
+    line2 = [_Field(tabs, 100, sep=False), _Field(Text(f"thread {state.thread}"), 90)]
     if state.show_target:
         cpu = f"{state.cpu_pct:.1f}%" if state.cpu_pct is not None else "-"
         rss = fmt_bytes(state.rss_bytes) if state.rss_bytes is not None else "-"
-        line2.append_text(Text.assemble(sep, f"CPU {cpu}", sep, f"RSS {rss}"))
+        line2 += [_Field(Text(f"CPU {cpu}"), 80), _Field(Text(f"RSS {rss}"), 70)]
     if state.filter:
-        line2.append_text(Text.assemble(sep, ("filter ", "dim"), (state.filter, "bold")))
-    if state.notice:
-        line2.append_text(Text.assemble(sep, (state.notice, "bold red")))
+        line2.append(_Field(Text.assemble(("filter ", "dim"), (state.filter, "bold")), 60))
+    return _layout(line1, width), _layout(line2, width)
+
+
+def header_text(state: HeaderState, width: int = 1000) -> Text:
+    line1, line2 = header_lines(state, width)
     text = Text("\n").join([line1, line2])
     text.no_wrap = True
     text.overflow = "ellipsis"
@@ -74,7 +129,7 @@ def header_text(state: HeaderState) -> Text:
 
 
 class ProfileHeader(Static):
-    """Shows a `HeaderState`."""
+    """Shows a `HeaderState`, laid out again when the terminal is resized."""
 
     DEFAULT_CSS = "ProfileHeader { height: 2; }"
 
@@ -85,8 +140,15 @@ class ProfileHeader(Static):
     def show(self, state: HeaderState) -> None:
         if state != self.state:
             self.state = state
-            self.update(header_text(state))
+            self.refresh()
+
+    def render(self) -> Text:
+        if self.state is None:
+            return Text("")
+        return header_text(self.state, max(1, self.size.width))
 
     @property
     def plain(self) -> str:
-        return header_text(self.state).plain if self.state else ""
+        if self.state is None:
+            return ""
+        return header_text(self.state, max(1, self.size.width)).plain

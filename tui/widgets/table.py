@@ -88,6 +88,7 @@ class ProfileTable(ScrollView, can_focus=True):
         self.sort_key = ""
         self.descending = True
         self.empty_text = ""
+        self.trend_top: float | None = None
         self._selected_key: int | None = None
 
     # -- data -----------------------------------------------------------------------------
@@ -100,11 +101,16 @@ class ProfileTable(ScrollView, can_focus=True):
         descending: bool,
         *,
         empty_text: str = "",
+        trend_top: float | None = None,
     ) -> None:
-        """Replaces the rows; the cursor stays on the same key if it is still there."""
+        """Replaces the rows; the cursor stays on the same key if it is still there.
+
+        The scroll position is left alone (a refresh must not undo mouse-wheel scrolling);
+        only a new view starts at the top."""
         view_changed = columns != self.columns
         self.columns, self.rows = columns, rows
         self.sort_key, self.descending, self.empty_text = sort_key, descending, empty_text
+        self.trend_top = trend_top
         index = 0
         if not view_changed and self._selected_key is not None:
             index = next(
@@ -112,7 +118,9 @@ class ProfileTable(ScrollView, can_focus=True):
                 min(self.cursor, max(0, len(rows) - 1)),
             )
         self.virtual_size = Size(self.size.width, len(rows) + 1)
-        self._move(index, force_message=view_changed)
+        if view_changed:
+            self.scroll_to(y=0, animate=False, immediate=True)
+        self._move(index, force_message=view_changed, scroll=False)
         self.refresh()
 
     @property
@@ -123,12 +131,14 @@ class ProfileTable(ScrollView, can_focus=True):
     def page_rows(self) -> int:
         return max(1, self.scrollable_content_region.height - 1)
 
-    def _move(self, index: int, *, force_message: bool = False) -> None:
+    def _move(self, index: int, *, force_message: bool = False, scroll: bool = True) -> None:
         index = max(0, min(index, len(self.rows) - 1)) if self.rows else 0
         self.cursor = index
         key = self.rows[index].key if self.rows else None
         top = round(self.scroll_offset.y)
-        if index < top:
+        if not scroll:
+            pass
+        elif index < top:
             self.scroll_to(y=index, animate=False, immediate=True)
         elif index >= top + self.page_rows:
             self.scroll_to(y=index - self.page_rows + 1, animate=False, immediate=True)
@@ -209,7 +219,8 @@ class ProfileTable(ScrollView, can_focus=True):
             name = "profile-table--cursor" if self.has_focus else "profile-table--cursor-blurred"
             style = base + self.get_component_rich_style(name)
         trend = self.get_component_rich_style("profile-table--trend")
-        cells = self._cells([cell_text(c, row) for c in self.columns], widths, header=False)
+        texts = [cell_text(c, row, self.trend_top) for c in self.columns]
+        cells = self._cells(texts, widths, header=False)
         segments = [
             Segment(text, style + trend if col.key == "trend" else style)
             for col, text in zip(self.columns, cells, strict=True)

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Key latency of the live TUI while it records busy threads, in a real terminal (tmux).
+
+`rsprof demo --cpu-freq 999` (three busy threads: hash, matrix, request parsing) runs in a
+tmux pane; once its table shows, `j` and `k` are sent alternately with tmux send-keys and
+the pane is polled (capture-pane -e) until the highlighted row moves. The time from
+send-keys to the moved highlight is one key's latency (it includes ~2-4 ms of tmux
+round trips). Presses are spaced 100-300 ms apart at random so they land at every phase
+of the 0.5 s refresh and the 1 s checkpoint. Repeated with the chart open (`c`).
+
+Usage: python bench/bench_tui_keys.py [--presses N] [--size 80x24] [--freq 999]
+           [--baseline OTHER/bin/rsprof --rounds N]
+Prints median / p90 / max per mode, in ms; with --baseline, runs of the two builds
+alternate, so both see the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CURSOR_BG = re.compile(r"\x1b\[(?:[0-9;]*;)?48;5;130m")  # the table cursor's background
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=False).stdout
+
+
+def cursor_line(session: str) -> int | None:
+    lines = tmux("capture-pane", "-p", "-e", "-t", session).splitlines()
+    for i, line in enumerate(lines):
+        if CURSOR_BG.search(line[:40]):
+            return i
+    return None
+
+
+def wait(check, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def measure(session: str, presses: int, rng: random.Random) -> list[float]:
+    times = []
+    for i in range(presses):
+        before = cursor_line(session)
+        key = "j" if i % 2 == 0 else "k"
+        start = time.perf_counter()
+        tmux("send-keys", "-t", session, key)
+        while True:
+            now = cursor_line(session)
+            elapsed = time.perf_counter() - start
+            if now is not None and now != before:
+                times.append(elapsed * 1000)
+                break
+            if elapsed > 5:
+                times.append(5000.0)
+                break
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0.1, 0.3))
+    return times
+
+
+def summary(name: str, times: list[float]) -> str:
+    times = sorted(times)
+    p90 = times[int(0.9 * (len(times) - 1))]
+    return (f"{name}: median {statistics.median(times):.0f} ms, p90 {p90:.0f} ms,"
+            f" max {max(times):.0f} ms ({len(times)} presses)")
+
+
+def run_once(rsprof: str, size: str, freq: int, presses: int,
+             rng: random.Random) -> dict[str, list[float]] | None:
+    cols, rows = size.split("x")
+    with tempfile.TemporaryDirectory() as tmp:
+        session = f"rsprof-keys-{os.getpid()}"
+        out = Path(tmp) / "rsprof.rsprof-demo.bench.db"
+        # No stderr redirect: Textual draws on stderr.
+        command = (f"cd {shlex.quote(tmp)} && {shlex.quote(rsprof)} demo --cpu-freq"
+                   f" {freq} -o {shlex.quote(str(out))}; sleep 60")
+        tmux("new-session", "-d", "-s", session, "-x", cols, "-y", rows, command)
+        try:
+            if not wait(lambda: cursor_line(session) is not None, 90):
+                screen = tmux("capture-pane", "-p", "-t", session)
+                print(f"{rsprof}: the TUI did not show a table:\n{screen}",
+                      file=sys.stderr)
+                return None
+            time.sleep(3)  # a few checkpoints in: the table has rows to move over
+            closed = measure(session, presses, rng)
+            tmux("send-keys", "-t", session, "c")
+            time.sleep(1.5)
+            opened = measure(session, presses, rng)
+            tmux("send-keys", "-t", session, "c")
+            tmux("send-keys", "-t", session, "q")
+            wait(lambda: "RECORDING" not in tmux("capture-pane", "-p", "-t", session), 20)
+        finally:
+            tmux("kill-session", "-t", session)
+    return {"chart closed": closed, "chart open": opened}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presses", type=int, default=40)
+    parser.add_argument("--size", default="80x24")
+    parser.add_argument("--freq", type=int, default=999)
+    parser.add_argument("--rsprof", default=shutil.which("rsprof") or "rsprof")
+    parser.add_argument("--baseline", help="another rsprof to compare with: runs alternate "
+                        "between the two (the machine's load changes over minutes)")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    if shutil.which("tmux") is None:
+        print("needs tmux", file=sys.stderr)
+        return 2
+    rng = random.Random(1)
+    builds = {"this": args.rsprof}
+    if args.baseline:
+        builds = {"baseline": args.baseline, "this": args.rsprof}
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
+    for _ in range(args.rounds):
+        for name, rsprof in builds.items():
+            got = run_once(rsprof, args.size, args.freq, args.presses, rng)
+            if got is None:
+                return 1
+            for mode, values in got.items():
+                times[name].setdefault(mode, []).extend(values)
+    print(f"rsprof demo --cpu-freq {args.freq}, {args.size}, {os.cpu_count()} CPUs,"
+          f" load average {os.getloadavg()[0]:.0f}")
+    for name, modes in times.items():
+        for mode, values in modes.items():
+            print(summary(f"{name} {mode}", values))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
