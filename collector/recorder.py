@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import subprocess
 import threading
 import time
@@ -29,6 +30,10 @@ from rsprof.storage.writer import Checkpoint, ProfileWriter
 
 from rsprof import __version__
 from rsprof._native import PerfSampler
+
+# The heap ring's header (native/heapring.h, RSPROF_HEAP_HEADER_SIZE): a smaller file is a
+# ring the shim has created but not sized yet.
+_HEAP_HEADER_BYTES = 4096
 
 
 @dataclass(slots=True)
@@ -311,9 +316,12 @@ class Recorder:
         """Attaches to pid's heap ring, unless it is one already read to its end (an exec'd
         or exited process's ring stays at its name until the next image replaces it)."""
         try:
-            ring = (pid, os.stat(f"/dev/shm/rsprof-heap.{pid}").st_ino)
+            info = os.lstat(f"/dev/shm/rsprof-heap.{pid}")
         except OSError:
             return
+        if stat.S_ISREG(info.st_mode) and info.st_size < _HEAP_HEADER_BYTES:
+            return  # the shim is creating it right now: look again at the next poll
+        ring = (pid, info.st_ino)
         if ring in self._finished_rings:
             return
         image = self._images.get(self._image_of_pid.get(pid, 1))
