@@ -122,3 +122,27 @@ def test_duration_holds_with_300_spinning_threads(tmp_path: Path) -> None:
     # Every thread is sampled: each gets a few ms of CPU in 2 s, a few periods at 999 Hz.
     sampled = db.execute("SELECT COUNT(DISTINCT tid) FROM cpu_stack_samples").fetchone()[0]
     assert sampled > 200, sampled
+
+
+def test_attach_with_follow_sees_new_children(tmp_path: Path) -> None:
+    import subprocess
+
+    alpha = build_target("phase.c", ("-DPHASE=alpha",))
+    # A shell that keeps starting alpha: attached to with --follow, alpha's samples are in
+    # the profile under alpha's own pid; without it, only the shell's.
+    shell = subprocess.Popen(["sh", "-c", f"while :; do {alpha} 100; done"])
+    try:
+        followed, alone = tmp_path / "followed.db", tmp_path / "alone.db"
+        result = run_rsprof("-p", str(shell.pid), "-q", "-d", "1500ms", "--follow",
+                            "-o", str(followed))
+        assert result.returncode == 0, result.stderr
+        result = run_rsprof("-p", str(shell.pid), "-q", "-d", "1s", "-o", str(alone))
+        assert result.returncode == 0, result.stderr
+    finally:
+        shell.kill()
+        shell.wait()
+    assert _top(followed)["alpha_spin"]["self"] > 0
+    commands = [command for _, _, _, command, _ in _processes(followed)]
+    assert any(c.startswith(f"{alpha} 100") for c in commands), commands
+    db = sqlite3.connect(alone)
+    assert "alpha_spin" not in {n for (n,) in db.execute("SELECT function FROM cpu_functions")}
