@@ -51,6 +51,23 @@ def is_allocator_symbol(function: str) -> bool:
     return function in _ALLOCATOR_FUNCTIONS or function.startswith(_LIBRARY_PATHS)
 
 
+# Standard-library code inlined into the user's functions: `std::string s(...)` inside
+# churn_strings() allocates through basic_string's inlined constructor, and the site is
+# churn_strings. Matched by the function's leading namespace or the source being one of
+# the compiler's C++ headers (GCC: .../include/c++/12/bits/basic_string.h; Clang's libc++:
+# .../include/c++/v1/...), or Rust's own library sources.
+_STD_NAMESPACES = ("std::", "__gnu_cxx::", "__cxxabiv1::", "alloc::", "core::", "<std::",
+                   "<alloc::", "<core::", "<__gnu_cxx::")
+_STD_SOURCES = re.compile(r"/include/c\+\+/|/rustc/[0-9a-f]+/library/|/lib/rustlib/src/")
+
+
+def is_library_location(location: _Named) -> bool:
+    """An allocator entry point, or standard-library code (often inlined) around it."""
+    if is_allocator_symbol(location.function) or location.function.startswith(_STD_NAMESPACES):
+        return True
+    return bool(_STD_SOURCES.search(getattr(location, "file", "") or ""))
+
+
 class _Named(Protocol):
     @property
     def function(self) -> str: ...
@@ -65,7 +82,7 @@ def call_site_position(frames: Sequence[tuple[str, Sequence[_Named]]]) -> tuple[
             continue
         for inline_index, location in enumerate(chain):
             last = (frame_index, inline_index)
-            if not is_allocator_symbol(location.function):
+            if not is_library_location(location):
                 return last
     return last
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from conftest import build_target, run_rsprof
 from rsprof.storage.callsite import call_site, is_allocator_symbol, is_runtime_module
 from rsprof.storage.writer import LocationKey
 
@@ -43,3 +47,33 @@ def test_first_user_frame_wins_inline_chains_expanded() -> None:
 
 def test_stack_with_only_runtime_frames_falls_back() -> None:
     assert call_site([("/usr/lib/x86_64-linux-gnu/libc.so.6", (_loc("malloc"),))]) is None
+
+
+def test_inlined_standard_library_code_is_not_the_call_site() -> None:
+    string_ctor = LocationKey(
+        "std::__cxx11::basic_string<char, std::char_traits<char>, std::allocator<char> >"
+        "::_M_construct(unsigned long, char)",
+        "/usr/include/c++/12/bits/basic_string.tcc", 229, 1)
+    in_header = LocationKey("_M_create", "/usr/include/c++/12/bits/basic_string.tcc", 150, 1)
+    rust_vec = LocationKey("<alloc::vec::Vec<T,A>>::push",
+                           "/rustc/abc123/library/alloc/src/vec/mod.rs",
+                           1800, 1)
+    user = LocationKey("keep_strings", "/src/heap_stl.cc", 13, 1)
+    frames = [("/usr/bin/app", (in_header, string_ctor, user))]
+    assert call_site(frames) == user
+    assert call_site([("/usr/bin/app", (rust_vec,)), ("/usr/bin/app", (user,))]) == user
+
+
+def test_stl_allocations_charged_to_the_user_function(tmp_path: Path) -> None:
+    binary = build_target("heap_stl.cc", ("-O2",))
+    out = tmp_path / "stl.db"
+    result = run_rsprof("run", "-q", "-o", str(out), "--", str(binary), "1000")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(run_rsprof("top", "heap", str(out), "--json", "-n", "0").stdout)
+    # C++ names are demangled with their parameters: keep_strings(int).
+    sites = {row["function"].split("(")[0]: row for row in rows}
+    # std::string(100, c) allocates 101 bytes, inside keep_strings (inlined constructor).
+    assert sites["keep_strings"]["live_bytes"] == 1000 * 101, sites.keys()
+    assert sites["keep_strings"]["alloc_count"] == 1000
+    assert not any(name.startswith("std::") for name in sites), sites.keys()
+    assert sites["fill_vector"]["live_bytes"] == 1024 * 4
