@@ -5,6 +5,7 @@ corrupt debug info. Real processes, real files. (Command-line side: test_robust_
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import stat
 import subprocess
@@ -463,3 +464,24 @@ def test_decompression_capped(tmp_path: Path) -> None:
         elf = ElfFile(str(path))
         sec = Section(".debug_info", 1, SHF_COMPRESSED, 0, len(original), len(blob), 0, 0)
         assert elf.section_data(sec) == b""
+
+
+def test_killed_target_ring_removed_when_recording_ends(tmp_path: Path) -> None:
+    """A `run` target killed with SIGKILL cannot unlink its ring; the recorder sweeps it
+    when the recording ends, so no 64 MiB ring outlives it in /dev/shm."""
+    from conftest import start_rsprof, wait_for_checkpoints
+
+    out = tmp_path / "killed.db"
+    recorder = start_rsprof("run", "-q", "-i", "200ms", "-o", str(out), "--",
+                            str(build_target("ring_abuse.c")), "none", "30")
+    try:
+        wait_for_checkpoints(out, 2)
+        target = int(meta(out)["pid"])
+        assert ring_path(target).exists()
+        os.kill(target, signal.SIGKILL)
+        _, stderr = recorder.communicate(timeout=30)
+    finally:
+        if recorder.poll() is None:
+            recorder.kill()
+    assert recorder.returncode == 0, stderr
+    assert not ring_path(target).exists()
