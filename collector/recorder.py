@@ -44,6 +44,20 @@ class RecordOptions:
     ring_kib: int = 128
     heap: bool = True  # read the heap shim's ring when the target has one
     follow: bool = False  # sample the processes the target starts, too (`run` sets it)
+    # User stack bytes copied per sample and unwound by CFI in C; 0 = frame pointers.
+    stack_bytes: int = 16384
+
+
+def ring_kib_for(options: RecordOptions) -> int:
+    """Each CFI sample carries its stack copy: the ring must hold a few dozen of them
+    between two drains, whatever ring_kib says (a power of two, as perf requires)."""
+    if options.stack_bytes <= 0:
+        return options.ring_kib
+    need = 32 * (options.stack_bytes + 96) // 1024
+    kib = options.ring_kib
+    while kib < need:
+        kib *= 2
+    return kib
 
 
 @dataclass(slots=True)
@@ -54,6 +68,11 @@ class RecordResult:
     lost_samples: int
     threads: int
     heap_mode: str
+    truncated_samples: int = 0
+
+
+def _unwind_label(options: RecordOptions) -> str:
+    return f"cfi:{options.stack_bytes}" if options.stack_bytes else "frame-pointers"
 
 
 @dataclass(slots=True)
@@ -116,6 +135,7 @@ class Recorder:
         self._warnings_written = 0
         self._warn_lock = threading.Lock()
         symbolizer.on_warning = self.warn  # corrupt debug info: fewer symbols, said once
+        self._unwind_note: str | None = None
 
     @property
     def sampler(self) -> PerfSampler:
@@ -148,16 +168,25 @@ class Recorder:
 
     def _attach(self) -> None:
         pid = self.target.pid
-        self._sampler = PerfSampler(
-            pid, self.options.freq_hz, self.options.ring_kib, follow=self.options.follow
-        )
         tids = process.thread_ids(pid)
         if not tids:
             raise ProcessNotFound(f"no process with PID {pid}")
-        opened = 0
-        for tid in tids:
-            if self._open_thread(tid):
-                opened += 1
+        try:
+            opened = self._open_sampler(tids)
+        except PermissionDenied:
+            if self.options.stack_bytes == 0:
+                raise
+            # Without privileges the kernel caps locked ring memory per user
+            # (kernel.perf_event_mlock_kb x CPUs, then RLIMIT_MEMLOCK): the rings that hold
+            # stack copies may be refused where frame-pointer rings fit. Record anyway, and
+            # say so in meta.cpu_unwind, rather than fail.
+            if self._sampler is not None:
+                self._sampler.close()
+            self.options.stack_bytes = 0
+            self._unwind_note = "frame-pointers (rings for CFI stack copies refused)"
+            self.warn("the rings for CFI stack copies were refused (locked-memory limit):"
+                      " stacks walked by frame pointers")
+            opened = self._open_sampler(tids)
         if opened == 0:
             raise ProcessNotFound(f"PID {pid} exited before it could be sampled")
         # A launched child is still the waiting shell: its real mappings arrive as MMAP2
@@ -191,6 +220,22 @@ class Recorder:
         if self.on_attached is not None:
             self.on_attached()
 
+    def _open_sampler(self, tids: list[int]) -> int:
+        try:
+            self._sampler = PerfSampler(
+                self.target.pid,
+                self.options.freq_hz,
+                ring_kib_for(self.options),
+                follow=self.options.follow,
+                stack_bytes=self.options.stack_bytes,
+            )
+        except PermissionError as error:  # CFI mode reads /proc/PID/maps
+            raise PermissionDenied(
+                f"cannot read the mappings of PID {self.target.pid}: {error};"
+                f" {PERMISSION_HINT}"
+            ) from error
+        return sum(1 for tid in tids if self._open_thread(tid))
+
     def _open_thread(self, tid: int) -> bool:
         try:
             self.sampler.add_thread(tid)
@@ -220,6 +265,7 @@ class Recorder:
                 "start_time_ms": int(now * 1000),
                 "cpu_freq_hz": self.options.freq_hz,
                 "cpu_event": "cpu-clock",
+                "cpu_unwind": self._unwind_note or _unwind_label(self.options),
                 "interval_ms": int(self.options.interval_s * 1000),
                 "heap_mode": self._heap_mode[0] if self._heap_mode else "none",
                 "heap_sample_bytes": self._heap_mode[1] if self._heap_mode else 0,
@@ -391,6 +437,10 @@ class Recorder:
         totals.checkpoints += 1
         totals.samples += batch.samples
         totals.lost_samples += batch.lost
+        if batch.truncated:
+            totals.truncated_samples += batch.truncated
+            # counted in the profile, so `top` can say how many stacks are incomplete
+            self.writer.set_meta({"truncated_samples": totals.truncated_samples})
         return not self._target_alive()
 
     def _new_tids(self) -> list[int]:

@@ -3,14 +3,56 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "rs_unwind.h"
+
 int rsprof_perf_register(PyObject *module);   /* perf.c: PerfSampler */
 int rsprof_heap_register(PyObject *module);   /* heapreader.c: HeapReader */
 int rsprof_dwarf_register(PyObject *module);  /* dwarf.c: DWARF line-table helpers */
 
+/* cfi_functions(path) -> (ranges, rows, build_ms): the FDE function ranges of one ELF
+ * file, from the same cached CFI tables the unwinder uses (native/unwind.c). */
+static PyObject *native_cfi_functions(PyObject *mod, PyObject *arg) {
+    PyObject *encoded;
+    if (!PyUnicode_FSConverter(arg, &encoded)) return NULL;
+    const uint64_t *ranges = NULL;
+    size_t n = 0, rows = 0;
+    double ms = 0;
+    bool ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = rs_cfi_functions(PyBytes_AS_STRING(encoded), &ranges, &n, &rows, &ms);
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, arg);
+        Py_DECREF(encoded);
+        return NULL;
+    }
+    Py_DECREF(encoded);
+    PyObject *lst = PyList_New((Py_ssize_t)n);
+    if (lst == NULL) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *item = Py_BuildValue("(KK)", (unsigned long long)ranges[2 * i],
+                                       (unsigned long long)ranges[2 * i + 1]);
+        if (item == NULL) {
+            Py_DECREF(lst);
+            return NULL;
+        }
+        PyList_SET_ITEM(lst, (Py_ssize_t)i, item);
+    }
+    return Py_BuildValue("(NKd)", lst, (unsigned long long)rows, ms);
+}
+
+static PyMethodDef native_methods[] = {
+    {"cfi_functions", native_cfi_functions, METH_O,
+     "cfi_functions(path) -> (list[(start, end)], rows, build_ms)\n\nFunction ranges of the "
+     "FDEs in an ELF file's .eh_frame/.debug_frame (link-time addresses, sorted), the number "
+     "of rows of its unwind table and the time it took to build (cached per file)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "rsprof._native",
     "C core of rsprof: perf_event_open sampling, ring readers, heap event reader.", -1,
-    NULL, NULL, NULL, NULL, NULL,
+    native_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__native(void) {

@@ -18,8 +18,12 @@
  *   makes a new image for the same pid (fresh mappings).  Stacks are interned per image, so
  *   the same addresses in two programs are never the same stack, and mappings are tagged
  *   with the image they belong to.  Without `follow`, only the target's own pid is kept.
- * - Call chains come from frame pointers (PERF_SAMPLE_CALLCHAIN, user part only).  They are
- *   de-duplicated into a stack table and counted per (stack id, tid) in C (perf_tables.h);
+ * - Call chains come from frame pointers (PERF_SAMPLE_CALLCHAIN, user part only), or, with
+ *   stack_bytes > 0, from CFI: each sample carries the user registers (ip, sp, bp) and a
+ *   copy of the top of the user stack (PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER),
+ *   unwound right here in the drain by native/unwind.c against the mappings of the
+ *   sample's image (one rs_space per image: a fork copies its parent's, an exec starts
+ *   empty); the copy is dropped once walked.  Either way the chains are de-duplicated into a stack table and counted per (stack id, tid) in C (perf_tables.h);
  *   Python only sees batches through take(), never an object per sample.
  * - poll() may run on a background thread while take() runs on the main thread.  All
  *   sampler state is guarded by `lock`.  The lock is only ever acquired with the GIL
@@ -45,6 +49,7 @@
 #include <unistd.h>
 
 #include "perf_tables.h"
+#include "rs_unwind.h"
 
 /* A record's size is a u16, so no record (and no call chain in one) is larger than this. */
 #define PERF_MAX_RECORD 65536u
@@ -52,6 +57,14 @@
 #define PERF_COMM_LEN 16
 #define PERF_BUILD_ID_MAX 20
 #define PERF_MAX_CPUS 4096
+/* 65535 - header, ip, pid/tid, time, abi, 3 regs, size, dyn_size (80 bytes), 8-aligned */
+#define PERF_MAX_STACK_BYTES 65448
+/* x86_64 perf register numbers (arch/x86/include/uapi/asm/perf_regs.h): the record holds
+ * the selected registers in bit order, so bp, sp, ip. */
+#define PERF_X86_BP 6
+#define PERF_X86_SP 7
+#define PERF_X86_IP 8
+#define PERF_UNWIND_REGS ((1ULL << PERF_X86_BP) | (1ULL << PERF_X86_SP) | (1ULL << PERF_X86_IP))
 
 /* ------------------------------------------------------------------ state */
 
@@ -101,6 +114,7 @@ typedef struct {
 /* Everything take() hands out, reset by take(). */
 typedef struct {
     uint64_t samples, lost;
+    uint64_t truncated;      /* CFI mode: samples whose stack ends in a [truncated] root */
     uint64_t first_time, last_time;
     bool target_exited;
     perf_count_table counts;
@@ -134,6 +148,11 @@ typedef struct {
     int freq_hz;
     int max_stack;
     bool follow;             /* sample the processes the target starts, too */
+    int stack_bytes;         /* 0: frame-pointer call chains; else user stack bytes copied */
+    rs_space **spaces;       /* CFI mode: address space of image space_images[i] */
+    uint32_t *space_images;
+    size_t n_spaces, cap_spaces, cap_space_images;
+    rs_unwind_stats unwind_done;  /* stats of spaces already freed */
     size_t data_size;        /* bytes of ring data area, a power-of-two number of pages */
     size_t map_len;          /* data_size + one metadata page */
     bool enabled;
@@ -252,6 +271,13 @@ static void perf_fill_attr(const PerfSampler *self, struct perf_event_attr *attr
     attr->freq = 1;
     attr->sample_freq = (uint64_t)self->freq_hz;
     attr->sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_CALLCHAIN;
+    if (self->stack_bytes > 0) {
+        /* CFI mode: registers and a stack copy instead of the kernel's frame-pointer walk. */
+        attr->sample_type = PERF_SAMPLE_IP | PERF_SAMPLE_TID | PERF_SAMPLE_TIME |
+                            PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
+        attr->sample_regs_user = PERF_UNWIND_REGS;
+        attr->sample_stack_user = (uint32_t)self->stack_bytes;
+    }
     attr->disabled = 1;                 /* enable() starts all threads together */
     attr->inherit = 1;                  /* new threads and processes from their first instruction */
     attr->exclude_kernel = 1;
@@ -372,6 +398,55 @@ static int perf_open_thread(PerfSampler *self, int32_t tid) {
     return perf_remember_thread(self, tid) ? 0 : ENOMEM;
 }
 
+/* ------------------------------------------------------- address spaces */
+
+static ssize_t perf_find_space(const PerfSampler *self, uint32_t image) {
+    for (size_t i = 0; i < self->n_spaces; i++)
+        if (self->space_images[i] == image) return (ssize_t)i;
+    return -1;
+}
+
+/* Adds `space` for image (taking ownership); false (space freed) without memory. */
+static bool perf_put_space(PerfSampler *self, uint32_t image, rs_space *space) {
+    if (space == NULL) return false;
+    if (!perf_vec_reserve((void **)&self->spaces, &self->cap_spaces, self->n_spaces + 1,
+                          sizeof(rs_space *)) ||
+        !perf_vec_reserve((void **)&self->space_images, &self->cap_space_images,
+                          self->n_spaces + 1, sizeof(uint32_t))) {
+        rs_space_free(space);
+        return false;
+    }
+    self->spaces[self->n_spaces] = space;
+    self->space_images[self->n_spaces++] = image;
+    return true;
+}
+
+static void perf_drop_space(PerfSampler *self, uint32_t image) {
+    ssize_t i = perf_find_space(self, image);
+    if (i < 0) return;
+    const rs_unwind_stats *st = rs_space_stats(self->spaces[i]);
+    self->unwind_done.frames += st->frames;
+    self->unwind_done.fp_frames += st->fp_frames;
+    self->unwind_done.truncated += st->truncated;
+    self->unwind_done.modules_loaded += st->modules_loaded;
+    rs_space_free(self->spaces[i]);
+    self->n_spaces--;
+    self->spaces[i] = self->spaces[self->n_spaces];
+    self->space_images[i] = self->space_images[self->n_spaces];
+}
+
+/* The address space of an image; one seen for the first time (its FORK was lost) starts
+ * from /proc/PID/maps.  NULL in frame-pointer mode or without memory. */
+static rs_space *perf_space_of(PerfSampler *self, uint32_t image, int32_t pid) {
+    if (self->stack_bytes <= 0) return NULL;
+    ssize_t i = perf_find_space(self, image);
+    if (i >= 0) return self->spaces[i];
+    rs_space *space = rs_space_new(pid);
+    if (space == NULL) return NULL;
+    (void)rs_space_read_proc_maps(space);
+    return perf_put_space(self, image, space) ? space : NULL;
+}
+
 /* ------------------------------------------------------- record handling */
 
 static uint32_t perf_image_of(PerfSampler *self, int32_t pid, bool create) {
@@ -389,6 +464,37 @@ static uint32_t perf_image_of(PerfSampler *self, int32_t pid, bool create) {
     return image;
 }
 
+/* CFI mode: IP | TID | TIME | REGS_USER | STACK_USER: header, ip, pid, tid, time, abi,
+ * regs[3] (bp, sp, ip), size, data[size], dyn_size.  Writes the walk to chain; returns its
+ * depth. */
+static void perf_intern_sample(PerfSampler *self, int32_t tid, uint32_t depth);
+
+static uint32_t perf_unwind_sample(PerfSampler *self, const uint8_t *rec, size_t size,
+                                   uint64_t ip, uint32_t image, int32_t pid, uint64_t *chain) {
+    uint64_t abi = size >= 40 ? rd_u64(rec + 32) : PERF_SAMPLE_REGS_ABI_NONE;
+    rs_space *space = perf_space_of(self, image, pid);
+    if (abi == PERF_SAMPLE_REGS_ABI_NONE || size < 72 || space == NULL) {
+        /* no user registers (the task was exiting), or no memory for the space */
+        if (ip == 0 || (int64_t)ip < 0) return 0;
+        chain[0] = ip;
+        return 1;
+    }
+    uint64_t bp = rd_u64(rec + 40), sp = rd_u64(rec + 48), uip = rd_u64(rec + 56);
+    uint64_t dump = rd_u64(rec + 64);
+    const uint8_t *stack = rec + 72;
+    uint64_t dyn = 0;
+    if (dump > 0) {
+        if (dump > size - 72 || size - 72 - dump < 8) return 0;  /* malformed */
+        dyn = rd_u64(stack + dump);
+        if (dyn > dump) dyn = dump;
+    }
+    bool truncated;
+    uint32_t max = (uint32_t)self->max_stack + 1;  /* + 1: room for the [truncated] root */
+    uint32_t depth = rs_unwind(space, uip, sp, bp, stack, dyn, chain, max, &truncated);
+    if (truncated) self->batch.truncated++;
+    return depth;
+}
+
 static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
     /* IP | TID | TIME | CALLCHAIN: header, ip, pid, tid, time, nr, ips[nr] */
     perf_batch *b = &self->batch;
@@ -397,7 +503,7 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
     int32_t pid = (int32_t)rd_u32(rec + 16);
     int32_t tid = (int32_t)rd_u32(rec + 20);
     uint64_t time = rd_u64(rec + 24);
-    uint64_t nr = rd_u64(rec + 32);
+    uint64_t nr = self->stack_bytes > 0 ? 0 : rd_u64(rec + 32);
     if (nr > (size - 40) / sizeof(uint64_t)) return;  /* malformed */
     uint32_t image = perf_image_of(self, pid, true);
     if (image == 0) return;  /* a child process we do not follow */
@@ -405,6 +511,14 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
     b->samples++;
     if (b->first_time == 0 || time < b->first_time) b->first_time = time;
     if (time > b->last_time) b->last_time = time;
+
+    if (self->stack_bytes > 0) {
+        uint32_t walked = perf_unwind_sample(self, rec, size, ip, image, pid, self->chain + 1);
+        if (walked == 0) return;
+        self->chain[0] = image;
+        perf_intern_sample(self, tid, walked);
+        return;
+    }
 
     /* The chain is leaf first and interleaved with context markers (PERF_CONTEXT_USER
      * first); markers and kernel addresses (upper half) are not frames of this process.
@@ -423,7 +537,12 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
         chain[depth++] = ip;
     }
     self->chain[0] = image;
+    perf_intern_sample(self, tid, depth);
+}
 
+/* Interns chain[0] = image, chain[1..depth] and counts one sample of tid on it. */
+static void perf_intern_sample(PerfSampler *self, int32_t tid, uint32_t depth) {
+    perf_batch *b = &self->batch;
     /* Room for announcing the stack is reserved before interning it: an id must never
      * exist without Python learning its frames.  Out of memory, the sample counts as lost. */
     size_t need = b->n_new_stacks + 3 + depth;
@@ -482,6 +601,11 @@ static void perf_on_fork(PerfSampler *self, const uint8_t *rec, size_t size) {
     uint32_t image = self->next_image++;
     if (!perf_add_proc(self, pid, image)) return;
     (void)perf_note_proc(self, PROC_FORK, image, pid, ppid, self->procs[parent].image, time);
+    if (self->stack_bytes > 0) {
+        /* the child starts with its parent's mappings */
+        ssize_t ps = perf_find_space(self, self->procs[parent].image);
+        if (ps >= 0) (void)perf_put_space(self, image, rs_space_clone(self->spaces[ps], pid));
+    }
     if (perf_remember_thread(self, tid) &&
         perf_vec_reserve((void **)&b->new_threads, &b->cap_new_threads, b->n_new_threads + 2,
                          sizeof(int32_t))) {
@@ -506,6 +630,7 @@ static void perf_on_exit(PerfSampler *self, const uint8_t *rec, size_t size) {
     ssize_t i = perf_find_proc(self, pid);
     if (i < 0) return;
     (void)perf_note_proc(self, PROC_EXIT, self->procs[i].image, pid, ppid, 0, time);
+    perf_drop_space(self, self->procs[i].image);  /* records are time-ordered: none follow */
     self->procs[i] = self->procs[--self->n_procs];
     if (pid == self->pid) b->target_exited = true;
 }
@@ -541,6 +666,11 @@ static void perf_on_comm(PerfSampler *self, const uint8_t *rec, size_t size, uin
         uint32_t old = self->procs[i].image;
         uint32_t image = self->next_image++;
         self->procs[i].image = image;
+        if (self->stack_bytes > 0) {
+            /* the old program's mappings are gone; the new one's arrive as MMAP2 */
+            perf_drop_space(self, old);
+            (void)perf_put_space(self, image, rs_space_new(pid));
+        }
         size_t tail = size >= 16 ? size - 8 : size;  /* sample_id: ..., time last */
         if (perf_note_proc(self, PROC_EXEC, image, pid, 0, old, rd_u64(rec + tail)))
             b->procs[b->n_procs - 1].command = perf_read_cmdline(pid);
@@ -572,6 +702,10 @@ static void perf_on_mmap2(PerfSampler *self, const uint8_t *rec, size_t size, ui
     if (name == NULL) return;
     memcpy(name, rec + 72, n);
     name[n] = '\0';
+    rs_space *space = perf_space_of(self, image, pid);
+    if (space != NULL)
+        rs_space_add(space, rd_u64(rec + 16), rd_u64(rec + 16) + rd_u64(rec + 24), rd_u64(rec + 32),
+                     name);
     perf_mmap *m = &b->mmaps[b->n_mmaps++];
     m->image = image;
     m->start = rd_u64(rec + 16);
@@ -740,11 +874,19 @@ static PyObject *perf_closed_error(void) {
 }
 
 static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", "follow", NULL};
-    int pid, freq_hz = 99, ring_kib = 128, max_stack = 127, follow = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiip:PerfSampler", kwlist, &pid, &freq_hz,
-                                     &ring_kib, &max_stack, &follow))
+    static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", "follow", "stack_bytes",
+                             NULL};
+    int pid, freq_hz = 99, ring_kib = 128, max_stack = 127, follow = 0, stack_bytes = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipi:PerfSampler", kwlist, &pid, &freq_hz,
+                                     &ring_kib, &max_stack, &follow, &stack_bytes))
         return NULL;
+    /* A sample record's size is a u16: the copy plus the other fields must fit. */
+    if (stack_bytes < 0 || stack_bytes % 8 != 0 || stack_bytes > PERF_MAX_STACK_BYTES) {
+        PyErr_Format(PyExc_ValueError,
+                     "stack_bytes must be 0 (frame pointers) or a multiple of 8 up to %d, got %d",
+                     PERF_MAX_STACK_BYTES, stack_bytes);
+        return NULL;
+    }
     if (pid <= 0) {
         PyErr_SetString(PyExc_ValueError, "pid must be positive");
         return NULL;
@@ -776,6 +918,7 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->freq_hz = freq_hz;
     self->max_stack = max_stack;
     self->follow = follow != 0;
+    self->stack_bytes = stack_bytes;
     self->data_size = data_size;
     self->map_len = data_size + (size_t)page;
     self->format_lost = true;
@@ -788,6 +931,20 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
         return PyErr_NoMemory();
     }
     for (size_t c = 0; c < self->n_cpus; c++) self->rings[c] = (perf_ring){-1, NULL};
+    if (stack_bytes > 0) {
+        /* The target's mappings now (image 1); later ones arrive as MMAP2 records. */
+        rs_space *space = rs_space_new(pid);
+        if (space != NULL && !rs_space_read_proc_maps(space)) {
+            int err = errno;
+            rs_space_free(space);
+            Py_DECREF(self);
+            return perf_oserror(err, "PerfSampler: /proc/PID/maps", pid);
+        }
+        if (!perf_put_space(self, 1, space)) {
+            Py_DECREF(self);
+            return PyErr_NoMemory();
+        }
+    }
     if (pthread_mutex_init(&self->lock, NULL) != 0) {
         Py_DECREF(self);
         return PyErr_NoMemory();
@@ -831,6 +988,9 @@ static void PerfSampler_dealloc(PerfSampler *self) {
     free(self->stage);
     free(self->staged);
     free(self->chain);
+    for (size_t i = 0; i < self->n_spaces; i++) rs_space_free(self->spaces[i]);
+    free(self->spaces);
+    free(self->space_images);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -947,7 +1107,8 @@ static PyObject *PerfSampler_poll(PerfSampler *self, PyObject *arg) {
  * dicts, so a misspelt field is an AttributeError at the boundary, not a silent KeyError later. */
 enum {
     PB_SAMPLES, PB_LOST, PB_NEW_STACKS, PB_COUNTS, PB_NEW_THREADS, PB_EXITED_THREADS, PB_COMMS,
-    PB_MMAPS, PB_PROCESSES, PB_TARGET_EXITED, PB_FIRST_TIME_NS, PB_LAST_TIME_NS, PB_NFIELDS
+    PB_MMAPS, PB_PROCESSES, PB_TARGET_EXITED, PB_FIRST_TIME_NS, PB_LAST_TIME_NS, PB_TRUNCATED,
+    PB_NFIELDS
 };
 static PyStructSequence_Field perf_batch_fields[] = {
     {"samples", "samples read from the rings since the last take()"},
@@ -962,6 +1123,7 @@ static PyStructSequence_Field perf_batch_fields[] = {
     {"target_exited", "the target process (the one attached to) has exited"},
     {"first_time_ns", "perf clock of the first record in the batch (0: none)"},
     {"last_time_ns", "perf clock of the last record in the batch (0: none)"},
+    {"truncated", "CFI mode: samples whose stack ends in a [truncated] root"},
     {NULL, NULL},
 };
 static PyStructSequence_Desc perf_batch_desc = {
@@ -1141,6 +1303,7 @@ static PyObject *perf_batch_to_struct(const perf_batch *b) {
     vals[PB_TARGET_EXITED] = PyBool_FromLong(b->target_exited);
     vals[PB_FIRST_TIME_NS] = PyLong_FromUnsignedLongLong(b->first_time);
     vals[PB_LAST_TIME_NS] = PyLong_FromUnsignedLongLong(b->last_time);
+    vals[PB_TRUNCATED] = PyLong_FromUnsignedLongLong(b->truncated);
     return perf_struct(PerfBatchType, vals, PB_NFIELDS);
 }
 
@@ -1196,6 +1359,27 @@ static PyObject *PerfSampler_get_pid(PerfSampler *self, void *closure) {
     return PyLong_FromLong(self->pid);
 }
 
+static PyObject *PerfSampler_get_stack_bytes(PerfSampler *self, void *closure) {
+    return PyLong_FromLong(self->stack_bytes);
+}
+
+static PyObject *PerfSampler_unwind_stats(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
+    perf_lock(self);
+    rs_unwind_stats st = self->unwind_done;
+    for (size_t i = 0; i < self->n_spaces; i++) {
+        const rs_unwind_stats *one = rs_space_stats(self->spaces[i]);
+        st.frames += one->frames;
+        st.fp_frames += one->fp_frames;
+        st.truncated += one->truncated;
+        st.modules_loaded += one->modules_loaded;
+    }
+    perf_unlock(self);
+    return Py_BuildValue("{sKsKsKsK}", "cfi_frames", (unsigned long long)st.frames, "fp_frames",
+                         (unsigned long long)st.fp_frames, "truncated",
+                         (unsigned long long)st.truncated, "modules",
+                         (unsigned long long)st.modules_loaded);
+}
+
 static PyObject *PerfSampler_get_closed(PerfSampler *self, void *closure) {
     perf_lock(self);
     bool closed = self->closed;
@@ -1217,6 +1401,9 @@ static PyMethodDef PerfSampler_methods[] = {
      "take() -> PerfBatch\n\nReturn and reset everything aggregated since the previous take()."},
     {"threads", (PyCFunction)PerfSampler_threads, METH_NOARGS,
      "threads() -> list[int]\n\nLive threads being sampled (opened or inherited)."},
+    {"unwind_stats", (PyCFunction)PerfSampler_unwind_stats, METH_NOARGS,
+     "unwind_stats() -> dict\n\nCFI mode totals since construction: cfi_frames, fp_frames, "
+     "truncated, modules (all 0 in frame-pointer mode)."},
     {"close", (PyCFunction)PerfSampler_close, METH_NOARGS,
      "close() -> None\n\nDisable and release every event. Idempotent."},
     {"__enter__", (PyCFunction)PerfSampler_enter, METH_NOARGS, NULL},
@@ -1227,6 +1414,8 @@ static PyMethodDef PerfSampler_methods[] = {
 static PyGetSetDef PerfSampler_getset[] = {
     {"pid", (getter)PerfSampler_get_pid, NULL, "Target process id.", NULL},
     {"closed", (getter)PerfSampler_get_closed, NULL, "True once close() ran.", NULL},
+    {"stack_bytes", (getter)PerfSampler_get_stack_bytes, NULL,
+     "User stack bytes copied per sample (0: frame-pointer call chains).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1235,9 +1424,11 @@ static PyTypeObject PerfSamplerType = {
     .tp_name = "rsprof._native.PerfSampler",
     .tp_basicsize = sizeof(PerfSampler),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "PerfSampler(pid, freq_hz=99, ring_kib=128, max_stack=127, follow=False)\n\n"
-              "Frame-pointer CPU sampling of every thread of a process, and with follow=True of\n"
-              "every process it starts (see docs/native.md).",
+    .tp_doc = "PerfSampler(pid, freq_hz=99, ring_kib=128, max_stack=127, follow=False, "
+              "stack_bytes=0)\n\n"
+              "CPU sampling of every thread of a process, and with follow=True of every process\n"
+              "it starts; stacks by frame pointers (stack_bytes=0) or by CFI from a copy of the\n"
+              "user stack (see docs/native.md).",
     .tp_new = PerfSampler_new,
     .tp_dealloc = (destructor)PerfSampler_dealloc,
     .tp_methods = PerfSampler_methods,

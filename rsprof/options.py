@@ -15,6 +15,10 @@ from rsprof.storage.selection import SampleQuery, Selection
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
+# User stack bytes copied per CPU sample for CFI unwinding (`--stack-bytes`); chosen by
+# measurement, see docs/benchmarks.md ("CFI unwinding").
+DEFAULT_STACK_BYTES = 16384
+
 
 def _point(_ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     if value is None:

@@ -250,8 +250,10 @@ def target_for_child(child: subprocess.Popen[bytes], argv: Sequence[str]) -> Tar
 def describe(outcome: SessionOutcome) -> str:
     r = outcome.result
     lost = f", {r.lost_samples} lost" if r.lost_samples else ""
+    # stacks the CFI walk could not finish end in a [truncated] root: say how many
+    truncated = f", {r.truncated_samples} with truncated stacks" if r.truncated_samples else ""
     text = (
-        f"rsprof: recorded {r.samples} samples{lost} from {r.threads} threads in"
+        f"rsprof: recorded {r.samples} samples{lost}{truncated} from {r.threads} threads in"
         f" {r.checkpoints} checkpoints to {outcome.path} (stopped: {r.stop_reason})"
     )
     if outcome.target_exit_code is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .model import SourceFrame
 
-FORMAT = "1"
+FORMAT = "2"  # 2: stripped code named by its FDE start, not per address
 _CHUNK = 500  # addresses per SELECT: well under SQLite's bound-variable limit
 _MAX_KEY = (1 << 63) - 1  # SQLite integers are signed 64-bit
 

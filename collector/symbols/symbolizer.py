@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import stat
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from rsprof._native import cfi_functions
 
 from .cache import FrameCache
 from .debuginfo import default_debug_roots, find_debug_file, open_debug_file
@@ -37,6 +40,7 @@ class Module:
         self._lock = threading.Lock()
         self._memo: dict[int, tuple[SourceFrame, ...]] = {}
         self._symtab: SymbolTable | None = None
+        self._fdes: tuple[list[int], list[int]] | None = None
         self._dwarf_loaded = False
         self._dwarf: DwarfIndex | None = None
         self._dwarf_elf: ElfFile = elf  # the file the DWARF comes from (maybe a debug file)
@@ -131,7 +135,24 @@ class Module:
         return {a: self._frames(a, symtab.lookup(a), results.get(a)) for a in vaddrs}
 
     def _unknown(self, vaddr: int) -> str:
-        return f"{self._basename}+0x{self._elf.vaddr_to_file_offset(vaddr):x}"
+        """A name for code no symbol covers. Stripped code is grouped by the function ranges
+        of its CFI (the FDEs of .eh_frame), so one stripped function is one row named after
+        its first byte (`xz+0x1a2b0`), not one row per instruction."""
+        start = self._fde_start(vaddr)
+        return f"{self._basename}+0x{self._elf.vaddr_to_file_offset(start):x}"
+
+    def _fde_start(self, vaddr: int) -> int:
+        if self._fdes is None:
+            try:
+                ranges = cfi_functions(self.path)[0]
+            except OSError:
+                ranges = []
+            self._fdes = ([start for start, _ in ranges], [end for _, end in ranges])
+        starts, ends = self._fdes
+        i = bisect.bisect_right(starts, vaddr) - 1
+        if i >= 0 and vaddr < ends[i]:
+            return starts[i]
+        return vaddr
 
     def _frames(self, vaddr: int, symbol: str | None,
                 result: DwarfResult | None) -> tuple[SourceFrame, ...]:
