@@ -21,6 +21,10 @@ from rsprof.storage.writer import LocationKey, ProfileWriter
 # Address 0 is never a caller, so it cannot collide with a real frame.
 TRUNCATED_ADDRESS = 0
 TRUNCATED_FUNCTION = "[truncated]"
+# The leaf of a sample taken in kernel mode (native/perf.c PERF_KERNEL_ADDRESS): the time
+# the program spent in system calls and faults, on top of the user stack that entered them.
+KERNEL_ADDRESS = 1
+KERNEL_FUNCTION = "[kernel]"
 
 
 def _display_name(path: str) -> str:
@@ -154,6 +158,10 @@ class FrameResolver:
                     if address == TRUNCATED_ADDRESS and is_caller:
                         self._frame_ids[(address, is_caller)] = self._truncated_frame()
                         continue
+                    if address == KERNEL_ADDRESS and not is_caller:
+                        self._frame_ids[(address, is_caller)] = self._named_frame(
+                            KERNEL_ADDRESS, KERNEL_FUNCTION)
+                        continue
                     name = f"0x{address:x}"
                     location = LocationKey(name, "", 0, None)
                     frame_id = self.writer.frame_id(address, None, None, [location])
@@ -169,8 +177,12 @@ class FrameResolver:
         return ips
 
     def _truncated_frame(self) -> int:
-        location = LocationKey(TRUNCATED_FUNCTION, "", 0, None)
-        frame_id = self.writer.frame_id(TRUNCATED_ADDRESS, None, None, [location])
+        return self._named_frame(TRUNCATED_ADDRESS, TRUNCATED_FUNCTION)
+
+    def _named_frame(self, address: int, name: str) -> int:
+        """A pseudo-frame ([truncated], [kernel]) at an address that is never code."""
+        location = LocationKey(name, "", 0, None)
+        frame_id = self.writer.frame_id(address, None, None, [location])
         self.frame_info[frame_id] = ("", (location,))
         return frame_id
 

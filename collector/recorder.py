@@ -69,6 +69,7 @@ class RecordResult:
     threads: int
     heap_mode: str
     truncated_samples: int = 0
+    kernel_sampled: bool = True
 
 
 def _unwind_label(options: RecordOptions) -> str:
@@ -266,6 +267,8 @@ class Recorder:
                 "cpu_freq_hz": self.options.freq_hz,
                 "cpu_event": "cpu-clock",
                 "cpu_unwind": self._unwind_note or _unwind_label(self.options),
+                # 0: not allowed to sample kernel mode, so system-call time is missing
+                "kernel_sampled": int(self.sampler.kernel),
                 "interval_ms": int(self.options.interval_s * 1000),
                 "heap_mode": self._heap_mode[0] if self._heap_mode else "none",
                 "heap_sample_bytes": self._heap_mode[1] if self._heap_mode else 0,
@@ -320,6 +323,7 @@ class Recorder:
             HeapTracker.sweep_stale()
         result = self._totals
         result.stop_reason = self.stop_reason or "interrupted"
+        result.kernel_sampled = self.sampler.kernel
         result.threads = len(self._thread_names)
         result.heap_mode = self._heap_mode[0] if self._heap_mode else "none"
         return result

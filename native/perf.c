@@ -57,6 +57,9 @@
 #define PERF_COMM_LEN 16
 #define PERF_BUILD_ID_MAX 20
 #define PERF_MAX_CPUS 4096
+/* The [kernel] frame on top of a stack sampled in kernel mode (collector/frames.py
+ * KERNEL_ADDRESS): address 1 is never code, and no return address either. */
+#define PERF_KERNEL_ADDRESS 1u
 /* 65535 - header, ip, pid/tid, time, abi, 3 regs, size, dyn_size (80 bytes), 8-aligned */
 #define PERF_MAX_STACK_BYTES 65448
 /* x86_64 perf register numbers (arch/x86/include/uapi/asm/perf_regs.h): the record holds
@@ -158,6 +161,7 @@ typedef struct {
     bool enabled;
     bool closed;
     bool format_lost;        /* PERF_FORMAT_LOST accepted by the kernel (>= 6.0) */
+    bool kernel;             /* kernel mode sampled too (permissions allowing) */
     int *cpus;               /* online CPUs at construction */
     size_t n_cpus;
     perf_ring *rings;        /* one per entry of cpus */
@@ -280,7 +284,9 @@ static void perf_fill_attr(const PerfSampler *self, struct perf_event_attr *attr
     }
     attr->disabled = 1;                 /* enable() starts all threads together */
     attr->inherit = 1;                  /* new threads and processes from their first instruction */
-    attr->exclude_kernel = 1;
+    /* Kernel mode too when allowed (root, CAP_PERFMON, perf_event_paranoid <= 1): time in
+     * system calls is the program's time. Its kernel call chain is never taken. */
+    attr->exclude_kernel = self->kernel ? 0 : 1;
     attr->exclude_hv = 1;
     attr->exclude_callchain_kernel = 1;
     attr->sample_max_stack = (uint16_t)self->max_stack;
@@ -365,6 +371,12 @@ static int perf_open_thread(PerfSampler *self, int32_t tid) {
             perf_fill_attr(self, &attr, false);
             fd = sys_perf_event_open(&attr, tid, self->cpus[c], -1);
             if (fd >= 0) self->format_lost = false;
+        }
+        if (fd < 0 && (errno == EACCES || errno == EPERM) && self->kernel && self->n_events == 0) {
+            /* Not allowed to sample kernel mode: user mode only, and say so (kernel_sampled). */
+            self->kernel = false;
+            perf_fill_attr(self, &attr, self->format_lost);
+            fd = sys_perf_event_open(&attr, tid, self->cpus[c], -1);
         }
         if (fd < 0) {
             int err = errno;
@@ -512,11 +524,20 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
     if (b->first_time == 0 || time < b->first_time) b->first_time = time;
     if (time > b->last_time) b->last_time = time;
 
+    /* A sample taken in kernel mode (a system call, a page fault): a [kernel] frame on top
+     * of the user stack, which starts at the user pc the kernel was entered from. */
+    uint16_t misc;
+    memcpy(&misc, rec + 4, sizeof misc);  /* header: type u32, misc u16, size u16 */
+    bool in_kernel = (misc & PERF_RECORD_MISC_CPUMODE_MASK) == PERF_RECORD_MISC_KERNEL;
+    uint32_t top = in_kernel ? 1 : 0;
+    if (in_kernel) self->chain[1] = PERF_KERNEL_ADDRESS;
+
     if (self->stack_bytes > 0) {
-        uint32_t walked = perf_unwind_sample(self, rec, size, ip, image, pid, self->chain + 1);
-        if (walked == 0) return;
+        uint32_t walked =
+            perf_unwind_sample(self, rec, size, in_kernel ? 0 : ip, image, pid, self->chain + 1 + top);
+        if (walked == 0 && !in_kernel) return;
         self->chain[0] = image;
-        perf_intern_sample(self, tid, walked);
+        perf_intern_sample(self, tid, walked + top);
         return;
     }
 
@@ -524,20 +545,20 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
      * first); markers and kernel addresses (upper half) are not frames of this process.
      * chain[0] is the image, so equal addresses in two programs are two stacks. */
     uint32_t depth = 0;
-    uint64_t *chain = self->chain + 1;
+    uint64_t *chain = self->chain + 1 + top;
     const uint8_t *p = rec + 40;
     for (uint64_t i = 0; i < nr; i++) {
         uint64_t a = rd_u64(p + i * 8);
         if (a >= (uint64_t)PERF_CONTEXT_MAX || (int64_t)a < 0) continue;
         chain[depth++] = a;
     }
-    if (depth == 0) {
+    if (depth == 0 && !in_kernel) {
         /* No user frames were walked; the sample IP alone still says where we were. */
         if (ip == 0 || (int64_t)ip < 0) return;
         chain[depth++] = ip;
     }
     self->chain[0] = image;
-    perf_intern_sample(self, tid, depth);
+    perf_intern_sample(self, tid, depth + top);
 }
 
 /* Interns chain[0] = image, chain[1..depth] and counts one sample of tid on it. */
@@ -875,10 +896,11 @@ static PyObject *perf_closed_error(void) {
 
 static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", "follow", "stack_bytes",
-                             NULL};
+                             "kernel", NULL};
     int pid, freq_hz = 99, ring_kib = 128, max_stack = 127, follow = 0, stack_bytes = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipi:PerfSampler", kwlist, &pid, &freq_hz,
-                                     &ring_kib, &max_stack, &follow, &stack_bytes))
+    int kernel = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipip:PerfSampler", kwlist, &pid, &freq_hz,
+                                     &ring_kib, &max_stack, &follow, &stack_bytes, &kernel))
         return NULL;
     /* A sample record's size is a u16: the copy plus the other fields must fit. */
     if (stack_bytes < 0 || stack_bytes % 8 != 0 || stack_bytes > PERF_MAX_STACK_BYTES) {
@@ -922,6 +944,7 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->data_size = data_size;
     self->map_len = data_size + (size_t)page;
     self->format_lost = true;
+    self->kernel = kernel != 0;
     self->next_image = 2;  /* image 1 is the target as attached */
     self->chain = malloc((PERF_MAX_CHAIN + 1) * sizeof(uint64_t));
     if (self->chain == NULL || !perf_online_cpus(&self->cpus, &self->n_cpus) ||
@@ -1359,6 +1382,13 @@ static PyObject *PerfSampler_get_pid(PerfSampler *self, void *closure) {
     return PyLong_FromLong(self->pid);
 }
 
+static PyObject *PerfSampler_get_kernel(PerfSampler *self, void *closure) {
+    perf_lock(self);
+    bool kernel = self->kernel;
+    perf_unlock(self);
+    return PyBool_FromLong(kernel);
+}
+
 static PyObject *PerfSampler_get_stack_bytes(PerfSampler *self, void *closure) {
     return PyLong_FromLong(self->stack_bytes);
 }
@@ -1414,6 +1444,8 @@ static PyMethodDef PerfSampler_methods[] = {
 static PyGetSetDef PerfSampler_getset[] = {
     {"pid", (getter)PerfSampler_get_pid, NULL, "Target process id.", NULL},
     {"closed", (getter)PerfSampler_get_closed, NULL, "True once close() ran.", NULL},
+    {"kernel", (getter)PerfSampler_get_kernel, NULL,
+     "Kernel mode is sampled too (False: not allowed, or not asked).", NULL},
     {"stack_bytes", (getter)PerfSampler_get_stack_bytes, NULL,
      "User stack bytes copied per sample (0: frame-pointer call chains).", NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -258,4 +258,7 @@ def describe(outcome: SessionOutcome) -> str:
     )
     if outcome.target_exit_code is not None:
         text += f"; target exited with code {outcome.target_exit_code}"
+    if not r.kernel_sampled:
+        text += ("; kernel time not sampled (needs root, CAP_PERFMON or"
+                 " kernel.perf_event_paranoid <= 1)")
     return text

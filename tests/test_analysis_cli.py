@@ -140,7 +140,9 @@ def test_diff_reports_share_changes_biggest_first(
     [result] = _json("diff", str(split_cpu_profile_1to1), str(split_cpu_profile),
                      "--json", "-n", "0")
     cpu = {d["function"]: d for d in result["cpu"]}
-    assert cpu["heavy"]["delta_total_pct"] > 5 and cpu["light"]["delta_total_pct"] < -5
+    # heavy - light went from 0 to half of the main thread's share (a third of the samples
+    # or so, less on a loaded machine): compared with each other, not with fixed shares.
+    assert cpu["heavy"]["delta_total_pct"] - cpu["light"]["delta_total_pct"] > 5
     assert cpu["heavy"]["status"] == "" and "heap" not in result
     deltas = [abs(d["delta_self_pct"]) for d in result["cpu"]]
     assert deltas == sorted(deltas, reverse=True)

@@ -489,8 +489,9 @@ def test_pprof_diff_base(cpu: SampleSet, split_cpu_profile_1to1: Path,
     new, old = expected_rows(cpu, 0), expected_rows(base, 0)
     for function in rows:
         assert rows[function][1] == new.get(function, (0, 0))[1] - old.get(function, (0, 0))[1]
-    # 3:1 against 1:1: heavy gained on the main thread, light lost.
-    assert rows["heavy"][1] > 0 > rows["light"][1]
+    # 3:1 against 1:1: heavy gained against light. (Compared with each other, not with 0:
+    # on a loaded machine the second recording may simply get fewer samples.)
+    assert rows["heavy"][1] > rows["light"][1]
 
 
 # --- the same through the command line -----------------------------------------------------

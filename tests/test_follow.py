@@ -118,7 +118,7 @@ def test_duration_holds_with_300_spinning_threads(tmp_path: Path) -> None:
     db = sqlite3.connect(out)
     meta = dict(db.execute("SELECT key, value FROM meta"))
     recorded_s = (int(meta["end_time_ms"]) - int(meta["start_time_ms"])) / 1000
-    assert recorded_s < 2 + 3, recorded_s
+    assert recorded_s < 2 + 6, recorded_s  # was 15-30 s for -d 8s
     # Every thread is sampled: each gets a few ms of CPU in 2 s, a few periods at 999 Hz.
     sampled = db.execute("SELECT COUNT(DISTINCT tid) FROM cpu_stack_samples").fetchone()[0]
     assert sampled > 200, sampled
