@@ -115,6 +115,7 @@ class Recorder:
         self._image_of_pid: dict[int, int] = {}
         self._live_children: set[int] = set()  # followed descendants not known to have exited
         self._thread_pids: dict[int, int] = {}
+        self._unnamed_images: dict[int, str] = {}  # exec'd images known by comm only
         self._finished_rings: set[tuple[int, int]] = set()  # (pid, inode) read to the end
         self._heap_mode: tuple[str, int] | None = None  # (mode, sample bytes) once known
         self._thread_names: dict[int, str | None] = {}
@@ -386,7 +387,15 @@ class Recorder:
         names = dict(batch.comms)
         for kind, image, pid, ppid, parent_image, _, command in batch.processes:
             self._process_event(kind, image, pid, ppid, parent_image, command or names.get(pid))
+            if kind == "exec" and command is None and names.get(pid):
+                # Gone before its command line could be read: its program's path, from
+                # the mapping of the file the kernel named, is the next best thing.
+                self._unnamed_images[image] = names[pid]
         for mmap in batch.mmaps:
+            comm = self._unnamed_images.get(mmap.image)
+            if comm is not None and os.path.basename(mmap.path).startswith(comm[:15]):
+                del self._unnamed_images[mmap.image]
+                self.writer.update_process(self._image(mmap.image).row_id, command=mmap.path)
             self._image(mmap.image).resolver.add_mapping(
                 Mapping(mmap.start, mmap.start + mmap.length, mmap.pgoff, mmap.path,
                         mmap.build_id.hex() if mmap.build_id else None)

@@ -36,7 +36,10 @@ def test_run_follows_children_each_as_its_own_process(tmp_path: Path) -> None:
     assert_share(rows["alpha_spin"]["self"], rows["beta_spin"]["self"], 0.75, floor=0.06)
     processes = _processes(out)
     commands = {command for _, _, _, command, _ in processes}
-    assert f"{alpha} 600" in commands and f"{beta} 200" in commands, processes
+    # The command line, read as the exec is drained; on a machine so loaded that the
+    # program is gone by then, the path of the program it ran.
+    assert {f"{alpha} 600", str(alpha)} & commands, processes
+    assert {f"{beta} 200", str(beta)} & commands, processes
     # Each child names the shell as its parent, and each program's samples are its own.
     shell_pid = next(pid for pid, _, parent, _, _ in processes if parent is None)
     alpha_pid = next(pid for pid, _, _, c, _ in processes if c.startswith(str(alpha)))
@@ -71,7 +74,8 @@ def test_exec_into_a_program_with_the_same_layout(tmp_path: Path) -> None:
     rows = _top(out)
     assert_share(rows["alpha_spin"]["self"], rows["beta_spin"]["self"], 0.5, floor=0.07)
     commands = [command for _, _, _, command, _ in _processes(out)]
-    assert f"{alpha} 400 {beta} 400" in commands and f"{beta} 400" in commands, commands
+    assert f"{alpha} 400 {beta} 400" in commands, commands
+    assert {f"{beta} 400", str(beta)} & set(commands), commands
 
 
 def test_heap_of_a_child_process(tmp_path: Path) -> None:
@@ -143,6 +147,6 @@ def test_attach_with_follow_sees_new_children(tmp_path: Path) -> None:
         shell.wait()
     assert _top(followed)["alpha_spin"]["self"] > 0
     commands = [command for _, _, _, command, _ in _processes(followed)]
-    assert any(c.startswith(f"{alpha} 100") for c in commands), commands
+    assert any(c.startswith(str(alpha)) for c in commands), commands
     db = sqlite3.connect(alone)
     assert "alpha_spin" not in {n for (n,) in db.execute("SELECT function FROM cpu_functions")}
