@@ -660,3 +660,20 @@ def test_live_tui_whose_recorder_is_gone(tmp_path: Path) -> None:
         assert "STOPPED" in text and "stopped (recorder gone)" in text
 
     drive(app, scenario)
+
+
+def test_chart_axis_spans_a_short_recording(tmp_path: Path) -> None:
+    """A 1 min window over an 11 s recording: the axis starts at the recording's start,
+    so its labels are not a run of `0s`."""
+    import re
+
+    path = build_profile(tmp_path / "short.db", 11)
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        _, _, chart, _ = parts(app)
+        await press(pilot, "c")
+        text = re.sub(r"\x1b\[[0-9;]*m", "", chart.plt.build())
+        labels = re.findall(r"\b\d+s\b", text.splitlines()[-2] + " " + text.splitlines()[-1])
+        assert labels.count("0s") <= 1 and "11s" in labels, text
+
+    drive(make_app(path), scenario)
