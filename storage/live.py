@@ -183,7 +183,10 @@ def _location_text(file: str, line: int) -> str:
 
 
 class _Named(NamedTuple):
+    """A location as storage.callsite's rules read it (function name, source file)."""
+
     function: str
+    file: str
 
 
 class _Stack(NamedTuple):
@@ -542,7 +545,7 @@ class LiveProfile:
                 stack[-1][1].append(lid)
             for sid in chunk:
                 stack = frames.get(sid, [])
-                named = [(module, [_Named(self._loc[lid][0]) for lid in lids])
+                named = [(module, [_Named(*self._loc[lid][:2]) for lid in lids])
                          for module, lids in stack]
                 at = call_site_position(named) or (0, 0)
                 lids = [lid for _m, chain in stack[at[0] :] for lid in chain][at[1] :]
