@@ -19,7 +19,7 @@ from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -144,6 +144,7 @@ class CallNode:
     total_samples: int
     self_samples: int
     children: tuple[CallNode, ...]
+    base_samples: int = 0  # the root: every sample before a focus (what percentages are of)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +183,10 @@ def _location_text(file: str, line: int) -> str:
 
 
 class _Named(NamedTuple):
+    """A location as storage.callsite's rules read it (function name, source file)."""
+
     function: str
+    file: str
 
 
 class _Stack(NamedTuple):
@@ -541,7 +545,7 @@ class LiveProfile:
                 stack[-1][1].append(lid)
             for sid in chunk:
                 stack = frames.get(sid, [])
-                named = [(module, [_Named(self._loc[lid][0]) for lid in lids])
+                named = [(module, [_Named(*self._loc[lid][:2]) for lid in lids])
                          for module, lids in stack]
                 at = call_site_position(named) or (0, 0)
                 lids = [lid for _m, chain in stack[at[0] :] for lid in chain][at[1] :]
@@ -728,13 +732,23 @@ class LiveProfile:
                 return "?", "?"
             return self._fn_name[key], self._location_text(self._fn_best_loc[key])
 
-    def call_tree(self, start_ms: int | None = None, end_ms: int | None = None) -> CallNode:
+    def call_tree(
+        self, start_ms: int | None = None, end_ms: int | None = None, focus: str = ""
+    ) -> CallNode:
         """The top-down call tree of the thread shown (whole recording, or a time window):
-        the root holds every sample; children are heaviest first."""
+        the root holds every sample; children are heaviest first. `focus`: only the samples
+        with a function whose name contains it (case-insensitive) on the stack, as
+        `--filter` (pprof's -focus) keeps them."""
         with self._lock:
             weights = self._stack_weights(start_ms, end_ms)
+            base = sum(weights.values())
+            if focus:
+                needle = focus.lower()
+                hits = {f for f, name in enumerate(self._fn_name) if needle in name.lower()}
+                weights = {sid: n for sid, n in weights.items()
+                           if not hits.isdisjoint(self._stacks[sid].distinct)}
             root = call_tree((self._stacks[sid].path, n) for sid, n in weights.items())
-            return self._convert_tree(root, "all samples")
+            return replace(self._convert_tree(root, "all samples"), base_samples=base)
 
     def _convert_tree(self, root: TreeNode, root_name: str) -> CallNode:
         def convert(node: TreeNode, path: tuple[int, ...]) -> CallNode:

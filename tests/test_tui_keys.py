@@ -660,3 +660,38 @@ def test_live_tui_whose_recorder_is_gone(tmp_path: Path) -> None:
         assert "STOPPED" in text and "stopped (recorder gone)" in text
 
     drive(app, scenario)
+
+
+def test_chart_axis_spans_a_short_recording(tmp_path: Path) -> None:
+    """A 1 min window over an 11 s recording: the axis starts at the recording's start,
+    so its labels are not a run of `0s`."""
+    import re
+
+    path = build_profile(tmp_path / "short.db", 11)
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        _, _, chart, _ = parts(app)
+        await press(pilot, "c")
+        text = re.sub(r"\x1b\[[0-9;]*m", "", chart.plt.build())
+        labels = re.findall(r"\b\d+s\b", text.splitlines()[-2] + " " + text.splitlines()[-1])
+        assert labels.count("0s") <= 1 and "11s" in labels, text
+
+    drive(make_app(path), scenario)
+
+
+def test_call_tree_with_filter(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main, table, _, _ = parts(app)
+        await press(pilot, "f", "slash", "r", "o", "u", "n", "d", "enter")
+        # only the stacks through hash_round; percentages stay of every sample
+        assert [r.name for r in tree(table)] == ["main", "compute_hash", "hash_round"]
+        assert tree(table)[0].total_pct == pytest.approx(12.08, abs=0.01)
+        assert "filter round" in main.query_one(ProfileHeader).plain
+        await press(pilot, "slash", "x", "y", "z", "enter")
+        assert table.rows == [] and "no function matches" in table.empty_text
+        await press(pilot, "escape")  # closes the tree (innermost), then clears the filter
+        assert not main.tree_shown and main.filter_text == "xyz"
+        await press(pilot, "escape")
+        assert main.filter_text == "" and len(table.rows) == 9
+
+    drive(make_app(profile), scenario)

@@ -267,7 +267,7 @@ class MainScreen(Screen[None]):
         timeline = self.query_one(HeapTimelineView)
         timeline.display = q.view is View.MEMORY and not no_heap
         timeline.show(snapshot.timeline)
-        if q.filter and not q.tree:
+        if q.filter and (not q.tree or q.view is View.CPU):
             empty = f"no function matches “{q.filter}”"
         else:
             empty = "no samples yet" if q.view is View.CPU else "no allocations yet"
@@ -419,8 +419,10 @@ class MainScreen(Screen[None]):
             return not (self.tree_mode and self.view is View.MEMORY)
         if action == "expand":
             return self.tree_shown
-        if action in ("cycle_sort", "reverse_sort", "filter"):
+        if action in ("cycle_sort", "reverse_sort"):
             return not self.tree_shown
+        if action == "filter":  # the CPU tree keeps the stacks through a matching function
+            return not (self.tree_shown and self.view is View.MEMORY)
         return True
 
     def action_quit(self) -> None:

@@ -70,7 +70,9 @@ class DataSource(Protocol):
     def cpu_rows(self) -> list[CpuRow]: ...
     def heap_rows(self) -> list[HeapRow]: ...
     def cpu_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int) -> Series: ...
-    def call_tree(self, start_ms: int | None = None, end_ms: int | None = None) -> CallNode: ...
+    def call_tree(
+        self, start_ms: int | None = None, end_ms: int | None = None, focus: str = ""
+    ) -> CallNode: ...
     def peek(
         self, key: int, start_ms: int | None = None, end_ms: int | None = None
     ) -> PeekInfo: ...
@@ -239,7 +241,8 @@ def flatten_tree(
     collapsed: frozenset[tuple[int, ...]],
 ) -> list[TreeRow]:
     """The visible lines of the tree, depth first, heaviest child first."""
-    whole = root.total_samples or 1
+    # Percentages of every sample (before a focus), as `top --filter` gives them.
+    whole = max(root.base_samples, root.total_samples) or 1
     rows: list[TreeRow] = []
     stack: list[tuple[CallNode, int]] = [(c, 0) for c in reversed(root.children)]
     while stack:  # iterative: deep recursion in the target must not overflow ours
@@ -322,7 +325,8 @@ def build_snapshot(
     rows: list[Row]
     trend_top = None
     if query.view is View.CPU and query.tree:
-        rows = list(flatten_tree(source.call_tree(start, end), query.expanded, query.collapsed))
+        root = source.call_tree(start, end, query.filter)
+        rows = list(flatten_tree(root, query.expanded, query.collapsed))
     elif query.tree:
         rows = list(flatten_tree(source.heap_tree(), query.expanded, query.collapsed))
     elif query.view is View.CPU:
