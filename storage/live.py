@@ -47,6 +47,7 @@ class ProfileInfo:
     heap_mode: str = "none"
     interval_ms: int = 1000
     target_exit_code: int | None = None
+    kernel_sampled: bool = True  # False: time in the kernel was not allowed to be sampled
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +347,7 @@ class LiveProfile:
             heap_mode=meta.get("heap_mode") or "none",
             interval_ms=_int(meta.get("interval_ms")) or 1000,
             target_exit_code=_int(meta.get("target_exit_code")),
+            kernel_sampled=meta.get("kernel_sampled") != "0",
         )
 
     def _read_checkpoints(self) -> int:

@@ -695,3 +695,17 @@ def test_call_tree_with_filter(profile: Path) -> None:
         assert main.filter_text == "" and len(table.rows) == 9
 
     drive(make_app(profile), scenario)
+
+
+def test_header_says_when_kernel_time_is_not_sampled(tmp_path: Path) -> None:
+    path = build_profile(tmp_path / "nokernel.db", 10)
+    db = sqlite3.connect(path)
+    db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('kernel_sampled', '0')")
+    db.commit()
+    db.close()
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        await settle(pilot)
+        assert "no kernel time" in app.main.query_one(ProfileHeader).plain
+
+    drive(make_app(path), scenario, size=(120, 24))

@@ -400,6 +400,7 @@ class MainScreen(Screen[None]):
                 show_target=app.live or info.state == "recording",
                 notice=notice,
                 tab_suffix=" tree" if self.tree_mode else "",
+                kernel_sampled=info.kernel_sampled,
             )
         )
 

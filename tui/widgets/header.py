@@ -45,6 +45,7 @@ class HeaderState:
     show_target: bool = False
     notice: str = ""  # e.g. "target exited (exit code 0)"
     tab_suffix: str = ""  # e.g. " tree": the CPU view's current mode
+    kernel_sampled: bool = True  # False: say that time in the kernel is missing
 
 
 @dataclass(slots=True)
@@ -115,6 +116,8 @@ def header_lines(state: HeaderState, width: int) -> tuple[Text, Text]:
         cpu = f"{state.cpu_pct:.1f}%" if state.cpu_pct is not None else "-"
         rss = fmt_bytes(state.rss_bytes) if state.rss_bytes is not None else "-"
         line2 += [_Field(Text(f"CPU {cpu}"), 80), _Field(Text(f"RSS {rss}"), 70)]
+    if not state.kernel_sampled:
+        line2.append(_Field(Text("no kernel time", "yellow"), 50))
     if state.filter:
         line2.append(_Field(Text.assemble(("filter ", "dim"), (state.filter, "bold")), 60))
     return _layout(line1, width), _layout(line2, width)
