@@ -107,6 +107,8 @@ class ThreadInfo:
     name: str
     samples: int
     exited: bool
+    pid: int | None = None  # its process (a recording that followed children has several)
+    process: str = ""  # that process's command, its latest program
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,11 +379,19 @@ class LiveProfile:
         ):
             self._thread_samples[tid] = self._thread_samples.get(tid, 0) + count
         self._threads_last_id = last
-        self._threads = [
-            ThreadInfo(tid, name or "", self._thread_samples.get(tid, 0), bool(exited))
-            for tid, name, exited in self._conn.execute(
-                "SELECT tid, name, exited FROM threads ORDER BY tid"
+        columns = {row[1] for row in self._conn.execute("PRAGMA table_info(threads)")}
+        if "pid" in columns:  # files written before processes were followed have no pid
+            sql = (
+                "SELECT t.tid, t.name, t.exited, t.pid, p.command FROM threads t"
+                " LEFT JOIN processes p ON p.id ="
+                " (SELECT MAX(id) FROM processes WHERE pid = t.pid) ORDER BY t.tid"
             )
+        else:
+            sql = "SELECT tid, name, exited, NULL, NULL FROM threads ORDER BY tid"
+        self._threads = [
+            ThreadInfo(tid, name or "", self._thread_samples.get(tid, 0), bool(exited), pid,
+                       command or "")
+            for tid, name, exited, pid, command in self._conn.execute(sql)
         ]
 
     def _ensure_locations(self, ids: Iterable[int]) -> None:

@@ -709,3 +709,27 @@ def test_header_says_when_kernel_time_is_not_sampled(tmp_path: Path) -> None:
         assert "no kernel time" in app.main.query_one(ProfileHeader).plain
 
     drive(make_app(path), scenario, size=(120, 24))
+
+
+def test_thread_picker_names_the_process_of_each_thread(tmp_path: Path) -> None:
+    """A recording that followed children: the picker says which process each thread is in,
+    so one child's samples can be picked out."""
+    from conftest import build_target, run_rsprof
+
+    alpha = build_target("phase.c", ("-DPHASE=alpha",))
+    path = tmp_path / "children.db"
+    result = run_rsprof("run", "-q", "--no-heap", "-o", str(path), "--", "sh", "-c",
+                        f"{alpha} 200; true")
+    assert result.returncode == 0, result.stderr
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        await settle(pilot)
+        await press(pilot, "t")
+        assert isinstance(app.screen, ThreadPicker)
+        options = app.screen.query_one(OptionList)
+        labels = [str(options.get_option_at_index(i).prompt)
+                  for i in range(options.option_count)]
+        assert any("pid " in label and alpha.name in label for label in labels), labels
+        assert any("pid " in label and " sh" in label for label in labels), labels
+
+    drive(make_app(path), scenario, size=(120, 30))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 from rich.table import Table
@@ -85,9 +86,14 @@ class ThreadPicker(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         options = [Option("All threads", id=ALL_THREADS)]
+        # A recording that followed children: each thread says which process it is in.
+        several = len({t.pid for t in self.threads if t.pid is not None}) > 1
         for t in sorted(self.threads, key=lambda t: (-t.samples, t.tid)):
             exited = " (exited)" if t.exited else ""
             label = f"{t.tid:>7}  {t.name or '?':<16} {fmt_count(t.samples):>9} samples{exited}"
+            if several and t.pid is not None:
+                program = os.path.basename(t.process.split(" ", 1)[0]) if t.process else "?"
+                label += f"  pid {t.pid} {program}"
             options.append(Option(label, id=str(t.tid)))
         with Vertical(id="thread-box"):
             yield Static("Show samples of", id="thread-title")
