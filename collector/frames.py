@@ -10,10 +10,11 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from rsprof.collector.maps import AddressSpace, Mapping
+from rsprof.collector.perfmap import JitSymbol, PerfMap, is_anonymous
 from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.writer import LocationKey, ProfileWriter
 
@@ -44,6 +45,12 @@ class FrameResolver:
         # frame id -> (module path, inline chain innermost first), for call-site rules.
         self.frame_info: dict[int, tuple[str, tuple[LocationKey, ...]]] = {}
         self.stack_frames: dict[int, tuple[int, ...]] = {}
+        # JIT code's names (/tmp/perf-PID.map), opened when an anonymous mapping is met;
+        # a forked child without a map of its own falls back to its parent's.
+        self._perfmap: PerfMap | None = None
+        self._parent_perfmap: PerfMap | None = None
+        self._perfmap_fresh = False  # refreshed during this resolve_stacks call
+        self.on_warning: Callable[[str], None] | None = None
 
     def for_new_image(self, pid: int, *, forked: bool) -> FrameResolver:
         """The resolver of another process image: a forked child (`forked`) starts with its
@@ -54,7 +61,9 @@ class FrameResolver:
         other._module_ids = self._module_ids
         other.frame_info = self.frame_info
         other.stack_frames = self.stack_frames
+        other.on_warning = self.on_warning
         if forked:
+            other._parent_perfmap = self._perfmap
             other.space = self.space.copy()
             other._frame_ids = dict(self._frame_ids)
         return other
@@ -131,6 +140,7 @@ class FrameResolver:
         walk through code built without frame pointers read garbage there (seen: bytes of
         the file being compressed). The stack ends at the last justified frame and gets a
         `[truncated]` root, so shares stay honest and no junk name is ever reported."""
+        self._perfmap_fresh = False
         stacks = [(native_id, self._justified(ips)) for native_id, ips in stacks]
         needed = {
             (address, position > 0)
@@ -189,6 +199,9 @@ class FrameResolver:
     def _resolve_in_mapping(self, mapping: Mapping, keys: list[tuple[int, bool]]) -> None:
         module_id = self._module_id(mapping.path, mapping.build_id)
         module = self._open_module(mapping.path)
+        if module is None and is_anonymous(mapping.path):
+            self._resolve_jit(mapping, module_id, keys)
+            return
         offsets = [address - mapping.start + mapping.file_offset for address, _ in keys]
         if module is not None:
             vaddrs = [module.file_offset_to_vaddr(offset) for offset in offsets]
@@ -206,3 +219,37 @@ class FrameResolver:
             frame_id = self.writer.frame_id(address, module_id, vaddr, locations)
             self._frame_ids[(address, is_caller)] = frame_id
             self.frame_info[frame_id] = (mapping.path, tuple(locations))
+
+    # -- JIT code ------------------------------------------------------------------------
+
+    def _jit_symbol(self, address: int) -> JitSymbol | None:
+        """The perf map entry holding `address`. A miss re-reads the map once per batch
+        (it grows as code is compiled); a forked child that has no map of its own (or none
+        holding the address) is looked up in its parent's."""
+        if self._perfmap is None:
+            self._perfmap = PerfMap(self.pid)
+        found = self._perfmap.lookup(address)
+        if found is None and not self._perfmap_fresh:
+            self._perfmap_fresh = True
+            self._perfmap.refresh()
+            if self._perfmap.refused is not None and self.on_warning is not None:
+                self.on_warning(f"perf map ignored: {self._perfmap.refused}")
+            found = self._perfmap.lookup(address)
+        if found is None and self._parent_perfmap is not None:
+            found = self._parent_perfmap.lookup(address)
+        return found
+
+    def _resolve_jit(self, mapping: Mapping, module_id: int, keys: list[tuple[int, bool]]) -> None:
+        """Code in an anonymous executable mapping: named by the perf map when it has an
+        entry (callers at address - 1, the call), else its bare address."""
+        for address, is_caller in keys:
+            symbol = self._jit_symbol(address - 1 if is_caller else address)
+            if symbol is None:
+                location = LocationKey(f"0x{address:x}", "", 0, module_id)
+            else:
+                system = symbol.raw if symbol.raw != symbol.function else None
+                location = LocationKey(symbol.function, symbol.file, symbol.line, module_id,
+                                       system)
+            frame_id = self.writer.frame_id(address, module_id, None, [location])
+            self._frame_ids[(address, is_caller)] = frame_id
+            self.frame_info[frame_id] = (mapping.path, (location,))

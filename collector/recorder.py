@@ -138,6 +138,7 @@ class Recorder:
         self._warn_lock = threading.Lock()
         symbolizer.on_warning = self.warn  # corrupt debug info: fewer symbols, said once
         self._unwind_note: str | None = None
+        self.resolver.on_warning = self.warn  # a refused perf map (symlink, other owner)
 
     @property
     def sampler(self) -> PerfSampler:
