@@ -1,0 +1,167 @@
+"""JIT code named from /tmp/perf-PID.map: the reader's rules on a file we write, then real
+JIT runtimes (node --perf-basic-prof, python3.12 -X perf) recorded through the CLI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_rsprof, top_json
+from rsprof.collector.perfmap import MAX_LINE, PerfMap, is_anonymous, parse_line
+
+TARGETS = Path(__file__).parent / "targets"
+NODE = shutil.which("node") or "/usr/bin/node"
+PY312 = Path.home() / ".pyenv/versions/3.12.1/bin/python3.12"
+
+
+def _map(tmp_path: Path, text: str | bytes) -> tuple[Path, PerfMap]:
+    path = tmp_path / "perf-1.map"
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path, PerfMap(os.getpid(), path=str(path), uid=os.geteuid())
+
+
+def test_names_are_parsed_from_v8_python_and_plain_lines() -> None:
+    v8 = parse_line(b"7f9fc4006480 1e0 JS:*hotLoopFn /tmp/pf/hot.js:1:19")
+    assert v8 is not None
+    assert (v8.start, v8.size, v8.function, v8.file, v8.line) == (
+        0x7F9FC4006480, 0x1E0, "hotLoopFn", "/tmp/pf/hot.js", 1)
+    anonymous = parse_line(b"0x1000 10 JS:~ node:internal/main/run_main_module:1:1")
+    assert anonymous is not None and anonymous.function == "(anonymous)"
+    assert anonymous.file == "node:internal/main/run_main_module"
+    python = parse_line(b"7fac935cc7b1 b py::Outer.hot_py_fn:/tmp/x.py")
+    assert python is not None and (python.function, python.file) == ("Outer.hot_py_fn", "/tmp/x.py")
+    plain = parse_line(b"400000 20 Builtin:RecordWriteSaveFP")
+    assert plain is not None and (plain.function, plain.file) == ("Builtin:RecordWriteSaveFP", "")
+    escaped = parse_line(b"400000 20 evil\x1b[2Jname")
+    assert escaped is not None and "\x1b" not in escaped.function
+    for bad in (b"", b"zz 10 f", b"1000 zz f", b"1000 10", b"1000 0 empty", b"0 10 nul",
+                b"ffffffffffffffff 10 wraps", b"1000 10    "):
+        assert parse_line(bad) is None, bad
+    assert is_anonymous("//anon") and is_anonymous("[anon]") and is_anonymous("[anon:v8]")
+    assert is_anonymous("/memfd:jit (deleted)") and not is_anonymous("/usr/bin/node")
+
+
+def test_map_is_reread_as_it_grows_and_lines_split_across_reads(tmp_path: Path) -> None:
+    path, perf_map = _map(tmp_path, "1000 100 first\n2000 10 sec")
+    assert perf_map.refresh()
+    assert perf_map.lookup(0x1050) is not None and perf_map.lookup(0x1050).function == "first"
+    assert perf_map.lookup(0x2005) is None  # its line is not complete yet
+    assert perf_map.lookup(0x1100) is None and perf_map.lookup(0xFFF) is None
+    with path.open("ab") as out:
+        out.write(b"ond\n3000 10 third\n")
+    assert perf_map.refresh()
+    assert perf_map.lookup(0x2005).function == "second"  # type: ignore[union-attr]
+    assert perf_map.lookup(0x3000).function == "third"  # type: ignore[union-attr]
+    assert not perf_map.refresh()  # nothing new
+    # A newer entry inside an older, bigger one wins where it lies; the older one elsewhere.
+    with path.open("ab") as out:
+        out.write(b"1040 10 inner\n")
+    perf_map.refresh()
+    assert perf_map.lookup(0x1045).function == "inner"  # type: ignore[union-attr]
+    assert perf_map.lookup(0x1080).function == "first"  # type: ignore[union-attr]
+    # A replaced file (new inode) starts over.
+    path.unlink()
+    path.write_text("5000 10 fresh\n")
+    assert perf_map.refresh()
+    assert perf_map.lookup(0x1050) is None and perf_map.lookup(0x5000) is not None
+
+
+def test_malformed_and_overlong_lines_are_skipped(tmp_path: Path) -> None:
+    long_name = b"x" * (MAX_LINE + 10)
+    text = (b"garbage line\n1000 10 ok\n2000 10 " + long_name + b"\n3000 10 after\n"
+            b"\xff\xfe 10 bin\n4000 10 caf\xc3\xa9\n")
+    _, perf_map = _map(tmp_path, text)
+    perf_map.refresh()
+    assert perf_map.lookup(0x1000).function == "ok"  # type: ignore[union-attr]
+    assert perf_map.lookup(0x2000) is None
+    assert perf_map.lookup(0x3000).function == "after"  # type: ignore[union-attr]
+    assert perf_map.lookup(0x4000).function == "café"  # type: ignore[union-attr]
+    assert perf_map.malformed == 3
+    # An over-long line still being written is skipped to its end, across reads.
+    path, perf_map = _map(tmp_path, b"1000 10 a\n2000 10 " + long_name)
+    perf_map.refresh()
+    with path.open("ab") as out:
+        out.write(b"more of it\n3000 10 b\n")
+    perf_map.refresh()
+    assert perf_map.lookup(0x2000) is None and perf_map.lookup(0x3000) is not None
+
+
+def test_symlinks_fifos_and_foreign_files_are_refused(tmp_path: Path) -> None:
+    real = tmp_path / "real.map"
+    real.write_text("1000 10 f\n")
+    link = tmp_path / "link.map"
+    link.symlink_to(real)
+    perf_map = PerfMap(os.getpid(), path=str(link), uid=os.geteuid())
+    assert not perf_map.refresh() and perf_map.lookup(0x1000) is None
+    assert perf_map.refused is not None and "symbolic link" in perf_map.refused
+    fifo = tmp_path / "fifo.map"
+    os.mkfifo(fifo)
+    perf_map = PerfMap(os.getpid(), path=str(fifo), uid=os.geteuid())
+    assert not perf_map.refresh()  # and it did not block
+    assert perf_map.refused is not None and "regular" in perf_map.refused
+    perf_map = PerfMap(os.getpid(), path=str(real), uid=os.geteuid() + 4242)
+    assert not perf_map.refresh() and perf_map.lookup(0x1000) is None
+    assert perf_map.refused is not None and "owned by" in perf_map.refused
+    missing = PerfMap(os.getpid(), path=str(tmp_path / "none.map"), uid=os.geteuid())
+    assert not missing.refresh() and missing.refused is None
+
+
+def _functions(profile: Path, kind: str, *extra: str) -> dict[str, dict[str, Any]]:
+    return {str(row["function"]): row for row in top_json(profile, kind, *extra)}
+
+
+@pytest.mark.skipif(not os.access(NODE, os.X_OK), reason="node is not installed")
+def test_node_perf_basic_prof_names_js_functions_in_cpu_and_heap(tmp_path: Path) -> None:
+    """Without the perf map the same samples are `anon+0x...`, one row per address.
+    `--interpreted-frames-native-stack` gives interpreted functions (leakyJsAlloc, called
+    too rarely to be compiled) a code copy of their own in the map, as node's docs advise."""
+    out = tmp_path / "node.db"
+    result = run_rsprof("run", "-q", "--cpu-freq", "499", "-o", str(out), "--",
+                        NODE, "--perf-basic-prof", "--interpreted-frames-native-stack",
+                        str(TARGETS / "jit_hot.js"), "2",
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    cpu = _functions(out, "cpu")
+    assert "hotLoopFn" in cpu, sorted(cpu)[:30]
+    row = cpu["hotLoopFn"]
+    # The JS loop is nearly all the CPU the program spends (the rest: node's start-up).
+    assert row["self_pct"] > 50, row
+    assert row["file"].endswith("jit_hot.js") and row["line"] == 4, row
+    assert not [name for name in cpu if name.startswith(("anon+0x", "0x"))
+                and cpu[name]["self_pct"] > 5], sorted(cpu)[:30]
+    # A JIT frame is a frame: stacks go on through it to node's C++ (not `[truncated]`).
+    traces = run_rsprof("traces", str(out), "--focus", "hotLoopFn", "-n", "1")
+    assert "node::Start" in traces.stdout, traces.stdout
+    # Heap stacks through JIT code: the Buffer allocations are charged under leakyJsAlloc.
+    heap = run_rsprof("traces", "--kind", "heap", "--sample-index", "alloc_space", "--focus",
+                      "leakyJsAlloc", "-n", "1", str(out))
+    assert heap.returncode == 0, heap.stderr
+    assert "leakyJsAlloc" in heap.stdout and "AllocateUninitialized" in heap.stdout, heap.stdout
+
+
+def _has_cfi_unwinding() -> bool:
+    help_text = run_rsprof("run", "--help").stdout
+    return "--stack-bytes" in help_text
+
+
+@pytest.mark.skipif(not PY312.exists(), reason="pyenv's python3.12 is not installed")
+def test_python312_perf_trampolines_name_python_functions(tmp_path: Path) -> None:
+    """CPython 3.12's `-X perf` runs each Python function through a trampoline of its own
+    named `py::qualname:file` in the perf map. The trampoline keeps no frame pointer and
+    libpython is built without them, so only a CFI unwinder reaches it."""
+    if not _has_cfi_unwinding():
+        pytest.skip("needs CFI unwinding (frame pointers never reach the trampolines)")
+    out = tmp_path / "py.db"
+    result = run_rsprof("run", "-q", "--no-heap", "--cpu-freq", "499", "-o", str(out), "--",
+                        str(PY312), "-X", "perf", str(TARGETS / "jit_hot.py"), "2",
+                        cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    cpu = _functions(out, "cpu")
+    assert "hot_py_fn" in cpu, sorted(cpu)[:30]
+    row = cpu["hot_py_fn"]
+    assert row["file"].endswith("jit_hot.py"), row
+    assert row["total_pct"] > 50, row  # the loop is nearly all the program does
