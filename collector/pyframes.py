@@ -1,0 +1,131 @@
+"""Python frames of a running CPython, read from outside (`rsprof._native.PyFrameReader`).
+
+`open_reader(pid)` finds the interpreter in the target (the executable or a libpython it
+maps), reads its version from the `Py_Version` constant in the file, locates `_PyRuntime`,
+`PyCode_Type` and `PyUnicode_Type` from the ELF symbol tables and the load address, and
+gives the C reader the structure offsets of that minor version (the table below, generated
+by tests/targets/pyoffsets.c from each version's own headers; tests/test_pyframes.py checks
+it against every installed Python). Nothing is written to or stops the target.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+
+from rsprof.collector.symbols.elf import PT_LOAD, ElfError, ElfFile
+
+from rsprof._native import PyFrameReader
+
+# Offsets per (major, minor), x86-64 / arm64 (LP64). -1: the field does not exist there.
+_COMMON = {
+    "tstate_next": 8, "frame_instr": 56, "code_name": 120, "code_qualname": 128,
+    "code_filename": 112, "code_linetable": 136, "unicode_length": 16, "unicode_state": 32,
+    "bytes_size": 16, "bytes_data": 32, "interp_next": 0,
+}
+LAYOUTS: dict[tuple[int, int], dict[str, int]] = {
+    (3, 11): {
+        **_COMMON, "runtime_interpreters_head": 40, "interp_threads_head": 16,
+        "tstate_native_thread_id": 160, "tstate_cframe": 56, "cframe_current_frame": 8,
+        "tstate_current_frame": -1, "frame_code": 32, "frame_previous": 48, "frame_owner": 69,
+        "owner_cstack": -1, "code_firstlineno": 72, "code_adaptive": 184,
+        "unicode_ascii_data": 48, "unicode_compact_data": 72,
+    },
+    (3, 12): {
+        **_COMMON, "runtime_interpreters_head": 40, "interp_threads_head": 72,
+        "tstate_native_thread_id": 144, "tstate_cframe": 56, "cframe_current_frame": 0,
+        "tstate_current_frame": -1, "frame_code": 0, "frame_previous": 8, "frame_owner": 70,
+        "owner_cstack": 3, "code_firstlineno": 68, "code_adaptive": 192,
+        "unicode_ascii_data": 40, "unicode_compact_data": 56,
+    },
+    (3, 13): {
+        **_COMMON, "runtime_interpreters_head": 632, "interp_next": 7264,
+        "interp_threads_head": 7344, "tstate_native_thread_id": 160, "tstate_cframe": -1,
+        "cframe_current_frame": -1, "tstate_current_frame": 72, "frame_code": 0,
+        "frame_previous": 8, "frame_owner": 70, "owner_cstack": 3, "code_firstlineno": 68,
+        "code_adaptive": 200, "unicode_ascii_data": 40, "unicode_compact_data": 56,
+    },
+}
+
+_LIBPYTHON = re.compile(r"/libpython3\.\d+[a-z]*\.so")
+_SYMBOLS = ("_PyRuntime", "PyCode_Type", "PyUnicode_Type", "Py_Version")
+
+
+@dataclass(frozen=True, slots=True)
+class PythonRuntime:
+    """Where one CPython lives in a process."""
+
+    path: str  # the file holding _PyRuntime (as the target names it)
+    version: tuple[int, int, int]
+    runtime: int  # run-time addresses in the target
+    code_type: int
+    unicode_type: int
+
+    @property
+    def supported(self) -> bool:
+        return self.version[:2] in LAYOUTS
+
+
+def _file_mappings(pid: int) -> dict[str, list[tuple[int, int]]]:
+    """path -> [(start, file offset)] of the process's file mappings."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith("/"):
+                start = int(parts[0].split("-")[0], 16)
+                found.setdefault(parts[5].strip(), []).append((start, int(parts[2], 16)))
+    return found
+
+
+def _host_path(pid: int, path: str) -> str:
+    """The file as we can open it: through /proc/PID/root when the target's is another."""
+    in_target = f"/proc/{pid}/root{path}"
+    return in_target if os.path.exists(in_target) else path
+
+
+def find_runtime(pid: int) -> PythonRuntime | None:
+    """The CPython in `pid`: a libpython it maps, else its executable. None if neither has
+    `_PyRuntime` (not CPython, or older than 3.7) or `Py_Version` (older than 3.11)."""
+    mappings = _file_mappings(pid)
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        exe = ""
+    candidates = [path for path in mappings if _LIBPYTHON.search(path)]
+    if exe in mappings:
+        candidates.append(exe)
+    for path in candidates:
+        try:
+            elf = ElfFile(_host_path(pid, path))
+        except (OSError, ValueError, ElfError):
+            continue
+        symbols = {s.name: s.value for s in elf.symbols() if s.name in _SYMBOLS and s.value}
+        if not {"_PyRuntime", "PyCode_Type", "PyUnicode_Type", "Py_Version"} <= symbols.keys():
+            continue
+        first_load = min(
+            (seg for seg in elf.segments if seg.type == PT_LOAD and seg.offset == 0),
+            key=lambda seg: seg.vaddr, default=None,
+        )
+        base = next((start for start, offset in mappings[path] if offset == 0), None)
+        if first_load is None or base is None:
+            continue
+        bias = base - first_load.vaddr
+        offset = elf.vaddr_to_file_offset(symbols["Py_Version"])
+        (hexversion,) = struct.unpack_from("<I", elf.data, offset)
+        version = (hexversion >> 24, (hexversion >> 16) & 0xFF, (hexversion >> 8) & 0xFF)
+        return PythonRuntime(path, version, symbols["_PyRuntime"] + bias,
+                             symbols["PyCode_Type"] + bias, symbols["PyUnicode_Type"] + bias)
+    return None
+
+
+def open_reader(pid: int) -> PyFrameReader | None:
+    """A frame reader for `pid`, or None when it runs no supported CPython (3.11-3.13).
+    OSError if /proc/PID/maps cannot be read (gone, or no permission)."""
+    runtime = find_runtime(pid)
+    if runtime is None or not runtime.supported:
+        return None
+    return PyFrameReader(pid, runtime.runtime, runtime.code_type, runtime.unicode_type,
+                         LAYOUTS[runtime.version[:2]])

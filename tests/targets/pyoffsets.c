@@ -1,0 +1,58 @@
+/* Prints the CPython structure offsets rsprof's Python frame reader needs, as JSON, from
+ * the internal headers of the Python it is compiled against:
+ *   gcc -DPy_BUILD_CORE -I<prefix>/include/python3.X -I<prefix>/include/python3.X/internal
+ * tests/test_pyframes.py compares the table in collector/pyframes.py with its output for
+ * every installed Python; rerun it to add a version. */
+#define Py_BUILD_CORE 1
+#include <Python.h>
+#include <stddef.h>
+#include <stdio.h>
+#include "internal/pycore_frame.h"
+#include "internal/pycore_interp.h"
+#include "internal/pycore_runtime.h"
+
+#define F(name, value) printf("%s\"%s\": %ld", first ? "" : ", ", name, (long)(value)), first = 0
+
+int main(void) {
+    int first = 1;
+    printf("{");
+    F("runtime_interpreters_head", offsetof(_PyRuntimeState, interpreters.head));
+    F("interp_next", offsetof(PyInterpreterState, next));
+    F("interp_threads_head", offsetof(PyInterpreterState, threads.head));
+    F("tstate_next", offsetof(PyThreadState, next));
+    F("tstate_native_thread_id", offsetof(PyThreadState, native_thread_id));
+#if PY_VERSION_HEX < 0x030D0000
+    F("tstate_cframe", offsetof(PyThreadState, cframe));
+    F("cframe_current_frame", offsetof(_PyCFrame, current_frame));
+    F("tstate_current_frame", -1);
+    F("frame_code", offsetof(_PyInterpreterFrame, f_code));
+    F("frame_instr", offsetof(_PyInterpreterFrame, prev_instr));
+#else
+    F("tstate_cframe", -1);
+    F("cframe_current_frame", -1);
+    F("tstate_current_frame", offsetof(PyThreadState, current_frame));
+    F("frame_code", offsetof(_PyInterpreterFrame, f_executable));
+    F("frame_instr", offsetof(_PyInterpreterFrame, instr_ptr));
+#endif
+    F("frame_previous", offsetof(_PyInterpreterFrame, previous));
+    F("frame_owner", offsetof(_PyInterpreterFrame, owner));
+#if PY_VERSION_HEX >= 0x030C0000
+    F("owner_cstack", FRAME_OWNED_BY_CSTACK);
+#else
+    F("owner_cstack", -1);
+#endif
+    F("code_name", offsetof(PyCodeObject, co_name));
+    F("code_qualname", offsetof(PyCodeObject, co_qualname));
+    F("code_filename", offsetof(PyCodeObject, co_filename));
+    F("code_firstlineno", offsetof(PyCodeObject, co_firstlineno));
+    F("code_linetable", offsetof(PyCodeObject, co_linetable));
+    F("code_adaptive", offsetof(PyCodeObject, co_code_adaptive));
+    F("unicode_length", offsetof(PyASCIIObject, length));
+    F("unicode_state", offsetof(PyASCIIObject, length) + 2 * sizeof(Py_ssize_t));
+    F("unicode_ascii_data", sizeof(PyASCIIObject));
+    F("unicode_compact_data", sizeof(PyCompactUnicodeObject));
+    F("bytes_size", offsetof(PyVarObject, ob_size));
+    F("bytes_data", offsetof(PyBytesObject, ob_sval));
+    printf("}\n");
+    return 0;
+}
