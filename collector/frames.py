@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from rsprof.collector.maps import AddressSpace, Mapping
+from rsprof.collector.maps import AddressSpace, Mapping, read_executable_maps
 from rsprof.collector.perfmap import JitSymbol, PerfMap, is_anonymous
 from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.writer import LocationKey, ProfileWriter
@@ -76,6 +76,21 @@ class FrameResolver:
         self.space.add(mapping)
         module_id = self._module_id(mapping.path, mapping.build_id)
         self.writer.add_mapping(module_id, mapping.start, mapping.end, mapping.file_offset)
+
+    def _add_missed_mappings(self) -> None:
+        """Adds the executable mappings /proc/PID/maps has and the address space lacks.
+        The heap ring and the perf ring are drained apart, so a heap stack can reach us
+        before the MMAP2 record of the JIT code it runs through (seen: node's allocations
+        from freshly compiled code, all `[truncated]` under load: the stack is resolved
+        once, so one early miss was every allocation's). Mappings already known are left
+        alone (MMAP2 records carry build ids); a process that is gone adds nothing."""
+        try:
+            current = read_executable_maps(self.pid)
+        except OSError:
+            return
+        for mapping in current:
+            if self.space.find(mapping.start) is None and self.space.find(mapping.end - 1) is None:
+                self.add_mapping(mapping)
 
     def _save_vdso(self, mapping: Mapping) -> None:
         """The vDSO exists only in memory: copy its ELF image out of the target so
@@ -141,6 +156,8 @@ class FrameResolver:
         the file being compressed). The stack ends at the last justified frame and gets a
         `[truncated]` root, so shares stay honest and no junk name is ever reported."""
         self._perfmap_fresh = False
+        if any(self.space.find(address) is None for _, ips in stacks for address in ips):
+            self._add_missed_mappings()
         stacks = [(native_id, self._justified(ips)) for native_id, ips in stacks]
         needed = {
             (address, position > 0)

@@ -1,0 +1,198 @@
+"""Python frames read from outside a running CPython (PyFrameReader): the offsets table
+against each installed version's own headers, then real interpreters read while they run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import BUILD_DIR, assert_share
+from rsprof.collector.pyframes import LAYOUTS, find_runtime, open_reader
+
+from rsprof._native import PyFrameReader
+
+TARGETS = Path(__file__).parent / "targets"
+SCRIPT = TARGETS / "pysplit.py"
+PYENV = Path.home() / ".pyenv/versions"
+
+# (interpreter, prefix holding include/python3.X); Debian's python3 is 3.11.
+PYTHONS = {
+    "debian-3.11": (Path("/usr/bin/python3.11"), Path("/usr")),
+    "pyenv-3.11": (PYENV / "3.11.7/bin/python3.11", PYENV / "3.11.7"),
+    "pyenv-3.12": (PYENV / "3.12.1/bin/python3.12", PYENV / "3.12.1"),
+    "pyenv-3.13": (PYENV / "3.13.0/bin/python3.13", PYENV / "3.13.0"),
+}
+
+
+def _python(name: str) -> Path:
+    binary = PYTHONS[name][0]
+    if not binary.exists():
+        pytest.skip(f"{binary} is not installed")
+    return binary
+
+
+def _version(binary: Path) -> str:
+    return subprocess.run([str(binary), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.parametrize("name", sorted(PYTHONS))
+def test_offsets_table_matches_the_headers(name: str) -> None:
+    """tests/targets/pyoffsets.c compiled against the version's internal headers prints the
+    offsets the reader must use; the shipped table must say the same."""
+    binary, prefix = PYTHONS[name]
+    if not binary.exists():
+        pytest.skip(f"{binary} is not installed")
+    version = _version(binary)
+    include = prefix / "include" / f"python{version}"
+    if not (include / "internal" / "pycore_frame.h").exists():
+        pytest.skip(f"no internal headers in {include} (python{version}-dev)")
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    exe = BUILD_DIR / f"pyoffsets-{name}"
+    subprocess.run(["gcc", f"-I{include}", f"-I{include}/internal", "-o", str(exe),
+                    str(TARGETS / "pyoffsets.c")], check=True)
+    printed = json.loads(subprocess.run([str(exe)], capture_output=True, text=True,
+                                        check=True).stdout)
+    major, minor = map(int, version.split("."))
+    assert LAYOUTS[(major, minor)] == printed
+
+
+def _start(binary: Path, *args: str) -> tuple[subprocess.Popen[str], list[int]]:
+    proc = subprocess.Popen([str(binary), str(SCRIPT), *args], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    assert line and line[0] == "ready", line
+    return proc, [int(tid) for tid in line[1:]]
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait()
+
+
+FIRST_LINES = {"heavy": 8, "light": 15, "main": 22, "spin": 29, "<module>": 1}
+BODIES = {"heavy": range(9, 13), "light": range(16, 20), "main": range(23, 27),
+          "spin": range(30, 33)}
+
+
+@pytest.mark.parametrize("name", ["debian-3.11", "pyenv-3.12", "pyenv-3.13"])
+def test_reader_sees_the_python_stack_and_the_split(name: str) -> None:
+    binary = _python(name)
+    proc, _ = _start(binary, "30")
+    try:
+        runtime = find_runtime(proc.pid)
+        assert runtime is not None and runtime.supported, runtime
+        assert ".".join(map(str, runtime.version[:2])) == _version(binary)
+        reader = open_reader(proc.pid)
+        assert reader is not None
+        assert reader.threads() == [proc.pid]
+        chains: Counter[tuple[str, ...]] = Counter()
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            frames = reader.frames(proc.pid)
+            if frames is None:
+                continue
+            for frame in frames:
+                assert frame.file == str(SCRIPT), frame
+                assert frame.first_line == FIRST_LINES[frame.function], frame
+                if frame.function in BODIES:
+                    assert frame.line in BODIES[frame.function], frame
+                else:
+                    assert frame.line == 47, frame  # <module> waits in main(seconds)
+            chains[tuple(frame.function for frame in frames)] += 1
+            time.sleep(0.001)
+        expected = {("heavy", "main", "<module>"), ("light", "main", "<module>"),
+                    ("main", "<module>")}  # main itself, e.g. calling time.monotonic
+        assert set(chains) <= expected, chains
+        heavy = chains[("heavy", "main", "<module>")]
+        light = chains[("light", "main", "<module>")]
+        assert_share(heavy, light, 0.75, floor=0.08)
+        # Races with the running target are dropped and counted, rarely.
+        assert reader.dropped <= 0.1 * reader.walks, (reader.dropped, reader.walks)
+        assert reader.frames(1) is None  # no such thread in the interpreter
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.parametrize("name", ["debian-3.11", "pyenv-3.13"])
+def test_each_thread_has_its_own_frames(name: str) -> None:
+    proc, workers = _start(_python(name), "30", "threads")
+    try:
+        reader = open_reader(proc.pid)
+        assert reader is not None
+        assert sorted(reader.threads()) == sorted([proc.pid, *workers])
+        heavy_tid, light_tid = workers
+        seen: dict[int, Counter[str]] = {heavy_tid: Counter(), light_tid: Counter()}
+        for _ in range(300):
+            for tid in workers:
+                frames = reader.frames(tid)
+                if frames:
+                    seen[tid][frames[0].function] += 1
+                    assert frames[-1].function == "Thread._bootstrap"
+                    assert "Thread.run" in [frame.function for frame in frames]
+                    assert frames[-1].file.endswith("threading.py")
+        assert set(seen[heavy_tid]) <= {"heavy", "spin"} and seen[heavy_tid]["heavy"] > 0, seen
+        assert set(seen[light_tid]) <= {"light", "spin"} and seen[light_tid]["light"] > 0, seen
+        main = reader.frames(proc.pid)  # joining: main waits in <module>
+        assert main is not None and main[-1].function == "<module>", main
+    finally:
+        _stop(proc)
+
+
+def test_garbage_layouts_and_addresses_never_crash() -> None:
+    """Wrong offsets or addresses make the reader follow garbage pointers through a live
+    process: it must answer None or some list, never crash or loop, and stay bounded."""
+    proc, _ = _start(Path(sys.executable) if sys.version_info[:2] in LAYOUTS
+                     else _python("debian-3.11"), "30")
+    try:
+        runtime = find_runtime(proc.pid)
+        assert runtime is not None
+        good = LAYOUTS[runtime.version[:2]]
+        rng = random.Random(14)
+        started = time.monotonic()
+        for trial in range(300):
+            offsets = dict(good)
+            for key in rng.sample(sorted(offsets), rng.randint(1, 4)):
+                if offsets[key] >= 0:
+                    offsets[key] = rng.choice([0, 8, 16, 24, offsets[key] + 8, offsets[key] - 8])
+            address = runtime.runtime if trial % 3 else rng.randrange(1 << 47)
+            try:
+                reader = PyFrameReader(proc.pid, address, runtime.code_type,
+                                       runtime.unicode_type, offsets)
+            except ValueError:
+                continue  # refused as inconsistent: fine
+            result = reader.frames(proc.pid)
+            assert result is None or isinstance(result, list)
+            reader.threads()
+        assert time.monotonic() - started < 10
+    finally:
+        _stop(proc)
+    with pytest.raises(ValueError):
+        PyFrameReader(proc.pid, 1, 1, 1, {"frame_code": 0})
+
+
+def test_not_python_and_gone_processes() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert find_runtime(sleeper.pid) is None
+        assert open_reader(sleeper.pid) is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    proc, _ = _start(_python("debian-3.11"), "30")
+    reader = open_reader(proc.pid)
+    assert reader is not None
+    _stop(proc)
+    with pytest.raises(ProcessLookupError):
+        reader.frames(proc.pid)
+    with pytest.raises(OSError):
+        open_reader(proc.pid)
+    assert os.path.exists(SCRIPT)
