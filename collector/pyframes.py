@@ -30,22 +30,22 @@ LAYOUTS: dict[tuple[int, int], dict[str, int]] = {
         **_COMMON, "runtime_interpreters_head": 40, "interp_threads_head": 16,
         "tstate_native_thread_id": 160, "tstate_cframe": 56, "cframe_current_frame": 8,
         "tstate_current_frame": -1, "frame_code": 32, "frame_previous": 48, "frame_owner": 69,
-        "owner_cstack": -1, "code_firstlineno": 72, "code_adaptive": 184,
+        "owner_cstack": -1, "frame_is_entry": 68, "code_firstlineno": 72, "code_adaptive": 184,
         "unicode_ascii_data": 48, "unicode_compact_data": 72,
     },
     (3, 12): {
         **_COMMON, "runtime_interpreters_head": 40, "interp_threads_head": 72,
         "tstate_native_thread_id": 144, "tstate_cframe": 56, "cframe_current_frame": 0,
         "tstate_current_frame": -1, "frame_code": 0, "frame_previous": 8, "frame_owner": 70,
-        "owner_cstack": 3, "code_firstlineno": 68, "code_adaptive": 192,
+        "owner_cstack": 3, "frame_is_entry": -1, "code_firstlineno": 68, "code_adaptive": 192,
         "unicode_ascii_data": 40, "unicode_compact_data": 56,
     },
     (3, 13): {
         **_COMMON, "runtime_interpreters_head": 632, "interp_next": 7264,
         "interp_threads_head": 7344, "tstate_native_thread_id": 160, "tstate_cframe": -1,
         "cframe_current_frame": -1, "tstate_current_frame": 72, "frame_code": 0,
-        "frame_previous": 8, "frame_owner": 70, "owner_cstack": 3, "code_firstlineno": 68,
-        "code_adaptive": 200, "unicode_ascii_data": 40, "unicode_compact_data": 56,
+        "frame_previous": 8, "frame_owner": 70, "owner_cstack": 3, "frame_is_entry": -1,
+        "code_firstlineno": 68, "code_adaptive": 200, "unicode_ascii_data": 40, "unicode_compact_data": 56,
     },
 }
 

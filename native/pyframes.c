@@ -35,7 +35,7 @@
 enum {
     O_RUNTIME_INTERPRETERS_HEAD, O_INTERP_NEXT, O_INTERP_THREADS_HEAD, O_TSTATE_NEXT,
     O_TSTATE_NATIVE_THREAD_ID, O_TSTATE_CFRAME, O_CFRAME_CURRENT_FRAME, O_TSTATE_CURRENT_FRAME,
-    O_FRAME_CODE, O_FRAME_INSTR, O_FRAME_PREVIOUS, O_FRAME_OWNER, O_OWNER_CSTACK,
+    O_FRAME_CODE, O_FRAME_INSTR, O_FRAME_PREVIOUS, O_FRAME_OWNER, O_OWNER_CSTACK, O_FRAME_IS_ENTRY,
     O_CODE_NAME, O_CODE_QUALNAME, O_CODE_FILENAME, O_CODE_FIRSTLINENO, O_CODE_LINETABLE,
     O_CODE_ADAPTIVE, O_UNICODE_LENGTH, O_UNICODE_STATE, O_UNICODE_ASCII_DATA,
     O_UNICODE_COMPACT_DATA, O_BYTES_SIZE, O_BYTES_DATA, O_COUNT
@@ -44,7 +44,7 @@ enum {
 static const char *const pyf_offset_names[O_COUNT] = {
     "runtime_interpreters_head", "interp_next", "interp_threads_head", "tstate_next",
     "tstate_native_thread_id", "tstate_cframe", "cframe_current_frame", "tstate_current_frame",
-    "frame_code", "frame_instr", "frame_previous", "frame_owner", "owner_cstack",
+    "frame_code", "frame_instr", "frame_previous", "frame_owner", "owner_cstack", "frame_is_entry",
     "code_name", "code_qualname", "code_filename", "code_firstlineno", "code_linetable",
     "code_adaptive", "unicode_length", "unicode_state", "unicode_ascii_data",
     "unicode_compact_data", "bytes_size", "bytes_data",
@@ -53,7 +53,7 @@ static const char *const pyf_offset_names[O_COUNT] = {
 /* Offsets that may be -1 (absent in some versions). */
 static int pyf_optional(int i) {
     return i == O_TSTATE_CFRAME || i == O_CFRAME_CURRENT_FRAME || i == O_TSTATE_CURRENT_FRAME ||
-           i == O_OWNER_CSTACK || i == O_INTERP_NEXT;
+           i == O_OWNER_CSTACK || i == O_INTERP_NEXT || i == O_FRAME_IS_ENTRY;
 }
 
 typedef struct {
@@ -82,11 +82,13 @@ static PyStructSequence_Field pyframe_fields[] = {
     {"file", "co_filename"},
     {"line", "line being run (from the location table), else first_line"},
     {"first_line", "co_firstlineno"},
+    {"entry", "the frame was entered from C: the outermost Python frame of one "
+              "_PyEval_EvalFrameDefault call (3.11+ runs Python-to-Python calls inside one)"},
     {NULL, NULL},
 };
 
 static PyStructSequence_Desc pyframe_desc = {
-    "rsprof._native.PyFrame", "One Python frame read from another process.", pyframe_fields, 4,
+    "rsprof._native.PyFrame", "One Python frame read from another process.", pyframe_fields, 5,
 };
 
 /* -- reads --------------------------------------------------------------------------- */
@@ -339,6 +341,16 @@ static PyObject *PyFrameReader_frames(PyFrameReader *self, PyObject *arg) {
         }
         pyf_code *c = pyf_code_at(self, code);
         if (c == NULL) goto drop;
+        /* Entered from C: 3.11 flags the frame; 3.12+ puts a C-stack shim frame below it. */
+        int entry = previous == 0;
+        if (self->off[O_FRAME_IS_ENTRY] >= 0) {
+            entry = buf[self->off[O_FRAME_IS_ENTRY]] != 0;
+        } else if (previous != 0 && self->off[O_OWNER_CSTACK] >= 0) {
+            uint8_t owner_below;
+            if (pyf_read(self, previous + (uint64_t)self->off[O_FRAME_OWNER], &owner_below, 1) < 0)
+                goto drop;
+            entry = owner_below == self->off[O_OWNER_CSTACK];
+        }
         uint64_t base = code + (uint64_t)self->off[O_CODE_ADAPTIVE];
         int64_t unit = instr >= base ? (int64_t)((instr - base) / 2) : -1;
         int32_t line = pyf_line(c->table, c->table_len, c->first_line, unit);
@@ -350,6 +362,7 @@ static PyObject *PyFrameReader_frames(PyFrameReader *self, PyObject *arg) {
         PyStructSequence_SetItem(item, 1, c->file);
         PyStructSequence_SetItem(item, 2, PyLong_FromLong(line));
         PyStructSequence_SetItem(item, 3, PyLong_FromLong(c->first_line));
+        PyStructSequence_SetItem(item, 4, PyBool_FromLong(entry));
         if (PyErr_Occurred() || PyList_Append(list, item) < 0) {
             Py_DECREF(item);
             goto fail;
@@ -457,6 +470,7 @@ static int PyFrameReader_init(PyFrameReader *self, PyObject *args, PyObject *kwd
         self->off[O_CODE_FIRSTLINENO] + 4 > self->off[O_CODE_ADAPTIVE] ||
         self->off[O_FRAME_CODE] + 8 > PYF_FRAME || self->off[O_FRAME_INSTR] + 8 > PYF_FRAME ||
         self->off[O_FRAME_PREVIOUS] + 8 > PYF_FRAME || self->off[O_FRAME_OWNER] >= PYF_FRAME ||
+        self->off[O_FRAME_IS_ENTRY] >= PYF_FRAME ||
         self->off[O_UNICODE_LENGTH] + 8 > self->off[O_UNICODE_COMPACT_DATA] ||
         self->off[O_UNICODE_STATE] + 4 > self->off[O_UNICODE_COMPACT_DATA] ||
         self->off[O_BYTES_SIZE] + 8 > self->off[O_BYTES_DATA] ||

@@ -190,7 +190,7 @@ def cfi_functions(path: str, /) -> tuple[list[tuple[int, int]], int, float]:
     """FDE function ranges (link-time addresses, sorted), unwind-table rows, build ms."""
 
 @final
-class PyFrame(tuple[str, str, int, int]):
+class PyFrame(tuple[str, str, int, int, bool]):
     """One Python frame read from another process (PyFrameReader.frames)."""
 
     @property
@@ -201,6 +201,9 @@ class PyFrame(tuple[str, str, int, int]):
     def line(self) -> int: ...
     @property
     def first_line(self) -> int: ...
+    @property
+    def entry(self) -> bool:
+        """Entered from C: the outermost Python frame of one _PyEval_EvalFrameDefault call."""
 
 @final
 class PyFrameReader:

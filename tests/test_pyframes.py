@@ -108,6 +108,8 @@ def test_reader_sees_the_python_stack_and_the_split(name: str) -> None:
                 else:
                     assert frame.line == 47, frame  # <module> waits in main(seconds)
             chains[tuple(frame.function for frame in frames)] += 1
+            # Python-to-Python calls run inside the evaluator call that runs <module>.
+            assert [frame.entry for frame in frames] == [False] * (len(frames) - 1) + [True]
             time.sleep(0.001)
         expected = {("heavy", "main", "<module>"), ("light", "main", "<module>"),
                     ("main", "<module>")}  # main itself, e.g. calling time.monotonic

@@ -38,8 +38,10 @@ int main(void) {
     F("frame_owner", offsetof(_PyInterpreterFrame, owner));
 #if PY_VERSION_HEX >= 0x030C0000
     F("owner_cstack", FRAME_OWNED_BY_CSTACK);
+    F("frame_is_entry", -1);
 #else
     F("owner_cstack", -1);
+    F("frame_is_entry", offsetof(_PyInterpreterFrame, is_entry));
 #endif
     F("code_name", offsetof(PyCodeObject, co_name));
     F("code_qualname", offsetof(PyCodeObject, co_qualname));
