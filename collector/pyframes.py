@@ -3,7 +3,8 @@
 `open_reader(pid)` finds the interpreter in the target (the executable or a libpython it
 maps), reads its version from the `Py_Version` constant in the file, locates `_PyRuntime`,
 `PyCode_Type` and `PyUnicode_Type` from the ELF symbol tables and the load address, and
-gives the C reader the structure offsets of that minor version (the table below, generated
+gives the C reader the structure offsets: 3.13's own `_Py_DebugOffsets`, else those of the
+minor version in the table below (generated
 by tests/targets/pyoffsets.c from each version's own headers; tests/test_pyframes.py checks
 it against every installed Python). Nothing is written to or stops the target.
 """
@@ -45,10 +46,27 @@ LAYOUTS: dict[tuple[int, int], dict[str, int]] = {
         "interp_threads_head": 7344, "tstate_native_thread_id": 160, "tstate_cframe": -1,
         "cframe_current_frame": -1, "tstate_current_frame": 72, "frame_code": 0,
         "frame_previous": 8, "frame_owner": 70, "owner_cstack": 3, "frame_is_entry": -1,
-        "code_firstlineno": 68, "code_adaptive": 200, "unicode_ascii_data": 40, "unicode_compact_data": 56,
+        "code_firstlineno": 68, "code_adaptive": 200, "unicode_ascii_data": 40,
+        "unicode_compact_data": 56,
     },
 }
 
+# CPython 3.13's _Py_DebugOffsets, at the start of _PyRuntime (Include/internal/
+# pycore_runtime.h): `xdebugpy`, version, free_threaded, then groups of uint64 offsets,
+# each group starting with the structure's size. Field -> index of its uint64 (after the
+# 8-byte cookie). Layouts of later versions differ (3.14 adds fields): 3.13 only.
+_DEBUG_COOKIE = b"xdebugpy"
+_DEBUG_FIELDS_313 = {
+    "version": 0, "free_threaded": 1,
+    "runtime_interpreters_head": 4,
+    "interp_next": 7, "interp_threads_head": 8,
+    "tstate_next": 20, "tstate_current_frame": 22, "tstate_native_thread_id": 24,
+    "frame_previous": 28, "frame_code": 29, "frame_instr": 30, "frame_owner": 32,
+    "code_filename": 34, "code_name": 35, "code_qualname": 36, "code_linetable": 37,
+    "code_firstlineno": 38, "code_adaptive": 42,
+    "bytes_size": 64, "bytes_data": 65,
+    "unicode_state": 67, "unicode_length": 68, "unicode_ascii_data": 69,
+}
 _LIBPYTHON = re.compile(r"/libpython3\.\d+[a-z]*\.so")
 _SYMBOLS = ("_PyRuntime", "PyCode_Type", "PyUnicode_Type", "Py_Version")
 
@@ -62,10 +80,30 @@ class PythonRuntime:
     runtime: int  # run-time addresses in the target
     code_type: int
     unicode_type: int
+    layout: dict[str, int] | None  # offsets for PyFrameReader; None: unsupported
 
     @property
     def supported(self) -> bool:
-        return self.version[:2] in LAYOUTS
+        return self.layout is not None
+
+
+def debug_offsets_layout(data: bytes, version: tuple[int, int, int]) -> dict[str, int] | None:
+    """The reader's offsets from a 3.13 `_Py_DebugOffsets` (the first bytes of _PyRuntime
+    as initialized in the file); None if it is not one, or describes a free-threaded build
+    (whose object header differs)."""
+    if version[:2] != (3, 13) or len(data) < 8 + 8 * 72 or data[:8] != _DEBUG_COOKIE:
+        return None
+    words = struct.unpack_from("<72Q", data, 8)
+    values = {name: words[index] for name, index in _DEBUG_FIELDS_313.items()}
+    if values.pop("free_threaded") or values.pop("version") >> 16 != 0x030D:
+        return None
+    layout = {**values, "tstate_cframe": -1, "cframe_current_frame": -1,
+              "owner_cstack": 3, "frame_is_entry": -1,  # FRAME_OWNED_BY_CSTACK in 3.13
+              # PyCompactUnicodeObject: PyASCIIObject + utf8_length + utf8
+              "unicode_compact_data": values["unicode_ascii_data"] + 16}
+    if any(value > 1 << 20 for value in layout.values()):
+        return None
+    return layout
 
 
 def _file_mappings(pid: int) -> dict[str, list[tuple[int, int]]]:
@@ -116,8 +154,15 @@ def find_runtime(pid: int) -> PythonRuntime | None:
         offset = elf.vaddr_to_file_offset(symbols["Py_Version"])
         (hexversion,) = struct.unpack_from("<I", elf.data, offset)
         version = (hexversion >> 24, (hexversion >> 16) & 0xFF, (hexversion >> 8) & 0xFF)
+        # 3.13 says its own offsets; they win over the table (a point release may move
+        # a field). Older versions: the table.
+        start = elf.vaddr_to_file_offset(symbols["_PyRuntime"])
+        layout = debug_offsets_layout(bytes(elf.data[start:start + 8 + 8 * 72]), version)
+        if layout is None and version[:2] != (3, 13):
+            layout = LAYOUTS.get(version[:2])
         return PythonRuntime(path, version, symbols["_PyRuntime"] + bias,
-                             symbols["PyCode_Type"] + bias, symbols["PyUnicode_Type"] + bias)
+                             symbols["PyCode_Type"] + bias, symbols["PyUnicode_Type"] + bias,
+                             layout)
     return None
 
 
@@ -125,7 +170,7 @@ def open_reader(pid: int) -> PyFrameReader | None:
     """A frame reader for `pid`, or None when it runs no supported CPython (3.11-3.13).
     OSError if /proc/PID/maps cannot be read (gone, or no permission)."""
     runtime = find_runtime(pid)
-    if runtime is None or not runtime.supported:
+    if runtime is None or runtime.layout is None:
         return None
     return PyFrameReader(pid, runtime.runtime, runtime.code_type, runtime.unicode_type,
-                         LAYOUTS[runtime.version[:2]])
+                         runtime.layout)

@@ -198,3 +198,30 @@ def test_not_python_and_gone_processes() -> None:
     with pytest.raises(OSError):
         open_reader(proc.pid)
     assert os.path.exists(SCRIPT)
+
+
+def test_python313_debug_offsets_agree_with_the_table() -> None:
+    """3.13 publishes its offsets in _PyRuntime (_Py_DebugOffsets); the reader takes them
+    from the file and they must say what the headers say."""
+    import struct
+
+    from rsprof.collector.pyframes import debug_offsets_layout
+    from rsprof.collector.symbols.elf import ElfFile
+
+    _python("pyenv-3.13")
+    library = PYENV / "3.13.0/lib/libpython3.13.so.1.0"
+    elf = ElfFile(str(library))
+    start = elf.vaddr_to_file_offset(
+        next(s.value for s in elf.symbols() if s.name == "_PyRuntime"))
+    data = bytes(elf.data[start:start + 8 + 8 * 72])
+    assert debug_offsets_layout(data, (3, 13, 0)) == LAYOUTS[(3, 13)]
+    assert debug_offsets_layout(data, (3, 12, 1)) is None  # only 3.13's format is known
+    assert debug_offsets_layout(b"xdebugpz" + data[8:], (3, 13, 0)) is None
+    free_threaded = data[:16] + struct.pack("<Q", 1) + data[24:]
+    assert debug_offsets_layout(free_threaded, (3, 13, 0)) is None
+    proc, _ = _start(_python("pyenv-3.13"), "30")
+    try:
+        runtime = find_runtime(proc.pid)
+        assert runtime is not None and runtime.layout == LAYOUTS[(3, 13)]
+    finally:
+        _stop(proc)
