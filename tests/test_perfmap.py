@@ -47,7 +47,7 @@ def test_names_are_parsed_from_v8_python_and_plain_lines() -> None:
 def test_map_is_reread_as_it_grows_and_lines_split_across_reads(tmp_path: Path) -> None:
     path, perf_map = _map(tmp_path, "1000 100 first\n2000 10 sec")
     assert perf_map.refresh()
-    assert perf_map.lookup(0x1050) is not None and perf_map.lookup(0x1050).function == "first"
+    assert perf_map.lookup(0x1050).function == "first"  # type: ignore[union-attr]
     assert perf_map.lookup(0x2005) is None  # its line is not complete yet
     assert perf_map.lookup(0x1100) is None and perf_map.lookup(0xFFF) is None
     with path.open("ab") as out:
