@@ -20,9 +20,13 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <sys/uio.h>
 
-#define PYF_MAX_DEPTH 1024        /* deeper chains are cut (counted in `truncated`) */
+#include "pyframes.h"
+
+#define PYF_MAX_DEPTH RS_PY_MAX_DEPTH /* deeper chains are cut (counted in `truncated`) */
 #define PYF_MAX_THREADS 4096      /* thread states looked at per walk */
 #define PYF_MAX_INTERPS 64
 #define PYF_MAX_STR 1024          /* code points of a name or file name */
@@ -56,23 +60,40 @@ static int pyf_optional(int i) {
            i == O_OWNER_CSTACK || i == O_INTERP_NEXT || i == O_FRAME_IS_ENTRY;
 }
 
+#define RS_PY_MAX_FUNCTIONS (1u << 18)  /* distinct (name, file, first line) per reader */
+
 typedef struct {
     uint64_t code;                     /* 0: empty slot */
     uint64_t name_ptr, file_ptr, table_ptr;
     int32_t first_line;
-    PyObject *name, *file;             /* strong references */
+    uint32_t function;                 /* id in the function table */
     uint8_t *table;                    /* location table copy (malloc) */
     uint32_t table_len;
 } pyf_code;
 
 typedef struct {
-    PyObject_HEAD
+    char *name, *file;                 /* UTF-8, malloc, never freed before the reader */
+    int32_t first_line;
+    uint64_t hash;
+} pyf_function;
+
+struct rs_pyreader {
     pid_t pid;
     uint64_t runtime, code_type, unicode_type;
     long off[O_COUNT];
     unsigned long long walks, dropped, truncated, reads;
-    pyf_code cache[PYF_CACHE];
     int gone;                          /* ESRCH seen */
+    pyf_code cache[PYF_CACHE];
+    pyf_function *functions;           /* [0] unused: ids start at 1 */
+    uint32_t n_functions, cap_functions;
+    uint32_t *index;                   /* open addressing: function ids, 0 = empty */
+    uint32_t index_size;               /* a power of two, > 2 * n_functions */
+};
+
+typedef struct {
+    PyObject_HEAD
+    rs_pyreader *core;
+    pthread_mutex_t lock;              /* one walk at a time; never held while taking the GIL */
 } PyFrameReader;
 
 static PyTypeObject *PyFrameType;
@@ -93,7 +114,7 @@ static PyStructSequence_Desc pyframe_desc = {
 
 /* -- reads --------------------------------------------------------------------------- */
 
-static int pyf_read(PyFrameReader *self, uint64_t addr, void *buf, size_t len) {
+static int pyf_read(rs_pyreader *self, uint64_t addr, void *buf, size_t len) {
     if (addr == 0 || addr + len < addr) return -1;
     struct iovec local = {buf, len};
     struct iovec remote = {(void *)(uintptr_t)addr, len};
@@ -103,7 +124,7 @@ static int pyf_read(PyFrameReader *self, uint64_t addr, void *buf, size_t len) {
     return n == (ssize_t)len ? 0 : -1;
 }
 
-static int pyf_ptr(PyFrameReader *self, uint64_t addr, uint64_t *out) {
+static int pyf_ptr(rs_pyreader *self, uint64_t addr, uint64_t *out) {
     return pyf_read(self, addr, out, sizeof *out);
 }
 
@@ -113,9 +134,34 @@ static uint64_t u64_at(const uint8_t *buf, long off) {
     return v;
 }
 
-/* A str object: its type must be str, compact (every str a code object holds is), and at
- * most PYF_MAX_STR code points. NULL (no exception) when it is not. */
-static PyObject *pyf_string(PyFrameReader *self, uint64_t addr) {
+/* Appends code point `c` as UTF-8 (lone surrogates as U+FFFD). */
+static size_t pyf_utf8(uint32_t c, char *out) {
+    if (c >= 0xD800 && c <= 0xDFFF) c = 0xFFFD;
+    if (c < 0x80) {
+        out[0] = (char)c;
+        return 1;
+    }
+    if (c < 0x800) {
+        out[0] = (char)(0xC0 | (c >> 6));
+        out[1] = (char)(0x80 | (c & 63));
+        return 2;
+    }
+    if (c < 0x10000) {
+        out[0] = (char)(0xE0 | (c >> 12));
+        out[1] = (char)(0x80 | ((c >> 6) & 63));
+        out[2] = (char)(0x80 | (c & 63));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (c >> 18));
+    out[1] = (char)(0x80 | ((c >> 12) & 63));
+    out[2] = (char)(0x80 | ((c >> 6) & 63));
+    out[3] = (char)(0x80 | (c & 63));
+    return 4;
+}
+
+/* A str object as malloc'd UTF-8: its type must be str, compact (every str a code object
+ * holds is), of a valid kind and at most PYF_MAX_STR code points. NULL when it is not. */
+static char *pyf_string(rs_pyreader *self, uint64_t addr) {
     uint8_t head[128];
     long hlen = self->off[O_UNICODE_COMPACT_DATA];
     if (hlen <= 0 || hlen > (long)sizeof head) return NULL;
@@ -133,17 +179,32 @@ static PyObject *pyf_string(PyFrameReader *self, uint64_t addr) {
     uint8_t text[PYF_MAX_STR * 4];
     if (length > 0 && pyf_read(self, addr + (uint64_t)data, text, (size_t)length * kind) < 0)
         return NULL;
-    if (ascii) {
-        for (int64_t i = 0; i < length; i++)
-            if (text[i] >= 0x80) return NULL;
+    char *out = malloc((size_t)length * 4 + 1);
+    if (out == NULL) return NULL;
+    size_t n = 0;
+    for (int64_t i = 0; i < length; i++) {
+        uint32_t c;
+        if (kind == 1) {
+            c = text[i];
+        } else if (kind == 2) {
+            uint16_t v;
+            memcpy(&v, text + 2 * i, 2);
+            c = v;
+        } else {
+            memcpy(&c, text + 4 * i, 4);
+        }
+        if ((ascii && c >= 0x80) || c > 0x10FFFF || c == 0) {
+            free(out); /* not what CPython would have stored: garbage */
+            return NULL;
+        }
+        n += pyf_utf8(c, out + n);
     }
-    PyObject *s = PyUnicode_FromKindAndData((int)kind, text, (Py_ssize_t)length);
-    if (s == NULL) PyErr_Clear(); /* e.g. a code point above 0x10FFFF: garbage */
-    return s;
+    out[n] = '\0';
+    return out;
 }
 
 /* The location table (bytes object) copied out; NULL when it is not one. */
-static uint8_t *pyf_linetable(PyFrameReader *self, uint64_t addr, uint32_t *len_out) {
+static uint8_t *pyf_linetable(rs_pyreader *self, uint64_t addr, uint32_t *len_out) {
     uint8_t head[64];
     long hlen = self->off[O_BYTES_DATA];
     if (hlen <= 0 || hlen > (long)sizeof head) return NULL;
@@ -159,6 +220,77 @@ static uint8_t *pyf_linetable(PyFrameReader *self, uint64_t addr, uint32_t *len_
     }
     *len_out = (uint32_t)size;
     return table;
+}
+
+/* -- function table ------------------------------------------------------------------ */
+
+static uint64_t pyf_hash(const char *name, const char *file, int32_t first_line) {
+    uint64_t h = 1469598103934665603ULL ^ (uint32_t)first_line;
+    for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ULL;
+    h = (h ^ 0xFF) * 1099511628211ULL;
+    for (const char *p = file; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ULL;
+    return h | 1;
+}
+
+static int pyf_index_grow(rs_pyreader *self) {
+    uint32_t size = self->index_size ? self->index_size * 2 : 1024;
+    uint32_t *index = calloc(size, sizeof *index);
+    if (index == NULL) return -1;
+    for (uint32_t id = 1; id <= self->n_functions; id++) {
+        uint32_t slot = (uint32_t)self->functions[id].hash & (size - 1);
+        while (index[slot]) slot = (slot + 1) & (size - 1);
+        index[slot] = id;
+    }
+    free(self->index);
+    self->index = index;
+    self->index_size = size;
+    return 0;
+}
+
+/* The id of (name, file, first_line); takes ownership of name and file (freed if the
+ * function is known). 0 when the table is full or memory runs out. */
+static uint32_t pyf_intern(rs_pyreader *self, char *name, char *file, int32_t first_line) {
+    uint64_t hash = pyf_hash(name, file, first_line);
+    if (self->index_size) {
+        uint32_t slot = (uint32_t)hash & (self->index_size - 1);
+        for (uint32_t id; (id = self->index[slot]) != 0; slot = (slot + 1) & (self->index_size - 1)) {
+            pyf_function *f = &self->functions[id];
+            if (f->hash == hash && f->first_line == first_line && strcmp(f->name, name) == 0 &&
+                strcmp(f->file, file) == 0) {
+                free(name);
+                free(file);
+                return id;
+            }
+        }
+    }
+    if (self->n_functions + 1 >= RS_PY_MAX_FUNCTIONS) goto full;
+    if (self->n_functions + 2 > self->cap_functions) {
+        uint32_t cap = self->cap_functions ? self->cap_functions * 2 : 256;
+        pyf_function *grown = realloc(self->functions, cap * sizeof *grown);
+        if (grown == NULL) goto full;
+        self->functions = grown;
+        self->cap_functions = cap;
+    }
+    if (2 * (self->n_functions + 1) >= self->index_size && pyf_index_grow(self) < 0) goto full;
+    uint32_t id = ++self->n_functions;
+    self->functions[id] = (pyf_function){name, file, first_line, hash};
+    uint32_t slot = (uint32_t)hash & (self->index_size - 1);
+    while (self->index[slot]) slot = (slot + 1) & (self->index_size - 1);
+    self->index[slot] = id;
+    return id;
+full:
+    free(name);
+    free(file);
+    return 0;
+}
+
+int rs_pyreader_function(const rs_pyreader *r, uint32_t id, const char **name,
+                         const char **file, int32_t *first_line) {
+    if (id == 0 || id > r->n_functions) return 0;
+    *name = r->functions[id].name;
+    *file = r->functions[id].file;
+    *first_line = r->functions[id].first_line;
+    return 1;
 }
 
 /* -- location table (CPython 3.11+, Objects/locations.md) ---------------------------- */
@@ -216,16 +348,14 @@ static int32_t pyf_line(const uint8_t *t, uint32_t n, int32_t first, int64_t uni
 /* -- code objects -------------------------------------------------------------------- */
 
 static void pyf_code_clear(pyf_code *c) {
-    Py_CLEAR(c->name);
-    Py_CLEAR(c->file);
     free(c->table);
     c->table = NULL;
     c->code = 0;
 }
 
 /* The decoded code object at `addr`, from the cache when its header still points at the
- * same name, file and table; NULL when it is not a code object. */
-static pyf_code *pyf_code_at(PyFrameReader *self, uint64_t addr) {
+ * same name, file and table; NULL when it is not a code object (or memory ran out). */
+static pyf_code *pyf_code_at(rs_pyreader *self, uint64_t addr) {
     uint8_t head[PYF_HEADER];
     long hlen = self->off[O_CODE_ADAPTIVE];
     if (pyf_read(self, addr, head, (size_t)hlen) < 0) return NULL;
@@ -240,20 +370,21 @@ static pyf_code *pyf_code_at(PyFrameReader *self, uint64_t addr) {
         c->table_ptr == table_ptr && c->first_line == first_line)
         return c;
     pyf_code_clear(c);
-    PyObject *name = pyf_string(self, name_ptr);
+    char *name = pyf_string(self, name_ptr);
     if (name == NULL) return NULL;
-    PyObject *file = pyf_string(self, file_ptr);
+    char *file = pyf_string(self, file_ptr);
     if (file == NULL) {
-        Py_DECREF(name);
+        free(name);
         return NULL;
     }
+    uint32_t function = pyf_intern(self, name, file, first_line);
+    if (function == 0) return NULL;
     c->code = addr;
     c->name_ptr = name_ptr;
     c->file_ptr = file_ptr;
     c->table_ptr = table_ptr;
     c->first_line = first_line;
-    c->name = name;
-    c->file = file;
+    c->function = function;
     c->table_len = 0;
     c->table = pyf_linetable(self, table_ptr, &c->table_len);
     return c;
@@ -262,7 +393,7 @@ static pyf_code *pyf_code_at(PyFrameReader *self, uint64_t addr) {
 /* -- walk ---------------------------------------------------------------------------- */
 
 /* The thread state of `tid`, 0 if none. */
-static uint64_t pyf_tstate(PyFrameReader *self, unsigned long tid) {
+static uint64_t pyf_tstate(rs_pyreader *self, uint64_t tid) {
     uint64_t interp;
     if (pyf_ptr(self, self->runtime + (uint64_t)self->off[O_RUNTIME_INTERPRETERS_HEAD], &interp) < 0)
         return 0;
@@ -283,7 +414,7 @@ static uint64_t pyf_tstate(PyFrameReader *self, unsigned long tid) {
 }
 
 /* The address of the pointer to the thread's current frame. */
-static int pyf_top_slot(PyFrameReader *self, uint64_t ts, uint64_t *slot) {
+static int pyf_top_slot(rs_pyreader *self, uint64_t ts, uint64_t *slot) {
     if (self->off[O_TSTATE_CURRENT_FRAME] >= 0) {
         *slot = ts + (uint64_t)self->off[O_TSTATE_CURRENT_FRAME];
         return 0;
@@ -295,36 +426,28 @@ static int pyf_top_slot(PyFrameReader *self, uint64_t ts, uint64_t *slot) {
     return 0;
 }
 
-static PyObject *pyf_gone(PyFrameReader *self) {
-    errno = ESRCH;
-    return PyErr_SetFromErrno(PyExc_ProcessLookupError);
+static int pyf_failed(rs_pyreader *self) {
+    if (self->gone) return RS_PY_GONE;
+    self->dropped++;
+    return RS_PY_DROPPED;
 }
 
-static PyObject *PyFrameReader_frames(PyFrameReader *self, PyObject *arg) {
-    unsigned long tid = PyLong_AsUnsignedLong(arg);
-    if (tid == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+int rs_pyreader_walk(rs_pyreader *self, uint32_t tid, rs_pyframe *out, int max) {
     self->walks++;
     self->gone = 0;
+    if (max > RS_PY_MAX_DEPTH) max = RS_PY_MAX_DEPTH;
     uint64_t ts = pyf_tstate(self, tid);
-    if (ts == 0) {
-        if (self->gone) return pyf_gone(self);
-        Py_RETURN_NONE;
-    }
+    if (ts == 0) return self->gone ? RS_PY_GONE : RS_PY_NOTHREAD;
     uint64_t slot, top;
-    if (pyf_top_slot(self, ts, &slot) < 0 || pyf_ptr(self, slot, &top) < 0) {
-        if (self->gone) return pyf_gone(self);
-        self->dropped++;
-        Py_RETURN_NONE;
-    }
-    PyObject *list = PyList_New(0);
-    if (list == NULL) return NULL;
+    if (pyf_top_slot(self, ts, &slot) < 0 || pyf_ptr(self, slot, &top) < 0)
+        return pyf_failed(self);
     uint64_t frame = top;
     /* The two innermost frames as read: (address, code, instr), checked again at the end. */
     uint64_t seen[2][3] = {{0, 0, 0}, {0, 0, 0}};
-    int depth = 0;
-    for (; frame != 0 && depth < PYF_MAX_DEPTH; depth++) {
+    int depth = 0, n = 0;
+    for (; frame != 0 && depth < PYF_MAX_DEPTH && n < max; depth++) {
         uint8_t buf[PYF_FRAME];
-        if (pyf_read(self, frame, buf, PYF_FRAME) < 0) goto drop;
+        if (pyf_read(self, frame, buf, PYF_FRAME) < 0) return pyf_failed(self);
         uint64_t code = u64_at(buf, self->off[O_FRAME_CODE]);
         uint64_t instr = u64_at(buf, self->off[O_FRAME_INSTR]);
         uint64_t previous = u64_at(buf, self->off[O_FRAME_PREVIOUS]);
@@ -334,13 +457,13 @@ static PyObject *PyFrameReader_frames(PyFrameReader *self, PyObject *arg) {
             seen[depth][1] = code;
             seen[depth][2] = instr;
         }
-        if (previous == frame) goto drop;
+        if (previous == frame) return pyf_failed(self);
         if (self->off[O_OWNER_CSTACK] >= 0 && owner == self->off[O_OWNER_CSTACK]) {
             frame = previous; /* the C stack's entry shim, not Python code */
             continue;
         }
         pyf_code *c = pyf_code_at(self, code);
-        if (c == NULL) goto drop;
+        if (c == NULL) return pyf_failed(self);
         /* Entered from C: 3.11 flags the frame; 3.12+ puts a C-stack shim frame below it. */
         int entry = previous == 0;
         if (self->off[O_FRAME_IS_ENTRY] >= 0) {
@@ -348,26 +471,15 @@ static PyObject *PyFrameReader_frames(PyFrameReader *self, PyObject *arg) {
         } else if (previous != 0 && self->off[O_OWNER_CSTACK] >= 0) {
             uint8_t owner_below;
             if (pyf_read(self, previous + (uint64_t)self->off[O_FRAME_OWNER], &owner_below, 1) < 0)
-                goto drop;
+                return pyf_failed(self);
             entry = owner_below == self->off[O_OWNER_CSTACK];
         }
         uint64_t base = code + (uint64_t)self->off[O_CODE_ADAPTIVE];
         int64_t unit = instr >= base ? (int64_t)((instr - base) / 2) : -1;
-        int32_t line = pyf_line(c->table, c->table_len, c->first_line, unit);
-        PyObject *item = PyStructSequence_New(PyFrameType);
-        if (item == NULL) goto fail;
-        Py_INCREF(c->name);
-        Py_INCREF(c->file);
-        PyStructSequence_SetItem(item, 0, c->name);
-        PyStructSequence_SetItem(item, 1, c->file);
-        PyStructSequence_SetItem(item, 2, PyLong_FromLong(line));
-        PyStructSequence_SetItem(item, 3, PyLong_FromLong(c->first_line));
-        PyStructSequence_SetItem(item, 4, PyBool_FromLong(entry));
-        if (PyErr_Occurred() || PyList_Append(list, item) < 0) {
-            Py_DECREF(item);
-            goto fail;
-        }
-        Py_DECREF(item);
+        out[n].function = c->function;
+        out[n].line = pyf_line(c->table, c->table_len, c->first_line, unit);
+        out[n].entry = (uint8_t)entry;
+        n++;
         frame = previous;
     }
     if (frame != 0) self->truncated++;
@@ -378,58 +490,203 @@ static PyObject *PyFrameReader_frames(PyFrameReader *self, PyObject *arg) {
      * `heavy`), so the top frame must still run the same code and its caller still wait
      * at the same instruction. */
     uint64_t again;
-    if (pyf_ptr(self, slot, &again) < 0 || again != top) goto drop;
+    if (pyf_ptr(self, slot, &again) < 0 || again != top) return pyf_failed(self);
     for (int k = 0; k < 2 && k < depth; k++) {
         uint8_t buf[PYF_FRAME];
-        if (pyf_read(self, seen[k][0], buf, PYF_FRAME) < 0) goto drop;
-        if (u64_at(buf, self->off[O_FRAME_CODE]) != seen[k][1]) goto drop;
-        if (k == 1 && u64_at(buf, self->off[O_FRAME_INSTR]) != seen[k][2]) goto drop;
+        if (pyf_read(self, seen[k][0], buf, PYF_FRAME) < 0) return pyf_failed(self);
+        if (u64_at(buf, self->off[O_FRAME_CODE]) != seen[k][1]) return pyf_failed(self);
+        if (k == 1 && u64_at(buf, self->off[O_FRAME_INSTR]) != seen[k][2])
+            return pyf_failed(self);
+    }
+    return n;
+}
+
+static void pyf_free(rs_pyreader *r) {
+    if (r == NULL) return;
+    for (int i = 0; i < PYF_CACHE; i++) pyf_code_clear(&r->cache[i]);
+    for (uint32_t id = 1; id <= r->n_functions; id++) {
+        free(r->functions[id].name);
+        free(r->functions[id].file);
+    }
+    free(r->functions);
+    free(r->index);
+    free(r);
+}
+
+/* -- Python type --------------------------------------------------------------------- */
+
+static PyObject *pyf_error(int code) {
+    if (code == RS_PY_GONE) {
+        errno = ESRCH;
+        return PyErr_SetFromErrno(PyExc_ProcessLookupError);
+    }
+    return PyErr_NoMemory();
+}
+
+static int pyf_ready(PyFrameReader *self) {
+    if (self->core == NULL) {
+        PyErr_SetString(PyExc_ValueError, "PyFrameReader is not initialized");
+        return -1;
+    }
+    return 0;
+}
+
+/* Walks with the GIL released; frames and their function entries go to the caller's
+ * arrays (names stay valid for the reader's lifetime). */
+static int pyf_walk_nogil(PyFrameReader *self, uint32_t tid, rs_pyframe *frames,
+                             const char **names, const char **files, int32_t *firsts) {
+    int n;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    n = rs_pyreader_walk(self->core, tid, frames, RS_PY_MAX_DEPTH);
+    for (int i = 0; i < n; i++)
+        rs_pyreader_function(self->core, frames[i].function, &names[i], &files[i], &firsts[i]);
+    pthread_mutex_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    return n;
+}
+
+static PyObject *PyFrameReader_frames(PyFrameReader *self, PyObject *arg) {
+    if (pyf_ready(self) < 0) return NULL;
+    unsigned long tid = PyLong_AsUnsignedLong(arg);
+    if (tid == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    if (tid > UINT32_MAX) Py_RETURN_NONE;
+    rs_pyframe *frames = malloc(RS_PY_MAX_DEPTH * sizeof *frames);
+    const char **names = malloc(RS_PY_MAX_DEPTH * 2 * sizeof *names);
+    int32_t *firsts = malloc(RS_PY_MAX_DEPTH * sizeof *firsts);
+    PyObject *list = NULL;
+    if (frames == NULL || names == NULL || firsts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const char **files = names + RS_PY_MAX_DEPTH;
+    int n = pyf_walk_nogil(self, (uint32_t)tid, frames, names, files, firsts);
+    if (n == RS_PY_NOTHREAD || n == RS_PY_DROPPED) {
+        list = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (n < 0) {
+        pyf_error(n);
+        goto done;
+    }
+    list = PyList_New(n);
+    if (list == NULL) goto done;
+    for (int i = 0; i < n; i++) {
+        PyObject *item = PyStructSequence_New(PyFrameType);
+        if (item == NULL) {
+            Py_CLEAR(list);
+            goto done;
+        }
+        PyStructSequence_SetItem(item, 0, PyUnicode_DecodeUTF8(names[i], (Py_ssize_t)strlen(names[i]), "replace"));
+        PyStructSequence_SetItem(item, 1, PyUnicode_DecodeUTF8(files[i], (Py_ssize_t)strlen(files[i]), "replace"));
+        PyStructSequence_SetItem(item, 2, PyLong_FromLong(frames[i].line));
+        PyStructSequence_SetItem(item, 3, PyLong_FromLong(firsts[i]));
+        PyStructSequence_SetItem(item, 4, PyBool_FromLong(frames[i].entry));
+        PyList_SET_ITEM(list, i, item);
+        if (PyErr_Occurred()) {
+            Py_CLEAR(list);
+            goto done;
+        }
+    }
+done:
+    free(frames);
+    free(names);
+    free(firsts);
+    return list;
+}
+
+static PyObject *PyFrameReader_walk(PyFrameReader *self, PyObject *arg) {
+    if (pyf_ready(self) < 0) return NULL;
+    unsigned long tid = PyLong_AsUnsignedLong(arg);
+    if (tid == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    if (tid > UINT32_MAX) Py_RETURN_NONE;
+    rs_pyframe *frames = malloc(RS_PY_MAX_DEPTH * sizeof *frames);
+    if (frames == NULL) return PyErr_NoMemory();
+    int n;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    n = rs_pyreader_walk(self->core, (uint32_t)tid, frames, RS_PY_MAX_DEPTH);
+    pthread_mutex_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    PyObject *list = NULL;
+    if (n == RS_PY_NOTHREAD || n == RS_PY_DROPPED) {
+        list = Py_NewRef(Py_None);
+    } else if (n < 0) {
+        pyf_error(n);
+    } else if ((list = PyList_New(n)) != NULL) {
+        for (int i = 0; i < n; i++) {
+            PyObject *t = Py_BuildValue("(IiN)", frames[i].function, frames[i].line,
+                                        PyBool_FromLong(frames[i].entry));
+            if (t == NULL) {
+                Py_CLEAR(list);
+                break;
+            }
+            PyList_SET_ITEM(list, i, t);
+        }
+    }
+    free(frames);
+    return list;
+}
+
+static PyObject *PyFrameReader_functions(PyFrameReader *self, PyObject *args) {
+    if (pyf_ready(self) < 0) return NULL;
+    unsigned int start = 1;
+    if (!PyArg_ParseTuple(args, "|I", &start)) return NULL;
+    if (start == 0) start = 1;
+    pthread_mutex_lock(&self->lock); /* never waits long: a walk holds it without the GIL */
+    uint32_t count = self->core->n_functions;
+    pthread_mutex_unlock(&self->lock);
+    PyObject *list = PyList_New(0);
+    for (uint32_t id = start; list != NULL && id <= count; id++) {
+        const char *name, *file;
+        int32_t first;
+        pthread_mutex_lock(&self->lock);
+        rs_pyreader_function(self->core, id, &name, &file, &first);
+        pthread_mutex_unlock(&self->lock);
+        PyObject *t = Py_BuildValue("(Issi)", id, name, file, first);
+        if (t == NULL || PyList_Append(list, t) < 0) Py_CLEAR(list);
+        Py_XDECREF(t);
     }
     return list;
-drop:
-    Py_DECREF(list);
-    if (self->gone) return pyf_gone(self);
-    self->dropped++;
-    Py_RETURN_NONE;
-fail:
-    Py_DECREF(list);
-    return NULL;
 }
 
 static PyObject *PyFrameReader_threads(PyFrameReader *self, PyObject *unused) {
-    PyObject *list = PyList_New(0);
-    if (list == NULL) return NULL;
-    self->gone = 0;
+    if (pyf_ready(self) < 0) return NULL;
+    uint64_t ids[PYF_MAX_THREADS];
+    int n = 0, gone;
+    rs_pyreader *r = self->core;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    r->gone = 0;
     uint64_t interp;
-    if (pyf_ptr(self, self->runtime + (uint64_t)self->off[O_RUNTIME_INTERPRETERS_HEAD], &interp) < 0)
+    if (pyf_ptr(r, r->runtime + (uint64_t)r->off[O_RUNTIME_INTERPRETERS_HEAD], &interp) < 0)
         interp = 0;
-    for (int k = 0; interp != 0 && k < PYF_MAX_INTERPS; k++) {
+    for (int k = 0; interp != 0 && k < PYF_MAX_INTERPS && n < PYF_MAX_THREADS; k++) {
         uint64_t ts;
-        if (pyf_ptr(self, interp + (uint64_t)self->off[O_INTERP_THREADS_HEAD], &ts) < 0) break;
-        for (int j = 0; ts != 0 && j < PYF_MAX_THREADS; j++) {
-            uint64_t native;
-            if (pyf_ptr(self, ts + (uint64_t)self->off[O_TSTATE_NATIVE_THREAD_ID], &native) < 0)
-                break;
-            PyObject *v = PyLong_FromUnsignedLongLong(native);
-            if (v == NULL || PyList_Append(list, v) < 0) {
-                Py_XDECREF(v);
-                Py_DECREF(list);
-                return NULL;
-            }
-            Py_DECREF(v);
-            if (pyf_ptr(self, ts + (uint64_t)self->off[O_TSTATE_NEXT], &ts) < 0) break;
+        if (pyf_ptr(r, interp + (uint64_t)r->off[O_INTERP_THREADS_HEAD], &ts) < 0) break;
+        for (int j = 0; ts != 0 && n < PYF_MAX_THREADS && j < PYF_MAX_THREADS; j++) {
+            if (pyf_ptr(r, ts + (uint64_t)r->off[O_TSTATE_NATIVE_THREAD_ID], &ids[n]) < 0) break;
+            n++;
+            if (pyf_ptr(r, ts + (uint64_t)r->off[O_TSTATE_NEXT], &ts) < 0) break;
         }
-        if (self->off[O_INTERP_NEXT] < 0) break;
-        if (pyf_ptr(self, interp + (uint64_t)self->off[O_INTERP_NEXT], &interp) < 0) break;
+        if (r->off[O_INTERP_NEXT] < 0) break;
+        if (pyf_ptr(r, interp + (uint64_t)r->off[O_INTERP_NEXT], &interp) < 0) break;
     }
-    if (self->gone && PyList_GET_SIZE(list) == 0) {
-        Py_DECREF(list);
-        return pyf_gone(self);
+    gone = r->gone;
+    pthread_mutex_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    if (gone && n == 0) return pyf_error(RS_PY_GONE);
+    PyObject *list = PyList_New(n);
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(ids[i]);
+        if (v == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, v);
     }
     return list;
 }
-
-/* -- type ---------------------------------------------------------------------------- */
 
 static int PyFrameReader_init(PyFrameReader *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"pid", "runtime", "code_type", "unicode_type", "offsets", NULL};
@@ -439,15 +696,20 @@ static int PyFrameReader_init(PyFrameReader *self, PyObject *args, PyObject *kwd
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "iKKKO!", kwlist, &pid, &runtime, &code_type,
                                      &unicode_type, &PyDict_Type, &offsets))
         return -1;
+    if (self->core != NULL) {
+        PyErr_SetString(PyExc_ValueError, "PyFrameReader is already initialized");
+        return -1;
+    }
     if (pid <= 0 || runtime == 0 || code_type == 0 || unicode_type == 0) {
         PyErr_SetString(PyExc_ValueError, "pid and addresses must be positive");
         return -1;
     }
+    long off[O_COUNT];
     for (int i = 0; i < O_COUNT; i++) {
         PyObject *v = PyDict_GetItemString(offsets, pyf_offset_names[i]);
         if (v == NULL) {
             if (pyf_optional(i)) {
-                self->off[i] = -1;
+                off[i] = -1;
                 continue;
             }
             PyErr_Format(PyExc_ValueError, "offsets: %s is missing", pyf_offset_names[i]);
@@ -460,57 +722,89 @@ static int PyFrameReader_init(PyFrameReader *self, PyObject *args, PyObject *kwd
                          pyf_offset_names[i], value);
             return -1;
         }
-        self->off[i] = value;
+        off[i] = value;
     }
     /* Fields read out of fixed-size buffers must lie inside them. */
-    if (self->off[O_CODE_ADAPTIVE] < 16 || self->off[O_CODE_ADAPTIVE] > PYF_HEADER ||
-        self->off[O_CODE_QUALNAME] + 8 > self->off[O_CODE_ADAPTIVE] ||
-        self->off[O_CODE_FILENAME] + 8 > self->off[O_CODE_ADAPTIVE] ||
-        self->off[O_CODE_LINETABLE] + 8 > self->off[O_CODE_ADAPTIVE] ||
-        self->off[O_CODE_FIRSTLINENO] + 4 > self->off[O_CODE_ADAPTIVE] ||
-        self->off[O_FRAME_CODE] + 8 > PYF_FRAME || self->off[O_FRAME_INSTR] + 8 > PYF_FRAME ||
-        self->off[O_FRAME_PREVIOUS] + 8 > PYF_FRAME || self->off[O_FRAME_OWNER] >= PYF_FRAME ||
-        self->off[O_FRAME_IS_ENTRY] >= PYF_FRAME ||
-        self->off[O_UNICODE_LENGTH] + 8 > self->off[O_UNICODE_COMPACT_DATA] ||
-        self->off[O_UNICODE_STATE] + 4 > self->off[O_UNICODE_COMPACT_DATA] ||
-        self->off[O_BYTES_SIZE] + 8 > self->off[O_BYTES_DATA] ||
-        (self->off[O_TSTATE_CURRENT_FRAME] < 0 &&
-         (self->off[O_TSTATE_CFRAME] < 0 || self->off[O_CFRAME_CURRENT_FRAME] < 0))) {
+    if (off[O_CODE_ADAPTIVE] < 16 || off[O_CODE_ADAPTIVE] > PYF_HEADER ||
+        off[O_CODE_QUALNAME] + 8 > off[O_CODE_ADAPTIVE] ||
+        off[O_CODE_FILENAME] + 8 > off[O_CODE_ADAPTIVE] ||
+        off[O_CODE_LINETABLE] + 8 > off[O_CODE_ADAPTIVE] ||
+        off[O_CODE_FIRSTLINENO] + 4 > off[O_CODE_ADAPTIVE] ||
+        off[O_FRAME_CODE] + 8 > PYF_FRAME || off[O_FRAME_INSTR] + 8 > PYF_FRAME ||
+        off[O_FRAME_PREVIOUS] + 8 > PYF_FRAME || off[O_FRAME_OWNER] >= PYF_FRAME ||
+        off[O_FRAME_IS_ENTRY] >= PYF_FRAME ||
+        off[O_UNICODE_LENGTH] + 8 > off[O_UNICODE_COMPACT_DATA] ||
+        off[O_UNICODE_STATE] + 4 > off[O_UNICODE_COMPACT_DATA] ||
+        off[O_BYTES_SIZE] + 8 > off[O_BYTES_DATA] ||
+        (off[O_TSTATE_CURRENT_FRAME] < 0 &&
+         (off[O_TSTATE_CFRAME] < 0 || off[O_CFRAME_CURRENT_FRAME] < 0))) {
         PyErr_SetString(PyExc_ValueError, "offsets: inconsistent layout");
         return -1;
     }
-    for (int i = 0; i < PYF_CACHE; i++) pyf_code_clear(&self->cache[i]);
-    self->pid = pid;
-    self->runtime = runtime;
-    self->code_type = code_type;
-    self->unicode_type = unicode_type;
+    rs_pyreader *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(r->off, off, sizeof off);
+    r->pid = pid;
+    r->runtime = runtime;
+    r->code_type = code_type;
+    r->unicode_type = unicode_type;
+    pthread_mutex_init(&self->lock, NULL);
+    self->core = r;
     return 0;
 }
 
 static void PyFrameReader_dealloc(PyFrameReader *self) {
-    for (int i = 0; i < PYF_CACHE; i++) pyf_code_clear(&self->cache[i]);
+    if (self->core != NULL) {
+        pyf_free(self->core);
+        pthread_mutex_destroy(&self->lock);
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
+
+#define PYF_COUNTER(field, doc)                                                     \
+    static PyObject *PyFrameReader_get_##field(PyFrameReader *self, void *closure) { \
+        if (self->core == NULL) return PyLong_FromLong(0);                          \
+        pthread_mutex_lock(&self->lock);                                            \
+        unsigned long long v = self->core->field;                                   \
+        pthread_mutex_unlock(&self->lock);                                          \
+        return PyLong_FromUnsignedLongLong(v);                                      \
+    }
+PYF_COUNTER(walks, "")
+PYF_COUNTER(dropped, "")
+PYF_COUNTER(truncated, "")
+PYF_COUNTER(reads, "")
+
+static PyObject *PyFrameReader_get_pid(PyFrameReader *self, void *closure) {
+    return PyLong_FromLong(self->core ? self->core->pid : 0);
+}
+
+static PyGetSetDef PyFrameReader_getset[] = {
+    {"pid", (getter)PyFrameReader_get_pid, NULL, "target process", NULL},
+    {"walks", (getter)PyFrameReader_get_walks, NULL, "walks (frames() and walk() calls)", NULL},
+    {"dropped", (getter)PyFrameReader_get_dropped, NULL,
+     "chains not returned: a garbage pointer, a non-code object, or the top frames changed "
+     "while they were read", NULL},
+    {"truncated", (getter)PyFrameReader_get_truncated, NULL, "chains cut at 1024 frames", NULL},
+    {"reads", (getter)PyFrameReader_get_reads, NULL, "process_vm_readv calls", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static PyMethodDef PyFrameReader_methods[] = {
     {"frames", (PyCFunction)PyFrameReader_frames, METH_O,
      "frames(tid) -> list[PyFrame] | None: the thread's Python frames, innermost first; None "
      "if it has no thread state or the chain could not be read consistently (dropped)."},
+    {"walk", (PyCFunction)PyFrameReader_walk, METH_O,
+     "walk(tid) -> list[tuple[int, int, bool]] | None: (function id, line, entry) per frame, "
+     "innermost first; ids are resolved by functions()."},
+    {"functions", (PyCFunction)PyFrameReader_functions, METH_VARARGS,
+     "functions(start=1) -> list[tuple[int, str, str, int]]: (id, qualname, file, first line) "
+     "of every function id >= start."},
     {"threads", (PyCFunction)PyFrameReader_threads, METH_NOARGS,
      "threads() -> list[int]: native thread ids of the interpreter's thread states."},
     {NULL, NULL, 0, NULL},
-};
-
-static PyMemberDef PyFrameReader_members[] = {
-    {"pid", T_INT, offsetof(PyFrameReader, pid), READONLY, "target process"},
-    {"walks", T_ULONGLONG, offsetof(PyFrameReader, walks), READONLY, "frames() calls"},
-    {"dropped", T_ULONGLONG, offsetof(PyFrameReader, dropped), READONLY,
-     "chains not returned: a garbage pointer, a non-code object, or the top frame changed"},
-    {"truncated", T_ULONGLONG, offsetof(PyFrameReader, truncated), READONLY,
-     "chains cut at the depth limit"},
-    {"reads", T_ULONGLONG, offsetof(PyFrameReader, reads), READONLY,
-     "process_vm_readv calls"},
-    {NULL, 0, 0, 0, NULL},
 };
 
 static PyTypeObject PyFrameReaderType = {
@@ -524,7 +818,7 @@ static PyTypeObject PyFrameReaderType = {
     .tp_init = (initproc)PyFrameReader_init,
     .tp_dealloc = (destructor)PyFrameReader_dealloc,
     .tp_methods = PyFrameReader_methods,
-    .tp_members = PyFrameReader_members,
+    .tp_getset = PyFrameReader_getset,
 };
 
 int rsprof_pyframes_register(PyObject *module) {

@@ -225,3 +225,69 @@ def test_python313_debug_offsets_agree_with_the_table() -> None:
         assert runtime is not None and runtime.layout == LAYOUTS[(3, 13)]
     finally:
         _stop(proc)
+
+
+UNICODE_SCRIPT = '''
+import sys, time
+
+class Outer:
+    def méthode(self):
+        def 計算():
+            s = 0
+            for i in range(20000):
+                s += i
+            return s
+        return 計算()
+
+print("ready", flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    Outer().méthode()
+'''
+
+
+@pytest.mark.parametrize("name", ["debian-3.11", "pyenv-3.13"])
+def test_qualified_and_non_ascii_names_and_ids(name: str, tmp_path: Path) -> None:
+    """Names of every str kind (ASCII, Latin-1, BMP) come out right, as qualnames; walk()
+    gives the same frames as ids, resolved by functions(); two Python threads may read at
+    once."""
+    import threading
+
+    script = tmp_path / "unicode_names.py"
+    script.write_text(UNICODE_SCRIPT, encoding="utf-8")
+    proc = subprocess.Popen([str(_python(name)), str(script), "30"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        reader = open_reader(proc.pid)
+        assert reader is not None
+        seen: Counter[tuple[str, ...]] = Counter()
+        errors: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                for _ in range(300):
+                    frames = reader.frames(proc.pid)
+                    if frames:
+                        seen[tuple(frame.function for frame in frames)] += 1
+            except BaseException as error:  # surfaced below
+                errors.append(error)
+
+        readers = [threading.Thread(target=read) for _ in range(2)]
+        for thread in readers:
+            thread.start()
+        for thread in readers:
+            thread.join()
+        assert not errors, errors
+        inner = ("Outer.méthode.<locals>.計算", "Outer.méthode", "<module>")
+        assert seen[inner] > 0, seen
+        assert set(seen) <= {inner, inner[1:], inner[2:]}, seen
+        for _ in range(100):
+            walked = reader.walk(proc.pid)
+            if walked:
+                names = {fid: fname for fid, fname, _, _ in reader.functions()}
+                assert tuple(names[fid] for fid, _, _ in walked) in {inner, inner[1:], inner[2:]}
+                assert [entry for _, _, entry in walked][-1] is True
+        assert {file for _, _, file, _ in reader.functions()} == {str(script)}
+    finally:
+        _stop(proc)

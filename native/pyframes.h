@@ -1,0 +1,36 @@
+/* The Python frame reader's C core (native/pyframes.c), callable without the GIL, e.g.
+ * from the perf drain at sample time: docs/native.md, PyFrameReader, "C API". */
+#ifndef RSPROF_PYFRAMES_H
+#define RSPROF_PYFRAMES_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#define RS_PY_MAX_DEPTH 1024
+
+enum {
+    RS_PY_NOTHREAD = -1, /* no thread state has this native thread id */
+    RS_PY_DROPPED = -2,  /* garbage, or the chain changed while it was read: counted */
+    RS_PY_GONE = -3,     /* the process is gone (ESRCH) */
+    RS_PY_NOMEM = -4,    /* the function table is full or malloc failed */
+};
+
+typedef struct {
+    uint32_t function; /* id in the reader's function table, 1, 2, 3, ... */
+    int32_t line;      /* line being run; the function's first line when unknown */
+    uint8_t entry;     /* entered from C: outermost frame of one _PyEval_EvalFrameDefault */
+} rs_pyframe;
+
+typedef struct rs_pyreader rs_pyreader;
+
+/* Innermost first into out[0..max); returns the number of frames (max at most: deeper
+ * chains are cut and counted) or one of the negative codes above. Not thread-safe: one
+ * caller at a time per reader (the Python type serializes with its own mutex). */
+int rs_pyreader_walk(rs_pyreader *r, uint32_t tid, rs_pyframe *out, int max);
+
+/* Function `id` (1..count): qualified name and file (UTF-8, NUL-terminated, owned by the
+ * reader, stable for its lifetime) and first line. 0 if there is no such id. */
+int rs_pyreader_function(const rs_pyreader *r, uint32_t id, const char **name,
+                         const char **file, int32_t *first_line);
+
+#endif
