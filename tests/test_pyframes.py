@@ -291,3 +291,74 @@ def test_qualified_and_non_ascii_names_and_ids(name: str, tmp_path: Path) -> Non
         assert {file for _, _, file, _ in reader.functions()} == {str(script)}
     finally:
         _stop(proc)
+
+
+SLEEPY_SCRIPT = '''
+import sys, threading, time
+
+
+class K:
+    def method(self):
+        return deep(3)
+
+
+def deep(n):
+    if n:
+        return deep(n - 1)
+    time.sleep(60)
+
+
+def side():
+    K().method()
+
+
+threading.Thread(target=side, name="side", daemon=True).start()
+print("ready", flush=True)
+K().method()
+'''
+
+
+@pytest.mark.parametrize("name", ["debian-3.11", "pyenv-3.12", "pyenv-3.13"])
+def test_agrees_with_py_spy_dump(name: str, tmp_path: Path) -> None:
+    """py-spy (the oracle) and the reader on the same still process: every thread, every
+    frame, names (py-spy 0.4 prints qualnames too) and lines."""
+    import re
+    import shutil
+
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        pytest.skip("py-spy is not installed (pip install py-spy)")
+    script = tmp_path / "sleepy.py"
+    script.write_text(SLEEPY_SCRIPT)
+    proc = subprocess.Popen([str(_python(name)), str(script)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        reader = open_reader(proc.pid)
+        assert reader is not None
+        tids = reader.threads()
+        assert len(tids) == 2
+        deadline = time.monotonic() + 5
+        ours: dict[int, list[tuple[str, int]]] = {}
+        while time.monotonic() < deadline and len(ours) < 2:  # until both are asleep
+            for tid in tids:
+                frames = reader.frames(tid)
+                if frames and frames[0].function == "deep" and frames[0].line == 13:
+                    assert all(frame.file == str(script) for frame in frames[:5])
+                    ours[tid] = [(frame.function, frame.line) for frame in frames]
+            time.sleep(0.02)
+        dump = subprocess.run([py_spy, "dump", "--pid", str(proc.pid), "--nonblocking"],
+                              capture_output=True, text=True, timeout=30)
+        assert dump.returncode == 0, dump.stderr
+        theirs: dict[int, list[tuple[str, int]]] = {}
+        current: list[tuple[str, int]] = []
+        for line in dump.stdout.splitlines():
+            thread = re.match(r"Thread (0x[0-9A-Fa-f]+|\d+)", line)
+            if thread:
+                current = theirs.setdefault(int(thread.group(1), 0), [])
+            frame = re.match(r"\s+(\S+) \((.+):(\d+)\)$", line)
+            if frame:
+                current.append((frame.group(1), int(frame.group(3))))
+        assert theirs == ours, dump.stdout
+    finally:
+        _stop(proc)
