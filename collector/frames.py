@@ -78,17 +78,20 @@ class FrameResolver:
         self.writer.add_mapping(module_id, mapping.start, mapping.end, mapping.file_offset)
 
     def _add_missed_mappings(self) -> None:
-        """Adds the executable mappings /proc/PID/maps has and the address space lacks.
-        The heap ring and the perf ring are drained apart, so a heap stack can reach us
-        before the MMAP2 record of the JIT code it runs through (seen: node's allocations
-        from freshly compiled code, all `[truncated]` under load: the stack is resolved
-        once, so one early miss was every allocation's). Mappings already known are left
-        alone (MMAP2 records carry build ids); a process that is gone adds nothing."""
+        """Adds the anonymous executable mappings (JIT code) /proc/PID/maps has and the
+        address space lacks. The heap ring and the perf ring are drained apart, so a heap
+        stack can reach us before the MMAP2 record of the JIT code it runs through (seen:
+        node's allocations from freshly compiled code, all `[truncated]` under load: a
+        stack is resolved once, so one early miss was every allocation's). Only anonymous
+        ones: a file mapping found now may belong to a later exec of the same pid, while
+        JIT code has no other source. A process that is gone adds nothing."""
         try:
             current = read_executable_maps(self.pid)
         except OSError:
             return
         for mapping in current:
+            if not is_anonymous(mapping.path):
+                continue
             if self.space.find(mapping.start) is None and self.space.find(mapping.end - 1) is None:
                 self.add_mapping(mapping)
 
