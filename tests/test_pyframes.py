@@ -104,7 +104,9 @@ def test_reader_sees_the_python_stack_and_the_split(name: str) -> None:
                 assert frame.file == str(SCRIPT), frame
                 assert frame.first_line == FIRST_LINES[frame.function], frame
                 if frame.function in BODIES:
-                    assert frame.line in BODIES[frame.function], frame
+                    # A frame just pushed is at its RESUME, which CPython puts on the def line.
+                    assert (frame.line in BODIES[frame.function]
+                            or frame.line == frame.first_line), frame
                 else:
                     assert frame.line == 47, frame  # <module> waits in main(seconds)
             chains[tuple(frame.function for frame in frames)] += 1
