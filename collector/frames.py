@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from rsprof.collector.maps import AddressSpace, Mapping, read_executable_maps
-from rsprof.collector.perfmap import JitSymbol, PerfMap, is_anonymous
+from rsprof.collector.perfmap import JitSymbol, PerfMap, is_anonymous, process_start_time
 from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.writer import LocationKey, ProfileWriter
 
@@ -50,6 +50,8 @@ class FrameResolver:
         self._perfmap: PerfMap | None = None
         self._parent_perfmap: PerfMap | None = None
         self._perfmap_fresh = False  # refreshed during this resolve_stacks call
+        # Taken now, while the process surely exists (stacks may be resolved after it exits).
+        self._started = process_start_time(pid) if pid > 0 else None
         self.on_warning: Callable[[str], None] | None = None
 
     def for_new_image(self, pid: int, *, forked: bool) -> FrameResolver:
@@ -247,7 +249,7 @@ class FrameResolver:
         (it grows as code is compiled); a forked child that has no map of its own (or none
         holding the address) is looked up in its parent's."""
         if self._perfmap is None:
-            self._perfmap = PerfMap(self.pid)
+            self._perfmap = PerfMap(self.pid, started=self._started)
         found = self._perfmap.lookup(address)
         if found is None and not self._perfmap_fresh:
             self._perfmap_fresh = True

@@ -20,6 +20,7 @@ import re
 import stat
 from dataclasses import dataclass
 
+STALE_SLACK_S = 2.0  # the start time is known to about a second
 MAX_LINE = 4096  # longer lines (and the rest of them) are skipped
 MAX_ENTRIES = 2_000_000
 MAX_BYTES = 256 << 20  # read at most this much of one file
@@ -108,6 +109,19 @@ def perf_map_path(pid: int) -> str:
     return f"/proc/{pid}/root/tmp/perf-{ns_pid}.map"
 
 
+def process_start_time(pid: int) -> float | None:
+    """When `pid` started (seconds since the epoch, to about a second: the boot time is in
+    whole seconds), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            ticks = int(stat_file.read(4096).rpartition(b")")[2].split()[19])
+        with open("/proc/stat", "rb") as machine:
+            boot = next(int(line.split()[1]) for line in machine if line.startswith(b"btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _owner_uid(pid: int) -> int:
     """The target's uid (its /proc entry's owner); ours if it is gone."""
     try:
@@ -119,10 +133,14 @@ def _owner_uid(pid: int) -> int:
 class PerfMap:
     """The perf map of one process, read as it grows."""
 
-    def __init__(self, pid: int, path: str | None = None, uid: int | None = None) -> None:
+    def __init__(self, pid: int, path: str | None = None, uid: int | None = None,
+                 started: float | None = None) -> None:
         self.pid = pid
         self.path = path or perf_map_path(pid)
         self.uid = _owner_uid(pid) if uid is None else uid
+        # A map last written before the process started is an earlier process's with the
+        # same pid (/tmp keeps them): never this one's names.
+        self.started = started
         self.refused: str | None = None  # why the file was not read, once it was refused
         self.malformed = 0  # lines ignored
         self._identity: tuple[int, int] | None = None
@@ -161,6 +179,9 @@ class PerfMap:
                 self.refused = (
                     f"{self.path} is owned by uid {info.st_uid}, not by the target's {self.uid}"
                 )
+                return False
+            if self.started is not None and info.st_mtime < self.started - STALE_SLACK_S:
+                self.refused = f"{self.path} is older than process {self.pid} (an earlier one's)"
                 return False
             self.refused = None
             changed = False

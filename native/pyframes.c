@@ -84,6 +84,7 @@ struct rs_pyreader {
     unsigned long long walks, dropped, truncated, reads;
     int gone;                          /* ESRCH seen */
     pyf_code cache[PYF_CACHE];
+    struct { uint64_t tid, tstate; } threads[64]; /* tid -> thread state, checked on use */
     pyf_function *functions;           /* [0] unused: ids start at 1 */
     uint32_t n_functions, cap_functions;
     uint32_t *index;                   /* open addressing: function ids, 0 = empty */
@@ -436,8 +437,18 @@ int rs_pyreader_walk(rs_pyreader *self, uint32_t tid, rs_pyframe *out, int max) 
     self->walks++;
     self->gone = 0;
     if (max > RS_PY_MAX_DEPTH) max = RS_PY_MAX_DEPTH;
-    uint64_t ts = pyf_tstate(self, tid);
+    /* The thread state found last time saves the list walk (2+ reads) while it still
+     * holds this native thread id (ids are unique among live threads). */
+    uint64_t ts = 0, native;
+    int hint = (int)(tid % 64);
+    if (self->threads[hint].tid == tid && self->threads[hint].tstate != 0 &&
+        pyf_ptr(self, self->threads[hint].tstate + (uint64_t)self->off[O_TSTATE_NATIVE_THREAD_ID],
+                &native) == 0 && native == tid)
+        ts = self->threads[hint].tstate;
+    if (ts == 0) ts = pyf_tstate(self, tid);
     if (ts == 0) return self->gone ? RS_PY_GONE : RS_PY_NOTHREAD;
+    self->threads[hint].tid = tid;
+    self->threads[hint].tstate = ts;
     uint64_t slot, top;
     if (pyf_top_slot(self, ts, &slot) < 0 || pyf_ptr(self, slot, &top) < 0)
         return pyf_failed(self);

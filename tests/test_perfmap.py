@@ -89,7 +89,7 @@ def test_malformed_and_overlong_lines_are_skipped(tmp_path: Path) -> None:
     assert perf_map.lookup(0x2000) is None and perf_map.lookup(0x3000) is not None
 
 
-def test_symlinks_fifos_and_foreign_files_are_refused(tmp_path: Path) -> None:
+def test_symlinks_fifos_foreign_and_stale_files_are_refused(tmp_path: Path) -> None:
     real = tmp_path / "real.map"
     real.write_text("1000 10 f\n")
     link = tmp_path / "link.map"
@@ -107,6 +107,14 @@ def test_symlinks_fifos_and_foreign_files_are_refused(tmp_path: Path) -> None:
     assert perf_map.refused is not None and "owned by" in perf_map.refused
     missing = PerfMap(os.getpid(), path=str(tmp_path / "none.map"), uid=os.geteuid())
     assert not missing.refresh() and missing.refused is None
+    # Left in /tmp by an earlier process with the same pid: older than this one.
+    import time
+
+    stale = PerfMap(os.getpid(), path=str(real), uid=os.geteuid(), started=time.time() + 60)
+    assert not stale.refresh() and stale.lookup(0x1000) is None
+    assert stale.refused is not None and "older" in stale.refused
+    fresh = PerfMap(os.getpid(), path=str(real), uid=os.geteuid(), started=time.time() - 60)
+    assert fresh.refresh() and fresh.lookup(0x1000) is not None
 
 
 def _functions(profile: Path, kind: str, *extra: str) -> dict[str, dict[str, Any]]:
@@ -164,3 +172,21 @@ def test_python312_perf_trampolines_name_python_functions(tmp_path: Path) -> Non
     row = cpu["hot_py_fn"]
     assert row["file"].endswith("jit_hot.py"), row
     assert row["total_pct"] > 50, row  # the loop is nearly all the program does
+
+
+@pytest.mark.skipif(not os.access(NODE, os.X_OK), reason="node is not installed")
+def test_jit_code_without_a_perf_map_is_an_address_frame_not_a_truncation(
+        tmp_path: Path) -> None:
+    """No perf map: JIT code has no name, but it is in an executable mapping, so it is a
+    frame (its address) and the frame-pointer walk goes on through it to node's C++."""
+    out = tmp_path / "nomap.db"
+    result = run_rsprof("run", "-q", "--no-heap", "--cpu-freq", "499", "-o", str(out), "--",
+                        NODE, str(TARGETS / "jit_hot.js"), "1.5", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = top_json(out, "cpu")
+    jit = [row for row in rows if row["module"] == "//anon"]
+    assert jit and all(row["function"].startswith("0x") for row in jit), rows[:5]
+    assert sum(row["self_pct"] for row in jit) > 50, rows[:5]
+    hottest = max(jit, key=lambda row: row["self"])
+    traces = run_rsprof("traces", str(out), "--focus", hottest["function"], "-n", "1")
+    assert "node::Start" in traces.stdout and "[truncated]" not in traces.stdout, traces.stdout
