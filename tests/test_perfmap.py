@@ -14,7 +14,8 @@ from rsprof.collector.perfmap import MAX_LINE, PerfMap, is_anonymous, parse_line
 
 TARGETS = Path(__file__).parent / "targets"
 NODE = shutil.which("node") or "/usr/bin/node"
-PY312 = Path.home() / ".pyenv/versions/3.12.1/bin/python3.12"
+PERF_PYTHONS = [Path.home() / ".pyenv/versions/3.12.1/bin/python3.12",
+                Path.home() / ".pyenv/versions/3.13.0/bin/python3.13"]
 
 
 def _map(tmp_path: Path, text: str | bytes) -> tuple[Path, PerfMap]:
@@ -155,16 +156,18 @@ def _has_cfi_unwinding() -> bool:
     return "--stack-bytes" in help_text
 
 
-@pytest.mark.skipif(not PY312.exists(), reason="pyenv's python3.12 is not installed")
-def test_python312_perf_trampolines_name_python_functions(tmp_path: Path) -> None:
-    """CPython 3.12's `-X perf` runs each Python function through a trampoline of its own
+@pytest.mark.parametrize("python", PERF_PYTHONS, ids=lambda path: path.name)
+def test_python_perf_trampolines_name_python_functions(tmp_path: Path, python: Path) -> None:
+    """CPython 3.12+'s `-X perf` runs each Python function through a trampoline of its own
     named `py::qualname:file` in the perf map. The trampoline keeps no frame pointer and
     libpython is built without them, so only a CFI unwinder reaches it."""
+    if not python.exists():
+        pytest.skip(f"{python} is not installed")
     if not _has_cfi_unwinding():
         pytest.skip("needs CFI unwinding (frame pointers never reach the trampolines)")
     out = tmp_path / "py.db"
     result = run_rsprof("run", "-q", "--no-heap", "--cpu-freq", "499", "-o", str(out), "--",
-                        str(PY312), "-X", "perf", str(TARGETS / "jit_hot.py"), "2",
+                        str(python), "-X", "perf", str(TARGETS / "jit_hot.py"), "2",
                         cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     cpu = _functions(out, "cpu")
