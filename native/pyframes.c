@@ -30,7 +30,8 @@
 #define PYF_MAX_THREADS 4096      /* thread states looked at per walk */
 #define PYF_MAX_INTERPS 64
 #define PYF_MAX_STR 1024          /* code points of a name or file name */
-#define PYF_MAX_LINETABLE 65536   /* bytes of a location table */
+#define PYF_MAX_LINETABLE 32768   /* bytes of a location table (cache: 32 MiB at most) */
+#define PYF_MAX_NAME_BYTES (64u << 20) /* names and files kept by the function table */
 #define PYF_HEADER 256            /* bytes of a code object read at once (all we use) */
 #define PYF_FRAME 128             /* bytes of an _PyInterpreterFrame read at once */
 #define PYF_CACHE 1024            /* code objects remembered (direct mapped) */
@@ -87,6 +88,7 @@ struct rs_pyreader {
     struct { uint64_t tid, tstate; } threads[64]; /* tid -> thread state, checked on use */
     pyf_function *functions;           /* [0] unused: ids start at 1 */
     uint32_t n_functions, cap_functions;
+    size_t name_bytes;                 /* of the function table's strings */
     uint32_t *index;                   /* open addressing: function ids, 0 = empty */
     uint32_t index_size;               /* a power of two, > 2 * n_functions */
 };
@@ -264,7 +266,10 @@ static uint32_t pyf_intern(rs_pyreader *self, char *name, char *file, int32_t fi
             }
         }
     }
-    if (self->n_functions + 1 >= RS_PY_MAX_FUNCTIONS) goto full;
+    size_t bytes = strlen(name) + strlen(file) + 2;
+    if (self->n_functions + 1 >= RS_PY_MAX_FUNCTIONS ||
+        self->name_bytes + bytes > PYF_MAX_NAME_BYTES)
+        goto full;
     if (self->n_functions + 2 > self->cap_functions) {
         uint32_t cap = self->cap_functions ? self->cap_functions * 2 : 256;
         pyf_function *grown = realloc(self->functions, cap * sizeof *grown);
@@ -275,6 +280,7 @@ static uint32_t pyf_intern(rs_pyreader *self, char *name, char *file, int32_t fi
     if (2 * (self->n_functions + 1) >= self->index_size && pyf_index_grow(self) < 0) goto full;
     uint32_t id = ++self->n_functions;
     self->functions[id] = (pyf_function){name, file, first_line, hash};
+    self->name_bytes += bytes;
     uint32_t slot = (uint32_t)hash & (self->index_size - 1);
     while (self->index[slot]) slot = (slot + 1) & (self->index_size - 1);
     self->index[slot] = id;
