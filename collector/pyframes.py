@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rsprof.collector.symbols.elf import PT_LOAD, ElfError, ElfFile
@@ -174,3 +175,35 @@ def open_reader(pid: int) -> PyFrameReader | None:
         return None
     return PyFrameReader(pid, runtime.runtime, runtime.code_type, runtime.unicode_type,
                          runtime.layout)
+
+
+def splice_plan(native_is_eval: Sequence[bool],
+                python_entry: Sequence[bool]) -> list[tuple[str, int]] | None:
+    """Where a thread's Python frames go in its native stack (both innermost first).
+
+    CPython 3.11+ runs Python-to-Python calls inside the caller's evaluator call, so each
+    `_PyEval_EvalFrameDefault` native frame ran a group of Python frames: innermost first,
+    up to and including the next `entry` frame (PyFrame.entry). The plan lists, in stack
+    order, ("native", i) for native frames kept and ("python", j) for the Python frames
+    that replace evaluator frame after evaluator frame. None when the two do not pair up
+    (as many groups as evaluator frames, the last group ending at an entry frame): the
+    native stack was cut, or the Python stack was read across a call or return; keep the
+    native stack then, never a guess."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for index, entry in enumerate(python_entry):
+        current.append(index)
+        if entry:
+            groups.append(current)
+            current = []
+    if current or len(groups) != sum(1 for is_eval in native_is_eval if is_eval):
+        return None
+    plan: list[tuple[str, int]] = []
+    next_group = 0
+    for index, is_eval in enumerate(native_is_eval):
+        if is_eval:
+            plan.extend(("python", j) for j in groups[next_group])
+            next_group += 1
+        else:
+            plan.append(("native", index))
+    return plan

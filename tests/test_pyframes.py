@@ -364,3 +364,19 @@ def test_agrees_with_py_spy_dump(name: str, tmp_path: Path) -> None:
         assert theirs == ours, dump.stdout
     finally:
         _stop(proc)
+
+
+def test_splice_plan_pairs_evaluator_frames_with_python_groups() -> None:
+    from rsprof.collector.pyframes import splice_plan
+
+    # long_add <- _PyEval(heavy, main, <module>) <- PyRun_... <- main
+    assert splice_plan([False, True, False, False], [False, False, True]) == [
+        ("native", 0), ("python", 0), ("python", 1), ("python", 2), ("native", 2),
+        ("native", 3)]
+    # Two evaluator calls (a C callback in between): innermost group to innermost one.
+    assert splice_plan([True, False, True, False], [False, True, True]) == [
+        ("python", 0), ("python", 1), ("native", 1), ("python", 2), ("native", 3)]
+    assert splice_plan([False, False], []) == [("native", 0), ("native", 1)]
+    assert splice_plan([True, False], [False, False]) is None  # no entry frame: cut
+    assert splice_plan([True, True], [True]) is None  # native deeper than Python
+    assert splice_plan([True], [True, True]) is None  # Python deeper than native
