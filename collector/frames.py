@@ -161,7 +161,8 @@ class FrameResolver:
         the file being compressed). The stack ends at the last justified frame and gets a
         `[truncated]` root, so shares stay honest and no junk name is ever reported."""
         self._perfmap_fresh = False
-        if any(self.space.find(address) is None for _, ips in stacks for address in ips):
+        if any(address not in (KERNEL_ADDRESS, TRUNCATED_ADDRESS)
+               and self.space.find(address) is None for _, ips in stacks for address in ips):
             self._add_missed_mappings()
         stacks = [(native_id, self._justified(ips)) for native_id, ips in stacks]
         needed = {
