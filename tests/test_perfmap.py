@@ -118,6 +118,18 @@ def test_symlinks_fifos_foreign_and_stale_files_are_refused(tmp_path: Path) -> N
     assert fresh.refresh() and fresh.lookup(0x1000) is not None
 
 
+def _remove_perf_map(profile: Path) -> None:
+    """The runtime leaves /tmp/perf-PID.map behind; a test's should not pile up."""
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{profile}?mode=ro", uri=True)
+    try:
+        pid = db.execute("SELECT value FROM meta WHERE key = 'pid'").fetchone()[0]
+    finally:
+        db.close()
+    Path(f"/tmp/perf-{pid}.map").unlink(missing_ok=True)
+
+
 def _functions(profile: Path, kind: str, *extra: str) -> dict[str, dict[str, Any]]:
     return {str(row["function"]): row for row in top_json(profile, kind, *extra)}
 
@@ -133,6 +145,7 @@ def test_node_perf_basic_prof_names_js_functions_in_cpu_and_heap(tmp_path: Path)
                         str(TARGETS / "jit_hot.js"), "2",
                         cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    _remove_perf_map(out)
     cpu = _functions(out, "cpu")
     assert "hotLoopFn" in cpu, sorted(cpu)[:30]
     row = cpu["hotLoopFn"]
@@ -170,6 +183,7 @@ def test_python_perf_trampolines_name_python_functions(tmp_path: Path, python: P
                         str(python), "-X", "perf", str(TARGETS / "jit_hot.py"), "2",
                         cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    _remove_perf_map(out)
     cpu = _functions(out, "cpu")
     assert "hot_py_fn" in cpu, sorted(cpu)[:30]
     row = cpu["hot_py_fn"]
