@@ -140,7 +140,9 @@ def test_live_tui_in_its_own_process_and_sighup_finalizes(tmp_path: Path) -> Non
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
     assert wait_for(lambda: _meta(out).get("state") == "finished", 20), _meta(out)
-    assert _meta(out)["stop_reason"] == "hangup"
+    # The terminal's SIGHUP reaches the demo too: whichever the recorder sees first, the
+    # file is finalized.
+    assert _meta(out)["stop_reason"] in ("hangup", "target-exited")
     assert wait_for(lambda: not _tui_processes(out.name), 10)
 
 
