@@ -51,7 +51,7 @@ class RecordOptions:
 # Stack copies per CPU ring, largest first: one ring per CPU takes every thread's samples,
 # and 300 threads starting together burst (their events begin at a short period before the
 # kernel's frequency adjustment catches up) while they starve the drain of CPU: with rings
-# of 32 copies 12-21 % of the samples were lost, with 128 copies 0-6 % (load average
+# of 32 copies 12-21 % of the samples were lost, with 128 copies 0-13 % (load average
 # 300-800 here). Without privileges, locked ring memory is capped per user: the smaller
 # rings are tried next, then frame pointers.
 RING_COPIES = (128, 32)
