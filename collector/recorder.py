@@ -48,15 +48,30 @@ class RecordOptions:
     stack_bytes: int = 16384
 
 
-def ring_kib_for(options: RecordOptions) -> int:
-    """Each CFI sample carries its stack copy: the ring must hold a few dozen of them
+# Stack copies per CPU ring, largest first: one ring per CPU takes every thread's samples,
+# and 300 threads starting together burst (their events begin at a short period before the
+# kernel's frequency adjustment catches up) while they starve the drain of CPU: with rings
+# of 32 copies 12-21 % of the samples were lost, with 128 copies 0-13 % (load average
+# 300-800 here). Without privileges, locked ring memory is capped per user: the smaller
+# rings are tried next, then frame pointers.
+RING_COPIES = (128, 32)
+# All CPUs' rings together stay under this, whatever the copy count asks for (a 64-CPU
+# machine must not pin 256 MiB for a profile).
+RING_BUDGET_KIB = 64 * 1024
+
+
+def ring_kib_for(options: RecordOptions, copies: int = RING_COPIES[0]) -> int:
+    """Each CFI sample carries its stack copy: a CPU's ring must hold `copies` of them
     between two drains, whatever ring_kib says (a power of two, as perf requires)."""
     if options.stack_bytes <= 0:
         return options.ring_kib
-    need = 32 * (options.stack_bytes + 96) // 1024
+    need = copies * (options.stack_bytes + 96) // 1024
     kib = options.ring_kib
     while kib < need:
         kib *= 2
+    cpus = os.cpu_count() or 1
+    while kib * cpus > RING_BUDGET_KIB and kib // 2 >= 4 * (options.stack_bytes + 96) // 1024:
+        kib //= 2
     return kib
 
 
@@ -174,21 +189,24 @@ class Recorder:
         tids = process.thread_ids(pid)
         if not tids:
             raise ProcessNotFound(f"no process with PID {pid}")
-        try:
-            opened = self._open_sampler(tids)
-        except PermissionDenied:
-            if self.options.stack_bytes == 0:
-                raise
-            # Without privileges the kernel caps locked ring memory per user
-            # (kernel.perf_event_mlock_kb x CPUs, then RLIMIT_MEMLOCK): the rings that hold
-            # stack copies may be refused where frame-pointer rings fit. Record anyway, and
-            # say so in meta.cpu_unwind, rather than fail.
-            if self._sampler is not None:
-                self._sampler.close()
+        opened = None
+        for copies in RING_COPIES if self.options.stack_bytes else ():
+            try:
+                opened = self._open_sampler(tids, copies)
+                break
+            except PermissionDenied:
+                # Without privileges the kernel caps locked ring memory per user
+                # (kernel.perf_event_mlock_kb x CPUs, then RLIMIT_MEMLOCK): try smaller rings.
+                if self._sampler is not None:
+                    self._sampler.close()
+        if opened is None and self.options.stack_bytes:
+            # Even the smallest rings for stack copies were refused where frame-pointer
+            # rings may fit: record anyway, and say so, rather than fail.
             self.options.stack_bytes = 0
             self._unwind_note = "frame-pointers (rings for CFI stack copies refused)"
             self.warn("the rings for CFI stack copies were refused (locked-memory limit):"
                       " stacks walked by frame pointers")
+        if opened is None:
             opened = self._open_sampler(tids)
         if opened == 0:
             raise ProcessNotFound(f"PID {pid} exited before it could be sampled")
@@ -223,12 +241,12 @@ class Recorder:
         if self.on_attached is not None:
             self.on_attached()
 
-    def _open_sampler(self, tids: list[int]) -> int:
+    def _open_sampler(self, tids: list[int], copies: int = RING_COPIES[0]) -> int:
         try:
             self._sampler = PerfSampler(
                 self.target.pid,
                 self.options.freq_hz,
-                ring_kib_for(self.options),
+                ring_kib_for(self.options, copies),
                 follow=self.options.follow,
                 stack_bytes=self.options.stack_bytes,
             )

@@ -146,6 +146,25 @@ def test_frame_pointer_mode_is_still_available(tmp_path: Path) -> None:
     assert _share(stacks, "main") < 0.5
 
 
+def test_frameless_leaf_keeps_its_caller_in_a_3_to_1_split(tmp_path: Path) -> None:
+    """split.c without frame pointers: spin() is a leaf reached from heavy() 3 units for
+    every 1 from light(). A frame-pointer walk loses a frameless leaf's caller; CFI must
+    charge spin's samples to heavy and light 3:1. (Sibling calls stay calls: a `jmp spin`
+    leaves no trace of heavy on any stack, for perf either.)"""
+    from conftest import assert_share
+
+    binary = build_target("split.c", (*NO_FP, "-fno-optimize-sibling-calls"))
+    stacks = _stacks(_record(tmp_path / "split.db", str(binary), "1.5", "1000"))
+    _assert_no_junk(stacks)
+    callers = {"heavy": 0, "light": 0}
+    for count, frames in stacks:
+        names = [f for f, _, _ in frames]
+        if len(names) > 2 and names[0] == "spin" and names[1] in callers:
+            assert names[2] == "work", names
+            callers[names[1]] += count
+    assert_share(callers["heavy"], callers["light"], 0.75)
+
+
 def test_recursion_deeper_than_the_copy_is_truncated_and_counted(tmp_path: Path) -> None:
     binary = build_target("cfi_chain.c", NO_FP)
     profile = tmp_path / "deep.db"
