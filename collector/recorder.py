@@ -357,7 +357,9 @@ class Recorder:
                 if self.options.heap:
                     # A launched target creates its ring only after exec, and a short one
                     # may be gone before the first checkpoint: look for it on every poll.
-                    for pid in (self.target.pid, *self._live_children):
+                    # Straight from the sampler's drain, not the last checkpoint: a child
+                    # that lives 100 ms must have its ring read before it exits.
+                    for pid in (self.target.pid, *self.sampler.processes()):
                         if pid not in self._heaps:
                             self._attach_heap(pid)
                 for heap in list(self._heaps.values()):

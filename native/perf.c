@@ -1360,6 +1360,24 @@ static PyObject *PerfSampler_threads(PerfSampler *self, PyObject *Py_UNUSED(igno
     return lst;
 }
 
+static PyObject *PerfSampler_processes(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
+    perf_lock(self);
+    size_t n = self->n_procs;
+    int32_t *pids = n ? malloc(n * sizeof(int32_t)) : NULL;
+    if (pids != NULL)
+        for (size_t i = 0; i < n; i++) pids[i] = self->procs[i].pid;
+    perf_unlock(self);
+    if (n && pids == NULL) return PyErr_NoMemory();
+    PyObject *lst = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; lst != NULL && i < n; i++) {
+        PyObject *p = PyLong_FromLong(pids[i]);
+        if (p == NULL) Py_CLEAR(lst);
+        else PyList_SET_ITEM(lst, (Py_ssize_t)i, p);
+    }
+    free(pids);
+    return lst;
+}
+
 static PyObject *PerfSampler_close(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
     perf_lock(self);
     perf_close_locked(self);
@@ -1429,6 +1447,9 @@ static PyMethodDef PerfSampler_methods[] = {
      "drain every ring into the aggregates. Returns the number of records processed."},
     {"take", (PyCFunction)PerfSampler_take, METH_NOARGS,
      "take() -> PerfBatch\n\nReturn and reset everything aggregated since the previous take()."},
+    {"processes", (PyCFunction)PerfSampler_processes, METH_NOARGS,
+     "processes() -> list[int]\n\nLive processes being sampled: the target, and with follow "
+     "the descendants whose FORK was drained and whose EXIT was not yet."},
     {"threads", (PyCFunction)PerfSampler_threads, METH_NOARGS,
      "threads() -> list[int]\n\nLive threads being sampled (opened or inherited)."},
     {"unwind_stats", (PyCFunction)PerfSampler_unwind_stats, METH_NOARGS,

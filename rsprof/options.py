@@ -40,7 +40,7 @@ def sample_options(func: click.decorators.FC) -> click.decorators.FC:
         click.option("--tid", type=click.IntRange(1, 2**31 - 1),
                      help="Only this thread (CPU)."),
         click.option("--pid", "process_pid", type=click.IntRange(1, 2**31 - 1),
-                     help="Only this process (CPU), of a recording that followed children."),
+                     help="Only this process, of a recording that followed children."),
         click.option("--since", callback=_point, metavar="TIME",
                      help="Start of the time range, from the recording's start (e.g. 2s, 1m)."),
         click.option("--until", callback=_point, metavar="TIME",
@@ -72,8 +72,6 @@ def build_query(kind: str, options: dict[str, Any]) -> SampleQuery:
         raise click.BadParameter("heap data has no threads (the shim records stacks only)",
                                  param_hint="'--tid'")
     pid = options.pop("process_pid")
-    if pid is not None and kind == "heap":
-        raise click.BadParameter("heap data is not split by process yet", param_hint="'--pid'")
     return SampleQuery(kind, tid, TimeRange(since, until), filters, pid)
 
 

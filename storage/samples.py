@@ -139,7 +139,7 @@ def load_samples(
         samples = _cpu_samples(profile, frames, checkpoints, tid, pid, period_ns)
         return SampleSet("cpu", CPU_SAMPLE_TYPES, 0, samples, start_ms, end_ms,
                          period_ns=period_ns, meta=meta)
-    samples = _heap_samples(profile, frames, checkpoints)
+    samples = _heap_samples(profile, frames, checkpoints, pid)
     return SampleSet("heap", HEAP_SAMPLE_TYPES, 3, samples, start_ms, end_ms, meta=meta)
 
 
@@ -213,14 +213,23 @@ def _cpu_samples(
 
 
 def _heap_samples(
-    profile: Profile, frames: _FrameTable, checkpoints: list[tuple[int, bool]]
+    profile: Profile, frames: _FrameTable, checkpoints: list[tuple[int, bool]],
+    pid: int | None = None,
 ) -> list[Sample]:
     inside = {cid for cid, within in checkpoints if within}
     sums: dict[int, list[int]] = {}
     freed: dict[int, tuple[int, int]] = {}
+    ids = _id_list(c for c, _ in checkpoints)
+    table, where = "heap_stack_samples", ""
+    if pid is not None:
+        tables = {r[0] for r in profile.rows("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "heap_process_samples" in tables:
+            table, where = "heap_process_samples", f" AND pid = {int(pid)}"
+        elif str(pid) != str(profile.meta().get("pid")):
+            return []  # a file from before processes were followed: one process only
     rows = profile.rows(
         "SELECT checkpoint_id, stack_id, alloc_count, alloc_bytes, free_count, free_bytes"
-        f" FROM heap_stack_samples WHERE checkpoint_id IN ({_id_list(c for c, _ in checkpoints)})"
+        f" FROM {table} WHERE checkpoint_id IN ({ids}){where}"
     )
     for checkpoint_id, stack_id, alloc_count, alloc_bytes, free_count, free_bytes in rows:
         values = sums.setdefault(stack_id, [0, 0, 0, 0])

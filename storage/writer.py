@@ -47,6 +47,8 @@ class Checkpoint:
     cpu: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (stack_id, tid) -> count
     heap: Mapping[int, HeapDelta] = field(default_factory=dict)  # stack_id -> delta
     heap_sites: Mapping[int, int] = field(default_factory=dict)  # stack_id -> site location_id
+    # pid -> stack_id -> delta: the same heap split by the process that allocated
+    heap_by_pid: Mapping[int, Mapping[int, HeapDelta]] = field(default_factory=dict)
     heap_events: int = 0
     heap_lost_events: int = 0
     threads: Mapping[int, str | None] = field(default_factory=dict)  # tids seen -> name
@@ -326,6 +328,15 @@ class ProfileWriter:
             [
                 (cid, sid, d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count)
                 for sid, d in checkpoint.heap.items()
+            ],
+        )
+        self._execute_many(
+            "INSERT INTO heap_process_samples (checkpoint_id, pid, stack_id, alloc_bytes,"
+            " alloc_count, free_bytes, free_count) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (cid, pid, sid, d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count)
+                for pid, deltas in checkpoint.heap_by_pid.items()
+                for sid, d in deltas.items()
             ],
         )
         sites: dict[int, HeapDelta] = {}

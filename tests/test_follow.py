@@ -150,3 +150,21 @@ def test_attach_with_follow_sees_new_children(tmp_path: Path) -> None:
     assert any(c.startswith(str(alpha)) for c in commands), commands
     db = sqlite3.connect(alone)
     assert "alpha_spin" not in {n for (n,) in db.execute("SELECT function FROM cpu_functions")}
+
+
+def test_heap_split_by_process(tmp_path: Path) -> None:
+    # Two children leak 20 and 10 ticks of 4000 B at leak_site: together 30, each its own.
+    leaky = build_target("leaky.c")
+    out = tmp_path / "two-heaps.db"
+    result = run_rsprof("run", "-q", "-i", "200ms", "-o", str(out),
+                        "--", "sh", "-c", f"{leaky} 20 10 0; {leaky} 10 10 0")
+    assert result.returncode == 0, result.stderr
+
+    def leak(*extra: str) -> int:
+        rows = json.loads(run_rsprof("top", "heap", str(out), "--json", "-n", "0", *extra).stdout)
+        return int({r["function"]: r for r in rows}["leak_site"]["live_bytes"])
+
+    assert leak() == 30 * 4000
+    pids = [pid for pid, _, _, command, _ in _processes(out) if command.startswith(str(leaky))]
+    assert len(pids) == 2, _processes(out)
+    assert sorted(leak("--pid", str(pid)) for pid in pids) == [10 * 4000, 20 * 4000]
