@@ -532,8 +532,13 @@ def test_cli_export(tmp_path: Path, split_cpu_profile: Path, leaky_heap_profile:
 def test_filters_mean_what_pprof_means(split_cpu_profile: Path, exported: dict[str, Path],
                                        filters: tuple[str, ...]) -> None:
     """rsprof's filters on the profile == pprof's same-named options on our whole export."""
-    ours = {str(r["function"]): (int(r["self"]), int(r["total"]))  # type: ignore[call-overload]
-            for r in top_json(split_cpu_profile, "cpu", *filters)}
+    # pprof names a function by its name alone; rsprof by name and module (the program's
+    # `_start` and ld.so's are two rows): add those up, as pprof does. (The two are never in
+    # one stack, so totals add too.)
+    ours: dict[str, tuple[int, int]] = {}
+    for r in top_json(split_cpu_profile, "cpu", *filters):
+        flat, cum = ours.get(str(r["function"]), (0, 0))
+        ours[str(r["function"])] = (flat + int(r["self"]), cum + int(r["total"]))
     pprof_flags = [f"-{flag.removeprefix('--')}={value}"
                    for flag, value in zip(filters[::2], filters[1::2], strict=True)]
     theirs = top_rows(pprof("-top", "-nodefraction=0", *pprof_flags, exported["cpu"]))
