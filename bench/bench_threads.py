@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Short-lived threads: samples rsprof records beside `perf record` on the same program, in
-one run. The target (bench/targets/short_threads.c) spins MAIN_MS on its main thread, then
-runs THREADS threads of MS each (4 at a time), all on CPU time, so the threads' true share
-is THREADS*MS / (THREADS*MS + MAIN_MS).
+one run. The target (tests/targets/short_threads.c, the test's own) spins MAIN_MS on its
+main thread, then runs THREADS threads of MS each (4 at a time), all on CPU time, so the
+threads' true share is THREADS*MS / (THREADS*MS + MAIN_MS).
 
 Printed per tool: samples, the threads' share of them (vs the truth), and samples per
 second of the program's CPU time (vs the requested frequency).
@@ -25,7 +25,7 @@ HERE = Path(__file__).parent
 def build(tmp: Path) -> Path:
     binary = tmp / "short_threads"
     subprocess.run(["gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread", "-o", str(binary),
-                    str(HERE / "targets" / "short_threads.c")], check=True)
+                    str(HERE.parent / "tests" / "targets" / "short_threads.c")], check=True)
     return binary
 
 

@@ -9,7 +9,7 @@ import os
 import sqlite3
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +112,31 @@ def top_json(profile: Path, kind: str, *extra: str) -> list[dict[str, Any]]:
     assert result.returncode == 0, result.stderr
     rows: list[dict[str, Any]] = json.loads(result.stdout)
     return rows
+
+
+def profile_meta(profile: Path) -> dict[str, str]:
+    """The profile's meta table, read only (a recording may still hold the file)."""
+    conn = sqlite3.connect(f"file:{profile}?mode=ro", uri=True)
+    try:
+        return dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    finally:
+        conn.close()
+
+
+def record_pid(pid: int, out: Path, *extra: str,
+               timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`rsprof -p PID` headless for 1 s, checkpoints every 250 ms."""
+    return run_rsprof("-p", str(pid), "-q", "-d", "1s", "-i", "250ms", "-o", str(out), *extra,
+                      timeout=timeout)
+
+
+@pytest.fixture
+def spinner() -> Iterator[subprocess.Popen[str]]:
+    """A CPU-bound target without the heap shim."""
+    proc = start_target(build_target("split.c"), "30", "100")
+    yield proc
+    proc.kill()
+    proc.wait()
 
 
 def checkpoint_count(profile: Path) -> int:

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
 from pathlib import Path
 
 from conftest import (
     build_target,
     checkpoint_count,
+    profile_meta,
     run_rsprof,
     start_rsprof,
     start_target,
     wait_for_checkpoints,
 )
-
-
-def _meta(path: Path) -> dict[str, str]:
-    return dict(sqlite3.connect(path).execute("SELECT key, value FROM meta"))
 
 
 def test_target_exiting_mid_recording_finalizes(tmp_path: Path) -> None:
@@ -29,7 +25,7 @@ def test_target_exiting_mid_recording_finalizes(tmp_path: Path) -> None:
     target.wait()
     assert result.returncode == 0, result.stderr
     assert "stopped: target-exited" in result.stderr
-    meta = _meta(out)
+    meta = profile_meta(out)
     assert meta["state"] == "finished" and meta["stop_reason"] == "target-exited"
     top = run_rsprof("top", "cpu", str(out), "--json")
     assert "heavy" in top.stdout
@@ -46,7 +42,7 @@ def test_sigterm_and_sigint_finalize(tmp_path: Path) -> None:
             _, stderr = recorder.communicate(timeout=20)
             assert recorder.returncode == 0, stderr
             assert f"stopped: {reason}" in stderr
-            assert _meta(out)["stop_reason"] == reason
+            assert profile_meta(out)["stop_reason"] == reason
     finally:
         target.kill()
         target.wait()
@@ -65,7 +61,8 @@ def test_recorder_killed_with_sigkill_leaves_readable_checkpoints(tmp_path: Path
         target.wait()
     survived = checkpoint_count(out)
     assert survived >= 3
-    assert _meta(out)["state"] == "recording"  # never finalized, yet every checkpoint is there
+    # never finalized, yet every checkpoint is there
+    assert profile_meta(out)["state"] == "recording"
     top = run_rsprof("top", "cpu", str(out), "--json")
     assert top.returncode == 0, top.stderr
     assert "heavy" in top.stdout
@@ -79,7 +76,7 @@ def test_run_launches_and_reports_exit_code(tmp_path: Path) -> None:
                         "100000")
     assert result.returncode == 0, result.stderr
     assert "target exited with code 0" in result.stderr
-    meta = _meta(out)
+    meta = profile_meta(out)
     assert meta["stop_reason"] == "target-exited" and meta["target_exit_code"] == "0"
     assert "heavy" in run_rsprof("top", "cpu", str(out), "--json").stdout
 
@@ -91,7 +88,7 @@ def test_run_duration_stops_a_long_command(tmp_path: Path) -> None:
                         str(build_target("split.c")), "60", "100000")
     assert result.returncode == 0, result.stderr
     assert time.monotonic() - started < 30
-    assert _meta(out)["stop_reason"] == "duration"
+    assert profile_meta(out)["stop_reason"] == "duration"
 
 
 def test_run_missing_command(tmp_path: Path) -> None:

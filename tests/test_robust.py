@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import build_target, run_rsprof, start_target
+from conftest import build_target, profile_meta, record_pid
 
 import rsprof
 from rsprof._native import HeapReader
@@ -54,33 +54,10 @@ def planted() -> Iterator[list[Path]]:
             remove(path)
 
 
-@pytest.fixture
-def spinner() -> Iterator[subprocess.Popen[str]]:
-    """A CPU-bound target without the heap shim."""
-    proc = start_target(build_target("split.c"), "30", "100")
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
-def record_pid(pid: int, out: Path, *extra: str,
-               timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return run_rsprof("-p", str(pid), "-q", "-d", "1s", "-i", "250ms", "-o", str(out), *extra,
-                      timeout=timeout)
-
-
 def cpu_samples(db: Path) -> int:
     conn = sqlite3.connect(db)
     try:
         return int(conn.execute("SELECT coalesce(sum(count), 0) FROM cpu_samples").fetchone()[0])
-    finally:
-        conn.close()
-
-
-def meta(db: Path) -> dict[str, str]:
-    conn = sqlite3.connect(db)
-    try:
-        return dict(conn.execute("SELECT key, value FROM meta").fetchall())
     finally:
         conn.close()
 
@@ -122,7 +99,7 @@ def test_fifo_and_directory_in_shm_never_hang_or_abort(
     # Said once, as a warning, and kept in the file.
     warnings = [line for line in result.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "not a heap ring" in warnings[0], result.stderr
-    assert "not a heap ring" in meta(tmp_path / "dir.db").get("warnings", "")
+    assert "not a heap ring" in profile_meta(tmp_path / "dir.db").get("warnings", "")
 
 
 def test_symlink_at_ring_name_not_followed(planted: list[Path], tmp_path: Path) -> None:
@@ -284,7 +261,7 @@ def test_corrupt_ring_drops_heap_keeps_cpu(mode: str, tmp_path: Path) -> None:
     assert len(warnings) == 1, result.stderr
     assert ("truncated" if mode == "truncate" else "corrupt heap ring") in warnings[0]
     assert "Traceback" not in result.stderr and "internal error" not in result.stderr
-    info = meta(out)
+    info = profile_meta(out)
     assert info["state"] == "finished" and info["stop_reason"] == "target-exited"
     assert "heap data from then on dropped" in info["warnings"]
     conn = sqlite3.connect(out)
@@ -476,7 +453,7 @@ def test_killed_target_ring_removed_when_recording_ends(tmp_path: Path) -> None:
                             str(build_target("ring_abuse.c")), "none", "30")
     try:
         wait_for_checkpoints(out, 2)
-        target = int(meta(out)["pid"])
+        target = int(profile_meta(out)["pid"])
         assert ring_path(target).exists()
         os.kill(target, signal.SIGKILL)
         _, stderr = recorder.communicate(timeout=30)

@@ -7,40 +7,14 @@ from __future__ import annotations
 import os
 import random
 import signal
-import sqlite3
 import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import build_target, run_rsprof, start_target
-
-
-@pytest.fixture
-def spinner() -> Iterator[subprocess.Popen[str]]:
-    """A CPU-bound target without the heap shim."""
-    proc = start_target(build_target("split.c"), "30", "100")
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
-def record_pid(pid: int, out: Path, *extra: str,
-               timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return run_rsprof("-p", str(pid), "-q", "-d", "1s", "-i", "250ms", "-o", str(out), *extra,
-                      timeout=timeout)
-
-
-def meta(db: Path) -> dict[str, str]:
-    conn = sqlite3.connect(db)
-    try:
-        return dict(conn.execute("SELECT key, value FROM meta").fetchall())
-    finally:
-        conn.close()
-
+from conftest import build_target, profile_meta, record_pid, run_rsprof
 
 # ------------------------------------------------------------------ 4. query sandbox
 
@@ -317,7 +291,7 @@ def test_append_refused_while_another_rsprof_records(spinner: subprocess.Popen[s
         if first.poll() is None:
             first.kill()
     assert first.returncode == 0, stderr
-    info = meta(out)
+    info = profile_meta(out)
     assert info["state"] == "finished" and info["pid"] == str(spinner.pid)
     # Once the first recorder is done, appending is fine.
     third = record_pid(spinner.pid, out, "-a")
@@ -395,14 +369,14 @@ def test_sighup_finalizes_and_stops_the_run_target(tmp_path: Path) -> None:
                             str(build_target("split.c")), "30", "100")
     try:
         wait_for_checkpoints(out, 2)
-        target = int(meta(out)["pid"])
+        target = int(profile_meta(out)["pid"])
         recorder.send_signal(signal.SIGHUP)
         _, stderr = recorder.communicate(timeout=30)
     finally:
         if recorder.poll() is None:
             recorder.kill()
     assert recorder.returncode == 0, stderr
-    info = meta(out)
+    info = profile_meta(out)
     assert info["state"] == "finished" and info["stop_reason"] == "hangup"
     deadline = time.monotonic() + 10
     while Path(f"/proc/{target}").exists() and time.monotonic() < deadline:

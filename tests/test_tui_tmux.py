@@ -6,7 +6,6 @@ import importlib.util
 import os
 import shlex
 import shutil
-import sqlite3
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import run_rsprof
+from conftest import profile_meta, run_rsprof
 
 
 def _cli_available() -> bool:
@@ -106,14 +105,6 @@ def test_view_in_tmux(tmp_path: Path) -> None:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
 
 
-def _meta(path: Path) -> dict[str, str]:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return dict(conn.execute("SELECT key, value FROM meta").fetchall())
-    finally:
-        conn.close()
-
-
 def _tui_processes(recorder_marker: str) -> list[str]:
     out = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True,
                          check=True).stdout
@@ -136,13 +127,13 @@ def test_live_tui_in_its_own_process_and_sighup_finalizes(tmp_path: Path) -> Non
         assert wait_for(lambda: "RECORDING" in pane.screen() and "spin_for" in pane.screen())
         assert _tui_processes(out.name), "the TUI is not a process of its own"
         pane.keys("j", "k")
-        assert _meta(out)["state"] == "recording"
+        assert profile_meta(out)["state"] == "recording"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
-    assert wait_for(lambda: _meta(out).get("state") == "finished", 20), _meta(out)
+    assert wait_for(lambda: profile_meta(out).get("state") == "finished", 20), profile_meta(out)
     # The terminal's SIGHUP reaches the demo too: whichever the recorder sees first, the
     # file is finalized.
-    assert _meta(out)["stop_reason"] in ("hangup", "target-exited")
+    assert profile_meta(out)["stop_reason"] in ("hangup", "target-exited")
     assert wait_for(lambda: not _tui_processes(out.name), 10)
 
 
@@ -166,7 +157,7 @@ def test_live_ctrl_c_stops_the_recording(tmp_path: Path) -> None:
         pane.keys("C-c")
         assert wait_for(lambda: exit_file.exists() and exit_file.read_text().strip() != ""), (
             pane.screen())
-        assert _meta(out)["state"] == "finished"
-        assert _meta(out)["stop_reason"] == "interrupted"
+        assert profile_meta(out)["state"] == "finished"
+        assert profile_meta(out)["stop_reason"] == "interrupted"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
