@@ -110,28 +110,17 @@ class HeapTracker:
         own: dict[int, HeapDelta] = {}  # this process's part, kept apart for --pid
         for native_id, alloc_bytes, alloc_count, free_bytes, free_count in batch.sites:
             stack_id = self._native_to_stored[native_id]
-            for delta in (heap.setdefault(stack_id, HeapDelta()),
-                          own.setdefault(stack_id, HeapDelta())):
-                delta.alloc_bytes += alloc_bytes
-                delta.alloc_count += alloc_count
-                delta.free_bytes += free_bytes
-                delta.free_count += free_count
+            change = HeapDelta(alloc_bytes, alloc_count, free_bytes, free_count)
+            heap.setdefault(stack_id, HeapDelta()).add(change)
+            own.setdefault(stack_id, HeapDelta()).add(change)
         checkpoint.heap = heap
         if own:
-            by_pid = {pid: dict(deltas) for pid, deltas in checkpoint.heap_by_pid.items()}
-            mine = by_pid.setdefault(self.reader.pid, {})
-            for stack_id, delta in own.items():  # an exec'd process's old and new rings
-                if stack_id in mine:
-                    total = mine[stack_id] = HeapDelta(
-                        mine[stack_id].alloc_bytes, mine[stack_id].alloc_count,
-                        mine[stack_id].free_bytes, mine[stack_id].free_count)
-                    total.alloc_bytes += delta.alloc_bytes
-                    total.alloc_count += delta.alloc_count
-                    total.free_bytes += delta.free_bytes
-                    total.free_count += delta.free_count
-                else:
-                    mine[stack_id] = delta
-            checkpoint.heap_by_pid = by_pid
+            # Added to what this pid already has in the checkpoint: an exec'd process's old
+            # and new rings may both be read in one interval.
+            mine = dict(checkpoint.heap_by_pid.get(self.reader.pid, {}))
+            for stack_id, delta in own.items():
+                mine.setdefault(stack_id, HeapDelta()).add(delta)
+            checkpoint.heap_by_pid = {**checkpoint.heap_by_pid, self.reader.pid: mine}
         checkpoint.heap_sites = {
             **checkpoint.heap_sites,
             **{sid: self._site_of_stack[sid] for sid in heap if sid in self._site_of_stack},

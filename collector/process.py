@@ -28,6 +28,15 @@ def _stat_flags(pid: int) -> int:
     return int(fields[6])
 
 
+def is_alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (pid reuse aside, which EXIT records cover)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return stat.rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
 def target_from_pid(pid: int) -> Target:
     """Validates that PID is a live user-space process we may sample."""
     if pid <= 0:

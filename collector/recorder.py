@@ -128,7 +128,6 @@ class Recorder:
         self._heaps: dict[int, HeapTracker] = {}
         self._images: dict[int, _Image] = {}
         self._image_of_pid: dict[int, int] = {}
-        self._live_children: set[int] = set()  # followed descendants not known to have exited
         self._thread_pids: dict[int, int] = {}
         self._unnamed_images: dict[int, str] = {}  # exec'd images known by comm only
         self._finished_rings: set[tuple[int, int]] = set()  # (pid, inode) read to the end
@@ -380,10 +379,6 @@ class Recorder:
         for heap in list(self._heaps.values()):
             heap.drain()
 
-    @property
-    def _root_heap(self) -> HeapTracker | None:
-        return self._heaps.get(self.target.pid)
-
     def _attach_heap(self, pid: int) -> None:
         """Attaches to pid's heap ring, unless it is one already read to its end (an exec'd
         or exited process's ring stays at its name until the next image replaces it)."""
@@ -519,7 +514,6 @@ class Recorder:
             exited = self._images.get(image)
             if exited is not None:
                 self.writer.update_process(exited.row_id, exited=True)
-            self._live_children.discard(pid)
             return
         parent = self._images.get(parent_image)
         base = parent.resolver if parent is not None else self.resolver
@@ -532,7 +526,6 @@ class Recorder:
                 pass  # gone already: its stacks stay unresolved addresses
         if kind == "fork":
             command = parent.command if parent is not None else name
-            self._live_children.add(pid)
         else:
             command = name
             ppid = parent.ppid if parent is not None and parent.ppid is not None else ppid
@@ -553,16 +546,12 @@ class Recorder:
             self._psutil = None
 
     def _target_alive(self) -> bool:
-        """The target, or (following) any process it started, still runs."""
-        return self._root_alive() or any(_alive(pid) for pid in list(self._live_children))
-
-    def _root_alive(self) -> bool:
-        if self.child is not None:
-            return self.child.poll() is None
-        try:
-            return psutil.Process(self.target.pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+        """The target, or (following) any process it started, still runs. The sampler knows
+        the followed processes whose EXIT it has not drained; /proc has the last word, in
+        case an EXIT record was lost."""
+        if self.child is not None and self.child.poll() is None:
+            return True
+        return any(process.is_alive(pid) for pid in self.sampler.processes())
 
 
 def _raise_priority() -> None:
@@ -575,15 +564,6 @@ def _raise_priority() -> None:
             os.setpriority(os.PRIO_PROCESS, 0, -10)
     except OSError:
         pass
-
-
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (pid reuse aside, which EXIT records cover)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rpartition(b")")[2].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _parent_pid(pid: int) -> int | None:

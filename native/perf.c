@@ -1343,21 +1343,26 @@ static PyObject *PerfSampler_take(PerfSampler *self, PyObject *Py_UNUSED(ignored
     return d;
 }
 
+/* A Python list of ints from a snapshot taken under the lock (freed here). */
+static PyObject *perf_int_list(int32_t *vals, size_t n) {
+    if (n && vals == NULL) return PyErr_NoMemory();
+    PyObject *lst = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; lst != NULL && i < n; i++) {
+        PyObject *v = PyLong_FromLong(vals[i]);
+        if (v == NULL) Py_CLEAR(lst);
+        else PyList_SET_ITEM(lst, (Py_ssize_t)i, v);
+    }
+    free(vals);
+    return lst;
+}
+
 static PyObject *PerfSampler_threads(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
     perf_lock(self);
     size_t n = self->n_threads;
     int32_t *tids = n ? malloc(n * sizeof(int32_t)) : NULL;
     if (tids != NULL) memcpy(tids, self->threads, n * sizeof(int32_t));
     perf_unlock(self);
-    if (n && tids == NULL) return PyErr_NoMemory();
-    PyObject *lst = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; lst != NULL && i < n; i++) {
-        PyObject *t = PyLong_FromLong(tids[i]);
-        if (t == NULL) Py_CLEAR(lst);
-        else PyList_SET_ITEM(lst, (Py_ssize_t)i, t);
-    }
-    free(tids);
-    return lst;
+    return perf_int_list(tids, n);
 }
 
 static PyObject *PerfSampler_processes(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
@@ -1367,15 +1372,7 @@ static PyObject *PerfSampler_processes(PerfSampler *self, PyObject *Py_UNUSED(ig
     if (pids != NULL)
         for (size_t i = 0; i < n; i++) pids[i] = self->procs[i].pid;
     perf_unlock(self);
-    if (n && pids == NULL) return PyErr_NoMemory();
-    PyObject *lst = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; lst != NULL && i < n; i++) {
-        PyObject *p = PyLong_FromLong(pids[i]);
-        if (p == NULL) Py_CLEAR(lst);
-        else PyList_SET_ITEM(lst, (Py_ssize_t)i, p);
-    }
-    free(pids);
-    return lst;
+    return perf_int_list(pids, n);
 }
 
 static PyObject *PerfSampler_close(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {

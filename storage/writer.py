@@ -38,6 +38,12 @@ class HeapDelta:
     free_bytes: int = 0
     free_count: int = 0
 
+    def add(self, other: HeapDelta) -> None:
+        self.alloc_bytes += other.alloc_bytes
+        self.alloc_count += other.alloc_count
+        self.free_bytes += other.free_bytes
+        self.free_count += other.free_count
+
 
 @dataclass(slots=True)
 class Checkpoint:
@@ -344,11 +350,7 @@ class ProfileWriter:
             site = checkpoint.heap_sites.get(stack_id)
             if site is None:
                 continue
-            total = sites.setdefault(site, HeapDelta())
-            total.alloc_bytes += delta.alloc_bytes
-            total.alloc_count += delta.alloc_count
-            total.free_bytes += delta.free_bytes
-            total.free_count += delta.free_count
+            sites.setdefault(site, HeapDelta()).add(delta)
         # live_bytes is absolute: the site's running live total plus this interval's delta.
         rows = []
         for site, d in sites.items():
