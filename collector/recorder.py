@@ -223,9 +223,9 @@ class Recorder:
         except psutil.Error:
             self._psutil = None
         command = self.target.cmdline or self.target.name
+        ppid = _parent_pid(pid)
         self._images[1] = _Image(
-            self.writer.add_process(pid, _parent_pid(pid), None, command), pid,
-            _parent_pid(pid), command, self.resolver,
+            self.writer.add_process(pid, ppid, None, command), pid, ppid, command, self.resolver
         )
         self._image_of_pid[pid] = 1
         if self.options.heap:
