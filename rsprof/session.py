@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from rsprof.collector.errors import CollectorError
+from rsprof.collector.heap import HeapTracker
 from rsprof.collector.process import Target, target_from_pid
 from rsprof.collector.recorder import Recorder, RecordOptions, RecordResult
 from rsprof.storage.errors import StorageFullError
@@ -99,6 +100,9 @@ def stop_child(child: subprocess.Popen[bytes], grace_s: float = 5.0) -> int | No
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+        # Ended by a signal, its shim had no chance to remove its heap ring (64 MiB in
+        # /dev/shm): the recorder's own sweep ran while it was still alive.
+        HeapTracker.sweep_stale()
     return child.returncode
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import build_target, profile_meta, record_pid
+from conftest import build_target, profile_meta, record_pid, run_rsprof
 
 import rsprof
 from rsprof._native import HeapReader
@@ -462,3 +462,14 @@ def test_killed_target_ring_removed_when_recording_ends(tmp_path: Path) -> None:
             recorder.kill()
     assert recorder.returncode == 0, stderr
     assert not ring_path(target).exists()
+
+
+def test_target_stopped_at_the_duration_leaves_no_ring(tmp_path: Path) -> None:
+    """`-d` ends the recording while a `run` target still runs: rsprof stops it with SIGTERM,
+    which gives its shim no chance to unlink its ring; the ring is swept after the stop."""
+    out = tmp_path / "duration.db"
+    result = run_rsprof("run", "-q", "-d", "1s", "-i", "200ms", "-o", str(out), "--",
+                        str(build_target("ring_abuse.c")), "none", "30")
+    assert result.returncode == 0, result.stderr
+    assert "stopped: duration" in result.stderr and "code -15" in result.stderr
+    assert not ring_path(int(profile_meta(out)["pid"])).exists()
