@@ -31,7 +31,6 @@ class HeapTracker:
         self._site_of_stack: dict[int, int] = {}
         self.sample_bytes = 0
         self.mode = "full"
-        self.ring: tuple[int, int] = (reader.pid, 0)  # (pid, inode) of the ring file
         # The drain thread polls while the main thread takes: the reader is not shared-safe.
         self._lock = threading.Lock()
 

@@ -125,7 +125,9 @@ class Recorder:
         self._sampler: PerfSampler | None = None
         # Heap trackers by pid: the target's, and with `follow` its descendants' (each
         # process started with the shim has its own ring).
-        self._heaps: dict[int, HeapTracker] = {}
+        # Keyed by ring, (pid, inode): an exec replaces a process's ring under the same name,
+        # and the new one is read from the moment it appears, beside the old one's last data.
+        self._heaps: dict[tuple[int, int], HeapTracker] = {}
         self._images: dict[int, _Image] = {}
         self._image_of_pid: dict[int, int] = {}
         self._thread_pids: dict[int, int] = {}
@@ -359,8 +361,7 @@ class Recorder:
                     # Straight from the sampler's drain, not the last checkpoint: a child
                     # that lives 100 ms must have its ring read before it exits.
                     for pid in (self.target.pid, *self.sampler.processes()):
-                        if pid not in self._heaps:
-                            self._attach_heap(pid)
+                        self._attach_heap(pid)
                 for heap in list(self._heaps.values()):
                     heap.drain()
                 # Notice the target's exit within one poll, not at the next checkpoint: a
@@ -389,13 +390,12 @@ class Recorder:
         if stat.S_ISREG(info.st_mode) and info.st_size < _HEAP_HEADER_BYTES:
             return  # the shim is creating it right now: look again at the next poll
         ring = (pid, info.st_ino)
-        if ring in self._finished_rings:
+        if ring in self._heaps or ring in self._finished_rings:
             return
         image = self._images.get(self._image_of_pid.get(pid, 1))
         tracker = HeapTracker.attach(pid, image.resolver if image else self.resolver, self.warn)
         if tracker is not None:
-            tracker.ring = ring
-            self._heaps[pid] = tracker
+            self._heaps[ring] = tracker
 
     def _checkpoint(self, final: bool = False) -> bool:
         """Writes one checkpoint; returns True when the target has exited."""
@@ -441,7 +441,8 @@ class Recorder:
             thread_pids=self._thread_pids,
             exited_threads=batch.exited_threads,
         )
-        for pid, heap in list(self._heaps.items()):
+        for ring, heap in list(self._heaps.items()):
+            pid = ring[0]
             current = self._images.get(self._image_of_pid.get(pid, 0))
             if current is not None:
                 heap.resolver = current.resolver
@@ -451,8 +452,8 @@ class Recorder:
             if done:
                 # The process exec'd (its new image makes a new ring) or exited.
                 heap.close()
-                del self._heaps[pid]
-                self._finished_rings.add(heap.ring)
+                del self._heaps[ring]
+                self._finished_rings.add(ring)
         if self._heap_mode is not None and not self._heap_meta_written:
             self._heap_meta_written = True
             mode, sample_bytes = self._heap_mode
