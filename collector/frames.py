@@ -15,8 +15,11 @@ from pathlib import Path
 
 from rsprof.collector.maps import AddressSpace, Mapping, read_executable_maps
 from rsprof.collector.perfmap import JitSymbol, PerfMap, is_anonymous, process_start_time
+from rsprof.collector.pyframes import splice_plan, split_python
 from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.writer import LocationKey, ProfileWriter
+
+from rsprof._native import PyFrameReader
 
 # The root frame of a stack whose walk stopped at an address outside every mapping.
 # Address 0 is never a caller, so it cannot collide with a real frame.
@@ -26,6 +29,19 @@ TRUNCATED_FUNCTION = "[truncated]"
 # the program spent in system calls and faults, on top of the user stack that entered them.
 KERNEL_ADDRESS = 1
 KERNEL_FUNCTION = "[kernel]"
+# The CPython evaluator: each of its native frames ran a group of Python frames, which take
+# its place in a stack (collector.pyframes.splice_plan).
+EVAL_FUNCTION = "_PyEval_EvalFrameDefault"
+# Python frames are stored as frames of their source file (its `modules` row) at a
+# pseudo-address: this prefix (no user address has it) and 48 bits of a hash of the
+# function and line, so the same Python line is one frame in every process and recording.
+PYTHON_ADDRESS_BASE = 0xFFFE << 48
+
+
+def python_address(qualname: str, first_line: int, line: int) -> int:
+    digest = hashlib.blake2b(f"{qualname}\0{first_line}\0{line}".encode(errors="replace"),
+                             digest_size=6).digest()
+    return PYTHON_ADDRESS_BASE | int.from_bytes(digest, "little")
 
 
 def _display_name(path: str) -> str:
@@ -53,6 +69,16 @@ class FrameResolver:
         # Taken now, while the process surely exists (stacks may be resolved after it exits).
         self._started = process_start_time(pid) if pid > 0 else None
         self.on_warning: Callable[[str], None] | None = None
+        # The image's CPython frame reader (set by the recorder), its functions by id, and
+        # the stored frame of each (function id, line).
+        self.python: PyFrameReader | None = None
+        self._py_functions: dict[int, tuple[str, str, int]] = {}
+        self._py_frames: dict[tuple[int, int], int] = {}
+        self._eval_frames: dict[int, bool] = {}
+        # Stacks whose Python frames could not be paired with the evaluator frames (a cut
+        # native stack, or a read across a call): kept native only, counted.
+        self.python_unpaired = 0
+        self.python_spliced = 0
 
     def for_new_image(self, pid: int, *, forked: bool) -> FrameResolver:
         """The resolver of another process image: a forked child (`forked`) starts with its
@@ -164,7 +190,9 @@ class FrameResolver:
         if any(address not in (KERNEL_ADDRESS, TRUNCATED_ADDRESS)
                and self.space.find(address) is None for _, ips in stacks for address in ips):
             self._add_missed_mappings()
-        stacks = [(native_id, self._justified(ips)) for native_id, ips in stacks]
+        split = [(native_id, *split_python(ips)) for native_id, ips in stacks]
+        stacks = [(native_id, self._justified(ips)) for native_id, ips, _ in split]
+        python = {native_id: frames for native_id, _, frames in split if frames}
         needed = {
             (address, position > 0)
             for _, ips in stacks
@@ -177,9 +205,53 @@ class FrameResolver:
             frames = tuple(
                 self._frame_ids[(address, position > 0)] for position, address in enumerate(ips)
             )
+            if native_id in python:
+                frames = self._splice(frames, python[native_id])
             stack_id = resolved[native_id] = self.writer.stack_id(frames)
             self.stack_frames[stack_id] = frames
         return resolved
+
+    # -- Python frames ---------------------------------------------------------------------
+
+    def _splice(self, native: tuple[int, ...],
+                python: list[tuple[int, int, bool]]) -> tuple[int, ...]:
+        """The native stack with each evaluator frame replaced by the Python frames it ran;
+        the native stack itself when they do not pair up (never a guess)."""
+        plan = splice_plan([self._is_eval(frame) for frame in native],
+                           [entry for _, _, entry in python])
+        if plan is None or self.python is None:
+            self.python_unpaired += 1
+            return native
+        self.python_spliced += 1
+        return tuple(native[i] if kind == "native" else self._python_frame(*python[i][:2])
+                     for kind, i in plan)
+
+    def _is_eval(self, frame_id: int) -> bool:
+        found = self._eval_frames.get(frame_id)
+        if found is None:
+            _, chain = self.frame_info.get(frame_id, ("", ()))
+            found = self._eval_frames[frame_id] = any(
+                location.function == EVAL_FUNCTION for location in chain)
+        return found
+
+    def _python_frame(self, function: int, line: int) -> int:
+        key = (function, line)
+        found = self._py_frames.get(key)
+        if found is not None:
+            return found
+        if function not in self._py_functions and self.python is not None:
+            start = max(self._py_functions, default=0) + 1
+            for fid, qualname, file, first_line in self.python.functions(start):
+                self._py_functions[fid] = (qualname, file, first_line)
+        qualname, file, first_line = self._py_functions.get(function, (f"[python {function}]",
+                                                                        "", 0))
+        module_id = self.writer.module_id(file, None)
+        location = LocationKey(qualname, file, line, module_id)
+        found = self.writer.frame_id(python_address(qualname, first_line, line), module_id,
+                                     line, [location])
+        self._py_frames[key] = found
+        self.frame_info[found] = (file, (location,))
+        return found
 
     def _resolve_frames(self, needed: Iterable[tuple[int, bool]]) -> None:
         by_mapping: dict[Mapping | None, list[tuple[int, bool]]] = {}

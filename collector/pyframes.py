@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from rsprof.collector.symbols.elf import PT_LOAD, ElfError, ElfFile
 
@@ -207,3 +209,90 @@ def splice_plan(native_is_eval: Sequence[bool],
         else:
             plan.append(("native", index))
     return plan
+
+
+# A process image that is not CPython yet may still become one: ld.so maps libpython after
+# the exec that created the image. Looked at again at these ages (s), then given up on.
+_DETECT_AGES = (0.0, 0.05, 0.15, 0.35, 0.7)
+
+
+class PythonImages:
+    """Finds, once per process image, whether it runs a supported CPython, and gives each
+    one's reader to the sampler, which then reads the Python frames of its samples at drain
+    time (`PerfSampler.set_python`). Called from the drain loop, so that a launched Python
+    program gets its frames from its first milliseconds."""
+
+    def __init__(self, sampler: PythonSampler,
+                 on_warning: Callable[[str], None] | None = None) -> None:
+        self.sampler = sampler
+        self.on_warning = on_warning
+        self.readers: dict[int, PyFrameReader] = {}  # image -> reader, kept after it exits
+        self.runtimes: dict[int, PythonRuntime] = {}
+        self._attached: set[int] = set()  # images the sampler reads now
+        self._tries: dict[int, tuple[float, int]] = {}  # image -> (first seen, tries)
+        self._done: set[int] = set()
+
+    def poll(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        live = self.sampler.images()
+        for pid, image in live:
+            if image in self._done:
+                continue
+            first, tries = self._tries.get(image, (now, 0))
+            if tries < len(_DETECT_AGES) and now - first < _DETECT_AGES[tries]:
+                continue
+            self._tries[image] = (first, tries + 1)
+            try:
+                runtime = find_runtime(pid)
+            except OSError:
+                self._done.add(image)  # gone, or not ours to read
+                continue
+            if runtime is None:
+                if tries + 1 >= len(_DETECT_AGES):
+                    self._done.add(image)
+                continue
+            self._done.add(image)
+            self.runtimes[image] = runtime
+            if runtime.layout is None:
+                if self.on_warning is not None:
+                    version = ".".join(map(str, runtime.version))
+                    self.on_warning(f"Python {version} (pid {pid}) is not supported (3.11-3.13):"
+                                    " its samples show the interpreter's native frames")
+                continue
+            try:
+                reader = PyFrameReader(pid, runtime.runtime, runtime.code_type,
+                                       runtime.unicode_type, runtime.layout)
+            except (ValueError, OSError):
+                continue
+            self.readers[image] = reader
+            self.sampler.set_python(image, reader)
+            self._attached.add(image)
+        # A process that exited keeps its reader (its function names are still needed);
+        # the sampler stops reading for it.
+        gone = self._attached - {image for _, image in live}
+        for image in gone:
+            self.sampler.set_python(image, None)
+            self._attached.discard(image)
+
+
+class PythonSampler(Protocol):
+    def images(self) -> list[tuple[int, int]]: ...
+    def set_python(self, image: int, reader: PyFrameReader | None, /) -> None: ...
+
+
+# The words native/perf.c appends to a sample's native addresses (PERF_PY_MARK, then one
+# PERF_PY_FRAME per Python frame, innermost first).
+PY_MARK = 0xFFFFFFFFFFFFFFF0
+
+
+def split_python(ips: Sequence[int]) -> tuple[Sequence[int], list[tuple[int, int, bool]]]:
+    """A sampled chain as (native addresses, [(function id, line, entry)])."""
+    if PY_MARK not in ips:
+        return ips, []
+    mark = ips.index(PY_MARK)
+    frames = []
+    for word in ips[mark + 1:]:
+        line = word & 0xFFFFFFFF
+        frames.append(((word >> 32) & 0x3FFFFFFF, line - (1 << 32) if line >> 31 else line,
+                       bool(word >> 62 & 1)))
+    return ips[:mark], frames

@@ -25,6 +25,7 @@ from rsprof.collector.frames import FrameResolver
 from rsprof.collector.heap import HeapTracker
 from rsprof.collector.maps import Mapping, read_executable_maps
 from rsprof.collector.process import Target
+from rsprof.collector.pyframes import PythonImages
 from rsprof.collector.symbols import Symbolizer
 from rsprof.storage.writer import Checkpoint, ProfileWriter
 
@@ -46,6 +47,8 @@ class RecordOptions:
     follow: bool = False  # sample the processes the target starts, too (`run` sets it)
     # User stack bytes copied per sample and unwound by CFI in C; 0 = frame pointers.
     stack_bytes: int = 16384
+    # Python frames of CPython 3.11-3.13 images spliced into their stacks (`--python`).
+    python: bool = True
 
 
 # Stack copies per CPU ring, largest first: one ring per CPU takes every thread's samples,
@@ -155,6 +158,8 @@ class Recorder:
         symbolizer.on_warning = self.warn  # corrupt debug info: fewer symbols, said once
         self._unwind_note: str | None = None
         self.resolver.on_warning = self.warn  # a refused perf map (symlink, other owner)
+        self._python: PythonImages | None = None
+        self._python_meta: dict[str, object] = {}
 
     @property
     def sampler(self) -> PerfSampler:
@@ -233,6 +238,9 @@ class Recorder:
         if self.options.heap:
             HeapTracker.sweep_stale()
             self._attach_heap(pid)
+        if self.options.python:
+            self._python = PythonImages(self.sampler, self.warn)
+            self._python.poll()
         self.sampler.enable()
         # Threads created while the events were being opened, by a thread that had none yet,
         # inherited nothing: open theirs now. (Drain first: a FORK record says a thread did
@@ -355,6 +363,8 @@ class Recorder:
                 # The heap ring fills in milliseconds under an allocation storm: with a
                 # heap attached, wake often and drain it until it is empty.
                 self.sampler.poll(5 if self._heaps or self.options.heap else 50)
+                if self._python is not None:
+                    self._python.poll()
                 if self.options.heap:
                     # A launched target creates its ring only after exec, and a short one
                     # may be gone before the first checkpoint: look for it on every poll.
@@ -425,7 +435,10 @@ class Recorder:
         for native_id, image, ips in batch.new_stacks:
             by_image.setdefault(image, []).append((native_id, ips))
         for image, stacks in by_image.items():
-            self._native_to_stored.update(self._image(image).resolver.resolve_stacks(stacks))
+            resolver = self._image(image).resolver
+            if self._python is not None:
+                resolver.python = self._python.readers.get(image)
+            self._native_to_stored.update(resolver.resolve_stacks(stacks))
         cpu: dict[tuple[int, int], int] = {}
         for native_id, tid, count in batch.counts:
             key = (self._native_to_stored[native_id], tid)
@@ -467,11 +480,38 @@ class Recorder:
         totals.checkpoints += 1
         totals.samples += batch.samples
         totals.lost_samples += batch.lost
+        if self._python is not None:
+            self._write_python_meta()
         if batch.truncated:
             totals.truncated_samples += batch.truncated
             # counted in the profile, so `top` can say how many stacks are incomplete
             self.writer.set_meta({"truncated_samples": totals.truncated_samples})
         return not self._target_alive()
+
+    def _write_python_meta(self) -> None:
+        """How the Python frames were read (docs/schema.md, meta `python_*`)."""
+        assert self._python is not None
+        stats = self.sampler.python_stats()
+        resolvers = {id(image.resolver): image.resolver for image in self._images.values()}
+        runtimes = sorted({f"{'.'.join(map(str, r.version))} {r.path}"
+                           for r in self._python.runtimes.values()})
+        walks = stats["walks"]
+        meta: dict[str, object] = {
+            "python_runtimes": "\n".join(runtimes),
+            "python_walks": walks,
+            "python_spliced": sum(r.python_spliced for r in resolvers.values()),
+            # chains that changed while read (or garbage): the sample keeps native frames
+            "python_dropped": stats["dropped"],
+            "python_unpaired": sum(r.python_unpaired for r in resolvers.values()),
+            "python_late": stats["late"],
+            "python_stale_us_mean": round(stats["stale_ns_sum"] / walks / 1000, 1) if walks else 0,
+            "python_stale_us_max": stats["stale_ns_max"] // 1000,
+            "python_stale_over_1ms": stats["stale_over_1ms"],
+            "python_walk_us_mean": round(stats["walk_ns_sum"] / walks / 1000, 1) if walks else 0,
+        }
+        if meta != self._python_meta:
+            self._python_meta = meta
+            self.writer.set_meta(meta)
 
     def _new_tids(self) -> list[int]:
         """Threads never written yet, so the threads table lists idle ones too."""

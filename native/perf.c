@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "perf_tables.h"
+#include "pyframes.h"
 #include "rs_unwind.h"
 
 /* A record's size is a u16, so no record (and no call chain in one) is larger than this. */
@@ -69,7 +70,43 @@
 #define PERF_X86_IP 8
 #define PERF_UNWIND_REGS ((1ULL << PERF_X86_BP) | (1ULL << PERF_X86_SP) | (1ULL << PERF_X86_IP))
 
+/* Python frames read at drain time (docs/native.md, "Python frames in CPU samples"): an
+ * interned chain is image, native ips, then PERF_PY_MARK and one word per Python frame,
+ * innermost first: bit 63 set, bit 62 the frame's `entry` flag, bits 32-61 the reader's
+ * function id (< 2^18), bits 0-31 the line. Native addresses are user addresses (< 2^47)
+ * or [vsyscall]'s (0xffffffffff600000), so neither kind of word can be taken for one. */
+#define PERF_PY_MARK 0xFFFFFFFFFFFFFFF0ULL
+#define PERF_PY_FRAME(function, line, entry)                                           \
+    ((1ULL << 63) | ((uint64_t)((entry) != 0) << 62) | ((uint64_t)(function) << 32) | \
+     (uint64_t)(uint32_t)(line))
+/* With a Python reader the rings are drained at least this often (ms): a sample's Python
+ * frames are those its thread runs when the drain reads them. */
+#define PERF_PY_DRAIN_MS 1
+/* A sample drained later than this after it was taken gets no Python frames (counted as
+ * late): its thread has likely moved on. */
+#define PERF_PY_MAX_STALE_NS 20000000ULL
+
 /* ------------------------------------------------------------------ state */
+
+typedef struct {
+    uint32_t image;
+    PyObject *object;        /* the PyFrameReader (a reference) */
+    rs_pyreader *core;
+    pthread_mutex_t *lock;   /* the reader's own: its Python methods walk under it too */
+} perf_py;
+
+/* Totals of the Python frame reads since construction (python_stats()). */
+typedef struct {
+    uint64_t walks;          /* samples of an image with a reader whose thread was walked */
+    uint64_t attached;       /* ... that got Python frames */
+    uint64_t empty;          /* no thread state, or one running no Python frame */
+    uint64_t dropped;        /* the chain changed under the read, or garbage: no frames */
+    uint64_t late;           /* drained more than PERF_PY_MAX_STALE_NS after the sample */
+    uint64_t stale_ns_sum, stale_ns_max;  /* sample time -> walk start, walked samples */
+    uint64_t stale_over_1ms;
+    uint64_t walk_ns_sum;    /* time spent walking */
+    uint64_t frames;         /* Python frames attached */
+} perf_py_stats;
 
 typedef struct {
     int32_t tid;             /* the thread the event was opened on (its tree inherits it) */
@@ -181,6 +218,10 @@ typedef struct {
     perf_staged *staged;
     size_t n_staged, cap_staged;
     uint64_t *chain;         /* PERF_MAX_CHAIN + 1 entries: image, then the call chain */
+    perf_py *py;             /* Python frame readers by image (set_python) */
+    size_t n_py, cap_py;
+    perf_py_stats py_stats;
+    rs_pyframe *pyframes;    /* RS_PY_MAX_DEPTH entries, the walk's output */
 } PerfSampler;
 
 static void perf_batch_free(perf_batch *b) {
@@ -480,6 +521,8 @@ static uint32_t perf_image_of(PerfSampler *self, int32_t pid, bool create) {
  * regs[3] (bp, sp, ip), size, data[size], dyn_size.  Writes the walk to chain; returns its
  * depth. */
 static void perf_intern_sample(PerfSampler *self, int32_t tid, uint32_t depth);
+static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, uint64_t time,
+                                uint32_t depth);
 
 static uint32_t perf_unwind_sample(PerfSampler *self, const uint8_t *rec, size_t size,
                                    uint64_t ip, uint32_t image, int32_t pid, uint64_t *chain) {
@@ -537,7 +580,7 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
             perf_unwind_sample(self, rec, size, in_kernel ? 0 : ip, image, pid, self->chain + 1 + top);
         if (walked == 0 && !in_kernel) return;
         self->chain[0] = image;
-        perf_intern_sample(self, tid, walked + top);
+        perf_intern_sample(self, tid, perf_add_python(self, image, tid, time, walked + top));
         return;
     }
 
@@ -558,7 +601,55 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
         chain[depth++] = ip;
     }
     self->chain[0] = image;
-    perf_intern_sample(self, tid, depth + top);
+    perf_intern_sample(self, tid, perf_add_python(self, image, tid, time, depth + top));
+}
+
+static uint64_t perf_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* Appends thread tid's Python frames after chain[1..depth] when its image runs CPython
+ * (set_python); returns the new depth. `time`: when the sample was taken. */
+static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, uint64_t time,
+                                uint32_t depth) {
+    perf_py *py = NULL;
+    for (size_t i = 0; i < self->n_py; i++)
+        if (self->py[i].image == image) py = &self->py[i];
+    if (py == NULL || self->pyframes == NULL) return depth;
+    perf_py_stats *st = &self->py_stats;
+    uint64_t start = perf_now_ns();
+    uint64_t stale = start > time ? start - time : 0;
+    if (stale > PERF_PY_MAX_STALE_NS) {
+        st->late++;
+        return depth;
+    }
+    /* Room: the marker and the frames after the image and the native chain. */
+    size_t room = PERF_MAX_CHAIN > depth + 2 ? PERF_MAX_CHAIN - depth - 2 : 0;
+    int max = room < RS_PY_MAX_DEPTH ? (int)room : RS_PY_MAX_DEPTH;
+    if (max <= 0) return depth;
+    pthread_mutex_lock(py->lock);
+    int n = rs_pyreader_walk(py->core, (uint32_t)tid, self->pyframes, max);
+    pthread_mutex_unlock(py->lock);
+    st->walks++;
+    st->walk_ns_sum += perf_now_ns() - start;
+    st->stale_ns_sum += stale;
+    if (stale > st->stale_ns_max) st->stale_ns_max = stale;
+    if (stale > 1000000) st->stale_over_1ms++;
+    if (n == RS_PY_DROPPED) st->dropped++;
+    if (n <= 0) {
+        if (n != RS_PY_DROPPED) st->empty++;
+        return depth;
+    }
+    uint64_t *out = self->chain + 1 + depth;
+    out[0] = PERF_PY_MARK;
+    for (int i = 0; i < n; i++)
+        out[1 + i] = PERF_PY_FRAME(self->pyframes[i].function, self->pyframes[i].line,
+                                   self->pyframes[i].entry);
+    st->attached++;
+    st->frames += (uint64_t)n;
+    return depth + 1 + (uint32_t)n;
 }
 
 /* Interns chain[0] = image, chain[1..depth] and counts one sample of tid on it. */
@@ -1011,6 +1102,9 @@ static void PerfSampler_dealloc(PerfSampler *self) {
     free(self->stage);
     free(self->staged);
     free(self->chain);
+    for (size_t i = 0; i < self->n_py; i++) Py_DECREF(self->py[i].object);
+    free(self->py);
+    free(self->pyframes);
     for (size_t i = 0; i < self->n_spaces; i++) rs_space_free(self->spaces[i]);
     free(self->spaces);
     free(self->space_images);
@@ -1086,19 +1180,35 @@ static PyObject *PerfSampler_poll(PerfSampler *self, PyObject *arg) {
     }
     pthread_mutex_unlock(&self->lock);
 
-    if (!closed && !nomem) {
+    /* With a Python reader, samples must be drained while their threads still run the
+     * Python frames they were taken in: wake every PERF_PY_DRAIN_MS until the timeout,
+     * instead of only when a ring is a quarter full. */
+    uint64_t deadline = perf_now_ns() + (uint64_t)timeout_ms * 1000000ULL;
+    bool again = !closed && !nomem;
+    while (again) {
+        pthread_mutex_lock(&self->lock);
+        bool python = self->n_py > 0;
+        pthread_mutex_unlock(&self->lock);
+        int wait_ms = timeout_ms;
+        if (python) {
+            uint64_t now = perf_now_ns();
+            uint64_t left = deadline > now ? (deadline - now + 999999) / 1000000 : 0;
+            wait_ms = left < PERF_PY_DRAIN_MS ? (int)left : PERF_PY_DRAIN_MS;
+        }
         if (n == 0) {
-            struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+            struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);
-        } else if (poll(pfds, (nfds_t)n, timeout_ms) < 0) {
+        } else if (poll(pfds, (nfds_t)n, wait_ms) < 0) {
             poll_errno = errno;
         }
+        bool hup = false;
         pthread_mutex_lock(&self->lock);
         closed = self->closed;
         if (!closed) {
-            processed = perf_drain_all(self);
+            processed += perf_drain_all(self);
             for (size_t k = 0; poll_errno == 0 && k < n; k++) {
                 if (!(pfds[k].revents & (POLLHUP | POLLERR))) continue;
+                hup = true;
                 for (size_t i = 0; i < self->n_events; i++) {
                     perf_event_fd *ev = &self->events[i];
                     if (ev->fd != pfds[k].fd || ev->hup) continue;
@@ -1112,6 +1222,9 @@ static PyObject *PerfSampler_poll(PerfSampler *self, PyObject *arg) {
             }
         }
         pthread_mutex_unlock(&self->lock);
+        /* A closed fd must not be polled again (its number may be reused): return, and let
+         * the next poll() take a fresh snapshot. */
+        again = python && !closed && !hup && poll_errno == 0 && perf_now_ns() < deadline;
     }
     free(pfds);
     Py_END_ALLOW_THREADS
@@ -1375,6 +1488,75 @@ static PyObject *PerfSampler_processes(PerfSampler *self, PyObject *Py_UNUSED(ig
     return perf_int_list(pids, n);
 }
 
+/* images() -> [(pid, image)] of the live processes being sampled. */
+static PyObject *PerfSampler_images(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
+    perf_lock(self);
+    size_t n = self->n_procs;
+    perf_proc *copy = n ? malloc(n * sizeof(perf_proc)) : NULL;
+    if (copy != NULL) memcpy(copy, self->procs, n * sizeof(perf_proc));
+    perf_unlock(self);
+    if (n && copy == NULL) return PyErr_NoMemory();
+    PyObject *lst = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; lst != NULL && i < n; i++) {
+        PyObject *v = Py_BuildValue("(iI)", copy[i].pid, copy[i].image);
+        if (v == NULL) Py_CLEAR(lst);
+        else PyList_SET_ITEM(lst, (Py_ssize_t)i, v);
+    }
+    free(copy);
+    return lst;
+}
+
+/* set_python(image, reader): the samples of `image` get the Python frames `reader` (a
+ * PyFrameReader of that image's process) reads at drain time; None stops it. */
+static PyObject *PerfSampler_set_python(PerfSampler *self, PyObject *args) {
+    unsigned int image;
+    PyObject *reader;
+    if (!PyArg_ParseTuple(args, "IO:set_python", &image, &reader)) return NULL;
+    rs_pyreader *core = NULL;
+    pthread_mutex_t *lock = NULL;
+    if (reader != Py_None && rs_pyreader_from_object(reader, &core, &lock) < 0) {
+        PyErr_SetString(PyExc_TypeError, "set_python: reader must be a PyFrameReader or None");
+        return NULL;
+    }
+    PyObject *old = NULL;
+    bool nomem = false;
+    perf_lock(self);
+    if (self->pyframes == NULL && reader != Py_None)
+        self->pyframes = malloc(RS_PY_MAX_DEPTH * sizeof(rs_pyframe));
+    size_t i = 0;
+    while (i < self->n_py && self->py[i].image != image) i++;
+    if (i < self->n_py) {
+        old = self->py[i].object;
+        self->py[i] = self->py[--self->n_py];
+    }
+    if (reader != Py_None) {
+        if (self->pyframes == NULL ||
+            !perf_vec_reserve((void **)&self->py, &self->cap_py, self->n_py + 1, sizeof(perf_py))) {
+            nomem = true;
+        } else {
+            Py_INCREF(reader);
+            self->py[self->n_py++] = (perf_py){image, reader, core, lock};
+        }
+    }
+    perf_unlock(self);
+    Py_XDECREF(old);
+    if (nomem) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
+    perf_lock(self);
+    perf_py_stats st = self->py_stats;
+    perf_unlock(self);
+    return Py_BuildValue(
+        "{sKsKsKsKsKsKsKsKsKsK}", "walks", (unsigned long long)st.walks, "attached",
+        (unsigned long long)st.attached, "empty", (unsigned long long)st.empty, "dropped",
+        (unsigned long long)st.dropped, "late", (unsigned long long)st.late, "frames",
+        (unsigned long long)st.frames, "stale_ns_sum", (unsigned long long)st.stale_ns_sum,
+        "stale_ns_max", (unsigned long long)st.stale_ns_max, "stale_over_1ms",
+        (unsigned long long)st.stale_over_1ms, "walk_ns_sum", (unsigned long long)st.walk_ns_sum);
+}
+
 static PyObject *PerfSampler_close(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
     perf_lock(self);
     perf_close_locked(self);
@@ -1447,6 +1629,14 @@ static PyMethodDef PerfSampler_methods[] = {
     {"processes", (PyCFunction)PerfSampler_processes, METH_NOARGS,
      "processes() -> list[int]\n\nLive processes being sampled: the target, and with follow "
      "the descendants whose FORK was drained and whose EXIT was not yet."},
+    {"images", (PyCFunction)PerfSampler_images, METH_NOARGS,
+     "images() -> list[tuple[int, int]]\n\n(pid, image) of the live processes being sampled."},
+    {"set_python", (PyCFunction)PerfSampler_set_python, METH_VARARGS,
+     "set_python(image, reader) -> None\n\nAttach the Python frames `reader` (a PyFrameReader "
+     "of the image's process) reads at drain time to the image's samples; None stops it."},
+    {"python_stats", (PyCFunction)PerfSampler_python_stats, METH_NOARGS,
+     "python_stats() -> dict\n\nTotals of the Python frame reads: walks, attached, empty, "
+     "dropped, late, frames, stale_ns_sum, stale_ns_max, stale_over_1ms, walk_ns_sum."},
     {"threads", (PyCFunction)PerfSampler_threads, METH_NOARGS,
      "threads() -> list[int]\n\nLive threads being sampled (opened or inherited)."},
     {"unwind_stats", (PyCFunction)PerfSampler_unwind_stats, METH_NOARGS,

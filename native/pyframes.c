@@ -838,6 +838,14 @@ static PyTypeObject PyFrameReaderType = {
     .tp_getset = PyFrameReader_getset,
 };
 
+int rs_pyreader_from_object(PyObject *obj, rs_pyreader **core, pthread_mutex_t **lock) {
+    if (!PyObject_TypeCheck(obj, &PyFrameReaderType) || ((PyFrameReader *)obj)->core == NULL)
+        return -1;
+    *core = ((PyFrameReader *)obj)->core;
+    *lock = &((PyFrameReader *)obj)->lock;
+    return 0;
+}
+
 int rsprof_pyframes_register(PyObject *module) {
     PyFrameType = PyStructSequence_NewType(&pyframe_desc);
     if (PyFrameType == NULL) return -1;

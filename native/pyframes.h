@@ -33,4 +33,11 @@ int rs_pyreader_walk(rs_pyreader *r, uint32_t tid, rs_pyframe *out, int max);
 int rs_pyreader_function(const rs_pyreader *r, uint32_t id, const char **name,
                          const char **file, int32_t *first_line);
 
+#ifdef Py_PYTHON_H
+#include <pthread.h>
+/* The C reader of a PyFrameReader object and the mutex that serializes its walks (held
+ * while walking; never held while taking the GIL). -1 if `obj` is no initialized reader. */
+int rs_pyreader_from_object(PyObject *obj, rs_pyreader **core, pthread_mutex_t **lock);
+#endif
+
 #endif
