@@ -84,7 +84,7 @@
 #define PERF_PY_DRAIN_MS 1
 /* A sample drained later than this after it was taken gets no Python frames (counted as
  * late): its thread has likely moved on. */
-#define PERF_PY_MAX_STALE_NS 20000000ULL
+#define PERF_PY_MAX_STALE_NS 10000000ULL
 
 /* ------------------------------------------------------------------ state */
 
@@ -104,6 +104,7 @@ typedef struct {
     uint64_t late;           /* drained more than PERF_PY_MAX_STALE_NS after the sample */
     uint64_t stale_ns_sum, stale_ns_max;  /* sample time -> walk start, walked samples */
     uint64_t stale_over_1ms;
+    uint64_t stale_log2_us[24];  /* walked samples by delay: [0] < 1 us, [k] < 2^k us */
     uint64_t walk_ns_sum;    /* time spent walking */
     uint64_t frames;         /* Python frames attached */
 } perf_py_stats;
@@ -189,6 +190,7 @@ typedef struct {
     int max_stack;
     bool follow;             /* sample the processes the target starts, too */
     int stack_bytes;         /* 0: frame-pointer call chains; else user stack bytes copied */
+    bool wake_each;          /* wake the poll at every sample (for Python frames), not at 1/4 */
     rs_space **spaces;       /* CFI mode: address space of image space_images[i] */
     uint32_t *space_images;
     size_t n_spaces, cap_spaces, cap_space_images;
@@ -339,8 +341,14 @@ static void perf_fill_attr(const PerfSampler *self, struct perf_event_attr *attr
     attr->sample_id_all = 1;            /* every record carries pid, tid and time */
     attr->use_clockid = 1;              /* times comparable with time.monotonic_ns() */
     attr->clockid = CLOCK_MONOTONIC;
-    attr->watermark = 1;
-    attr->wakeup_watermark = (uint32_t)(self->data_size / 4);
+    if (self->wake_each) {
+        /* Python frames are read at drain time: wake the drain at every sample, so they are
+         * read while the thread still runs what it was sampled in (docs/native.md). */
+        attr->wakeup_events = 1;
+    } else {
+        attr->watermark = 1;
+        attr->wakeup_watermark = (uint32_t)(self->data_size / 4);
+    }
     if (extras) {
         attr->build_id = 1;                    /* kernel >= 5.12 */
         attr->read_format = PERF_FORMAT_LOST;  /* kernel >= 6.0 */
@@ -637,6 +645,9 @@ static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, 
     st->stale_ns_sum += stale;
     if (stale > st->stale_ns_max) st->stale_ns_max = stale;
     if (stale > 1000000) st->stale_over_1ms++;
+    int bucket = 0;
+    for (uint64_t us = stale / 1000; us > 0 && bucket < 23; us >>= 1) bucket++;
+    st->stale_log2_us[bucket]++;
     if (n == RS_PY_DROPPED) st->dropped++;
     if (n <= 0) {
         if (n != RS_PY_DROPPED) st->empty++;
@@ -987,11 +998,12 @@ static PyObject *perf_closed_error(void) {
 
 static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", "follow", "stack_bytes",
-                             "kernel", NULL};
+                             "kernel", "wake_each", NULL};
     int pid, freq_hz = 99, ring_kib = 128, max_stack = 127, follow = 0, stack_bytes = 0;
-    int kernel = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipip:PerfSampler", kwlist, &pid, &freq_hz,
-                                     &ring_kib, &max_stack, &follow, &stack_bytes, &kernel))
+    int kernel = 1, wake_each = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipipp:PerfSampler", kwlist, &pid,
+                                     &freq_hz, &ring_kib, &max_stack, &follow, &stack_bytes,
+                                     &kernel, &wake_each))
         return NULL;
     /* A sample record's size is a u16: the copy plus the other fields must fit. */
     if (stack_bytes < 0 || stack_bytes % 8 != 0 || stack_bytes > PERF_MAX_STACK_BYTES) {
@@ -1036,6 +1048,7 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->map_len = data_size + (size_t)page;
     self->format_lost = true;
     self->kernel = kernel != 0;
+    self->wake_each = wake_each != 0;
     self->next_image = 2;  /* image 1 is the target as attached */
     self->chain = malloc((PERF_MAX_CHAIN + 1) * sizeof(uint64_t));
     if (self->chain == NULL || !perf_online_cpus(&self->cpus, &self->n_cpus) ||
@@ -1548,13 +1561,21 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
     perf_lock(self);
     perf_py_stats st = self->py_stats;
     perf_unlock(self);
+    PyObject *hist = PyList_New(24);
+    for (int i = 0; hist != NULL && i < 24; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(st.stale_log2_us[i]);
+        if (v == NULL) Py_CLEAR(hist);
+        else PyList_SET_ITEM(hist, i, v);
+    }
+    if (hist == NULL) return NULL;
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsK}", "walks", (unsigned long long)st.walks, "attached",
+        "{sKsKsKsKsKsKsKsKsKsKsN}", "walks", (unsigned long long)st.walks, "attached",
         (unsigned long long)st.attached, "empty", (unsigned long long)st.empty, "dropped",
         (unsigned long long)st.dropped, "late", (unsigned long long)st.late, "frames",
         (unsigned long long)st.frames, "stale_ns_sum", (unsigned long long)st.stale_ns_sum,
         "stale_ns_max", (unsigned long long)st.stale_ns_max, "stale_over_1ms",
-        (unsigned long long)st.stale_over_1ms, "walk_ns_sum", (unsigned long long)st.walk_ns_sum);
+        (unsigned long long)st.stale_over_1ms, "walk_ns_sum", (unsigned long long)st.walk_ns_sum,
+        "stale_log2_us", hist);
 }
 
 static PyObject *PerfSampler_close(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {

@@ -5,7 +5,7 @@ spelled out here; docs/native.md says what each field means.
 """
 
 from types import TracebackType
-from typing import Self, final
+from typing import Any, Self, final
 
 from typing_extensions import Buffer
 
@@ -85,6 +85,7 @@ class PerfSampler:
         follow: bool = False,
         stack_bytes: int = 0,
         kernel: bool = True,
+        wake_each: bool = False,
     ) -> Self: ...
     @property
     def pid(self) -> int: ...
@@ -107,9 +108,10 @@ class PerfSampler:
         """(pid, image) of the live processes being sampled."""
     def set_python(self, image: int, reader: PyFrameReader | None, /) -> None:
         """The image's samples get the Python frames `reader` reads at drain time."""
-    def python_stats(self) -> dict[str, int]:
+    def python_stats(self) -> dict[str, Any]:
         """walks, attached, empty, dropped, late, frames, stale_ns_sum, stale_ns_max,
-        stale_over_1ms, walk_ns_sum."""
+        stale_over_1ms, walk_ns_sum (int), stale_log2_us (list[int]: walked samples by
+        delay, [0] under 1 us, [k] under 2^k us)."""
     def close(self) -> None: ...
     def __enter__(self) -> Self: ...
     def __exit__(
