@@ -2,10 +2,14 @@
 """Cost of reading a Python program's frames from outside, beside py-spy, in one run.
 
 The target (bench/targets/pyloop.py) runs heavy():light() 3:1 for SECONDS and prints how
-many rounds it did. Each configuration runs it once per repeat, interleaved (baseline,
-rsprof's PyFrameReader at 99 and 999 Hz, `py-spy record --nonblocking` at 99 and 999 Hz),
-so machine load hits all alike. Printed: the target's rounds relative to the baseline (1.00 =
-not slowed), the reader's own CPU per walk, and the heavy share the reader saw (true 0.75).
+many rounds it did. Each configuration runs it once per repeat, interleaved, so machine load
+hits all alike: a plain run (baseline); rsprof's PyFrameReader alone at 99 and 999 Hz;
+`rsprof -p` recording at 99 and 999 Hz with Python frames (the default) and with
+`--python=off`; `py-spy record --nonblocking` and blocking (py-spy's default, which stops
+the target for every sample) at 99 and 999 Hz. Printed: the target's rounds relative to the
+baseline (1.00 = not slowed); for the reader, its CPU per walk and the heavy share it saw
+(true 0.75); for `rsprof -p`, the recorder's whole CPU (ms per sample; the difference
+between on and off is the Python reading) and the heavy share of the samples.
 
 Usage: python bench/bench_pyframes.py [--python /usr/bin/python3] [--seconds 3] [--repeat 2]
 """
@@ -14,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import tempfile
 import threading
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -85,9 +92,39 @@ def reader_run(python: str, seconds: float, hz: int) -> dict[str, float]:
             "heavy_share": heavy / max(1, heavy + light)}
 
 
-def py_spy_run(python: str, seconds: float, hz: int, py_spy: str, tmp: Path) -> dict[str, float]:
+def rsprof_run(python: str, seconds: float, hz: int, tmp: Path, *extra: str) -> dict[str, float]:
+    """`rsprof -p` on the running target until it exits: its rounds, the recorder's CPU per
+    sample, and the heavy share of the samples whose stacks hold heavy or light."""
     proc = start(python, seconds)
-    spy = subprocess.Popen([py_spy, "record", "--nonblocking", "-r", str(hz), "-p", str(proc.pid),
+    out = tmp / f"rsprof-{hz}-{time.monotonic_ns()}.db"
+    recorder = subprocess.Popen(
+        [sys.executable, "-m", "rsprof", "-p", str(proc.pid), "-q", "--cpu-freq", str(hz),
+         "-o", str(out), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rounds = finish(proc)
+    _, _, usage = os.wait4(recorder.pid, 0)
+    recorder.returncode = 0
+    conn = sqlite3.connect(out)
+    samples = conn.execute("SELECT SUM(samples) FROM checkpoints").fetchone()[0] or 0
+    shares = dict(conn.execute(
+        "SELECT l.function, SUM(c.count) FROM cpu_stack_samples c"
+        " JOIN (SELECT DISTINCT sf.stack_id, l.function FROM stack_frames sf"
+        "       JOIN frame_locations fl ON fl.frame_id = sf.frame_id"
+        "       JOIN locations l ON l.id = fl.location_id"
+        "       WHERE l.function IN ('heavy', 'light')) AS l ON l.stack_id = c.stack_id"
+        " GROUP BY l.function").fetchall())
+    conn.close()
+    cpu = usage.ru_utime + usage.ru_stime
+    heavy, light = shares.get("heavy", 0), shares.get("light", 0)
+    return {"rounds": rounds, "samples": samples,
+            "cpu_ms_per_sample": 1000 * cpu / max(1, samples),
+            "heavy_share": heavy / max(1, heavy + light) if heavy + light else float("nan")}
+
+
+def py_spy_run(python: str, seconds: float, hz: int, py_spy: str, tmp: Path,
+               blocking: bool = False) -> dict[str, float]:
+    proc = start(python, seconds)
+    mode = [] if blocking else ["--nonblocking"]
+    spy = subprocess.Popen([py_spy, "record", *mode, "-r", str(hz), "-p", str(proc.pid),
                             "-f", "raw", "-o", str(tmp / "spy.txt")],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rounds = finish(proc)
@@ -110,14 +147,21 @@ def main() -> None:
             for hz in (99, 999):
                 runs[f"rsprof reader {hz} Hz"] = functools.partial(
                     reader_run, args.python, args.seconds, hz)
+                runs[f"rsprof -p {hz} Hz"] = functools.partial(
+                    rsprof_run, args.python, args.seconds, hz, Path(tmp))
+                runs[f"rsprof -p {hz} Hz off"] = functools.partial(
+                    rsprof_run, args.python, args.seconds, hz, Path(tmp), "--python=off")
                 if py_spy:
-                    runs[f"py-spy {hz} Hz"] = functools.partial(
+                    runs[f"py-spy {hz} Hz nonblock"] = functools.partial(
                         py_spy_run, args.python, args.seconds, hz, py_spy, Path(tmp))
+                    runs[f"py-spy {hz} Hz blocking"] = functools.partial(
+                        py_spy_run, args.python, args.seconds, hz, py_spy, Path(tmp), True)
             for name, run in runs.items():
                 results.setdefault(name, []).append(run())
     base = statistics.mean(r["rounds"] for r in results["baseline"])
-    print(f"{'configuration':<22} {'rounds vs baseline':>18} {'µs CPU/walk':>12} "
-          f"{'dropped %':>10} {'heavy share':>12}")
+    print(f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'configuration':<26} {'rounds vs baseline':>18} {'µs CPU/walk':>12} "
+          f"{'dropped %':>10} {'heavy share':>12} {'ms CPU/sample':>14}")
     for name, rows in results.items():
         ratio = statistics.mean(r["rounds"] for r in rows) / base
         extra = ""
@@ -125,7 +169,11 @@ def main() -> None:
             extra = (f"{statistics.mean(r['cpu_us_per_walk'] for r in rows):>12.1f} "
                      f"{statistics.mean(r['dropped_pct'] for r in rows):>10.2f} "
                      f"{statistics.mean(r['heavy_share'] for r in rows):>12.3f}")
-        print(f"{name:<22} {ratio:>18.3f} {extra}")
+        elif "samples" in rows[0]:
+            extra = (f"{'':>12} {'':>10} "
+                     f"{statistics.mean(r['heavy_share'] for r in rows):>12.3f} "
+                     f"{statistics.mean(r['cpu_ms_per_sample'] for r in rows):>14.3f}")
+        print(f"{name:<26} {ratio:>18.3f} {extra}")
 
 
 if __name__ == "__main__":
