@@ -23,9 +23,9 @@ import shutil
 import sqlite3
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path

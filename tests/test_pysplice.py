@@ -211,3 +211,28 @@ def test_attach_reads_each_threads_frames(tmp_path: Path) -> None:
             seen[tid][functions[0]] += count
     assert seen[heavy_tid]["heavy"] > 0 and seen[light_tid]["light"] > 0, seen
     assert seen[heavy_tid]["light"] == 0 and seen[light_tid]["heavy"] == 0, seen
+
+
+def test_tui_lists_python_functions(debian_profile: Path) -> None:
+    """The TUI's CPU table (the same storage) has heavy and light, with their file."""
+    import asyncio
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rsprof.storage.live import CpuRow
+    from rsprof.tui.widgets.table import ProfileTable
+    from tui_fixture import make_app, settle
+
+    app = make_app(debian_profile)
+    rows: list[CpuRow] = []
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await settle(pilot)
+            rows.extend(r for r in app.main.query_one(ProfileTable).rows
+                        if isinstance(r, CpuRow))
+
+    asyncio.run(main())
+    by_name = {row.function: row for row in rows}
+    assert {"heavy", "light"} <= by_name.keys(), sorted(by_name)[:20]
+    assert "pysplit.py:" in by_name["heavy"].location, by_name["heavy"]
