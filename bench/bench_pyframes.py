@@ -7,7 +7,9 @@ hits all alike: a plain run (baseline); rsprof's PyFrameReader alone at 99 and 9
 `rsprof -p` recording at 99 and 999 Hz with Python frames (the default) and with
 `--python=off`; `py-spy record --nonblocking` and blocking (py-spy's default, which stops
 the target for every sample) at 99 and 999 Hz. Printed: the target's rounds relative to the
-baseline (1.00 = not slowed); for the reader, its CPU per walk and the heavy share it saw
+baseline (1.00 = not slowed), also per CPU second of the target (insensitive to how much CPU
+the load and the profiler leave it: what sampling costs each of its instructions); for the
+reader, its CPU per walk and the heavy share it saw
 (true 0.75); for `rsprof -p`, the recorder's whole CPU (ms per sample; the difference
 between on and off is the Python reading) and the heavy share of the samples.
 
@@ -43,15 +45,22 @@ def start(python: str, seconds: float) -> subprocess.Popen[str]:
     return proc
 
 
-def finish(proc: subprocess.Popen[str]) -> int:
+def finish(proc: subprocess.Popen[str]) -> tuple[int, float]:
+    """The target's rounds, and the CPU seconds it used (its own, whatever the load)."""
     assert proc.stdout is not None
     rounds = int(proc.stdout.readline())
-    proc.wait()
-    return rounds
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    return rounds, usage.ru_utime + usage.ru_stime
+
+
+def _target(proc: subprocess.Popen[str]) -> dict[str, float]:
+    rounds, cpu = finish(proc)
+    return {"rounds": rounds, "rounds_per_cpu_s": rounds / max(cpu, 1e-9)}
 
 
 def baseline(python: str, seconds: float) -> dict[str, float]:
-    return {"rounds": finish(start(python, seconds))}
+    return _target(start(python, seconds))
 
 
 def reader_run(python: str, seconds: float, hz: int) -> dict[str, float]:
@@ -83,11 +92,11 @@ def reader_run(python: str, seconds: float, hz: int) -> dict[str, float]:
 
     thread = threading.Thread(target=loop)
     thread.start()
-    rounds = finish(proc)
+    result = _target(proc)
     stop.set()
     thread.join()
     walks = max(1, reader.walks)
-    return {"rounds": rounds, "walks": walks, "cpu_us_per_walk": cpu / walks * 1e6,
+    return {**result, "walks": walks, "cpu_us_per_walk": cpu / walks * 1e6,
             "dropped_pct": 100 * reader.dropped / walks,
             "heavy_share": heavy / max(1, heavy + light)}
 
@@ -100,7 +109,7 @@ def rsprof_run(python: str, seconds: float, hz: int, tmp: Path, *extra: str) -> 
     recorder = subprocess.Popen(
         [sys.executable, "-m", "rsprof", "-p", str(proc.pid), "-q", "--cpu-freq", str(hz),
          "-o", str(out), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rounds = finish(proc)
+    result = _target(proc)
     _, _, usage = os.wait4(recorder.pid, 0)
     recorder.returncode = 0
     conn = sqlite3.connect(out)
@@ -115,7 +124,7 @@ def rsprof_run(python: str, seconds: float, hz: int, tmp: Path, *extra: str) -> 
     conn.close()
     cpu = usage.ru_utime + usage.ru_stime
     heavy, light = shares.get("heavy", 0), shares.get("light", 0)
-    return {"rounds": rounds, "samples": samples,
+    return {**result, "samples": samples,
             "cpu_ms_per_sample": 1000 * cpu / max(1, samples),
             "heavy_share": heavy / max(1, heavy + light) if heavy + light else float("nan")}
 
@@ -127,9 +136,9 @@ def py_spy_run(python: str, seconds: float, hz: int, py_spy: str, tmp: Path,
     spy = subprocess.Popen([py_spy, "record", *mode, "-r", str(hz), "-p", str(proc.pid),
                             "-f", "raw", "-o", str(tmp / "spy.txt")],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    rounds = finish(proc)
+    result = _target(proc)
     spy.wait()
-    return {"rounds": rounds}
+    return result
 
 
 def main() -> None:
@@ -159,11 +168,14 @@ def main() -> None:
             for name, run in runs.items():
                 results.setdefault(name, []).append(run())
     base = statistics.mean(r["rounds"] for r in results["baseline"])
+    base_cpu = statistics.mean(r["rounds_per_cpu_s"] for r in results["baseline"])
     print(f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'configuration':<26} {'rounds vs baseline':>18} {'µs CPU/walk':>12} "
+    print(f"{'configuration':<26} {'rounds vs baseline':>18} {'per target CPU s':>16} "
+          f"{'µs CPU/walk':>12} "
           f"{'dropped %':>10} {'heavy share':>12} {'ms CPU/sample':>14}")
     for name, rows in results.items():
         ratio = statistics.mean(r["rounds"] for r in rows) / base
+        per_cpu = statistics.mean(r["rounds_per_cpu_s"] for r in rows) / base_cpu
         extra = ""
         if "walks" in rows[0]:
             extra = (f"{statistics.mean(r['cpu_us_per_walk'] for r in rows):>12.1f} "
@@ -173,7 +185,7 @@ def main() -> None:
             extra = (f"{'':>12} {'':>10} "
                      f"{statistics.mean(r['heavy_share'] for r in rows):>12.3f} "
                      f"{statistics.mean(r['cpu_ms_per_sample'] for r in rows):>14.3f}")
-        print(f"{name:<26} {ratio:>18.3f} {extra}")
+        print(f"{name:<26} {ratio:>18.3f} {per_cpu:>16.3f} {extra}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ it against every installed Python). Nothing is written to or stops the target.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import struct
@@ -127,6 +128,62 @@ def _host_path(pid: int, path: str) -> str:
     return in_target if os.path.exists(in_target) else path
 
 
+@dataclass(frozen=True, slots=True)
+class _ElfPython:
+    """What one file says about the CPython in it (link-time addresses)."""
+
+    first_load: int  # vaddr of the PT_LOAD at file offset 0
+    runtime: int
+    code_type: int
+    unicode_type: int
+    version: tuple[int, int, int]
+    layout: dict[str, int] | None
+
+
+def _file_identity(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=256)
+def _elf_python(path: str, identity: tuple[int, int, int, int]) -> _ElfPython | None:
+    """The file's CPython, None if it holds none. Cached per file identity: a recording
+    that follows a shell starting a program ten times a second looks at the same two files
+    over and over."""
+    try:
+        elf = ElfFile(path)
+    except (OSError, ValueError, ElfError):
+        return None
+    # A quick no for every other program (a node binary's symbols take 0.4 s to list):
+    # CPython exports all four names, so its .dynstr holds them.
+    dynstr = bytes(elf.data_of(".dynstr") or b"")
+    if any(b"\0" + name + b"\0" not in dynstr for name in (b"_PyRuntime", b"Py_Version")):
+        return None
+    symbols = {s.name: s.value for s in elf.symbols() if s.name in _SYMBOLS and s.value}
+    if not {"_PyRuntime", "PyCode_Type", "PyUnicode_Type", "Py_Version"} <= symbols.keys():
+        return None
+    first_load = min(
+        (seg for seg in elf.segments if seg.type == PT_LOAD and seg.offset == 0),
+        key=lambda seg: seg.vaddr, default=None,
+    )
+    if first_load is None:
+        return None
+    offset = elf.vaddr_to_file_offset(symbols["Py_Version"])
+    (hexversion,) = struct.unpack_from("<I", elf.data, offset)
+    version = (hexversion >> 24, (hexversion >> 16) & 0xFF, (hexversion >> 8) & 0xFF)
+    # 3.13 says its own offsets; they win over the table (a point release may move
+    # a field). Older versions: the table.
+    start = elf.vaddr_to_file_offset(symbols["_PyRuntime"])
+    layout = debug_offsets_layout(bytes(elf.data[start:start + 8 + 8 * 72]), version)
+    if layout is None and version[:2] != (3, 13):
+        layout = LAYOUTS.get(version[:2])
+    return _ElfPython(first_load.vaddr, symbols["_PyRuntime"], symbols["PyCode_Type"],
+                      symbols["PyUnicode_Type"], version, layout)
+
+
 def find_runtime(pid: int) -> PythonRuntime | None:
     """The CPython in `pid`: a libpython it maps, else its executable. None if neither has
     `_PyRuntime` (not CPython, or older than 3.7) or `Py_Version` (older than 3.11)."""
@@ -139,38 +196,15 @@ def find_runtime(pid: int) -> PythonRuntime | None:
     if exe in mappings:
         candidates.append(exe)
     for path in candidates:
-        try:
-            elf = ElfFile(_host_path(pid, path))
-        except (OSError, ValueError, ElfError):
-            continue
-        # A quick no for every other program (a node binary's symbols take 0.4 s to list):
-        # CPython exports all four names, so its .dynstr holds them.
-        dynstr = bytes(elf.data_of(".dynstr") or b"")
-        if any(b"\0" + name + b"\0" not in dynstr for name in (b"_PyRuntime", b"Py_Version")):
-            continue
-        symbols = {s.name: s.value for s in elf.symbols() if s.name in _SYMBOLS and s.value}
-        if not {"_PyRuntime", "PyCode_Type", "PyUnicode_Type", "Py_Version"} <= symbols.keys():
-            continue
-        first_load = min(
-            (seg for seg in elf.segments if seg.type == PT_LOAD and seg.offset == 0),
-            key=lambda seg: seg.vaddr, default=None,
-        )
+        host = _host_path(pid, path)
+        identity = _file_identity(host)
+        found = _elf_python(host, identity) if identity is not None else None
         base = next((start for start, offset in mappings[path] if offset == 0), None)
-        if first_load is None or base is None:
+        if found is None or base is None:
             continue
-        bias = base - first_load.vaddr
-        offset = elf.vaddr_to_file_offset(symbols["Py_Version"])
-        (hexversion,) = struct.unpack_from("<I", elf.data, offset)
-        version = (hexversion >> 24, (hexversion >> 16) & 0xFF, (hexversion >> 8) & 0xFF)
-        # 3.13 says its own offsets; they win over the table (a point release may move
-        # a field). Older versions: the table.
-        start = elf.vaddr_to_file_offset(symbols["_PyRuntime"])
-        layout = debug_offsets_layout(bytes(elf.data[start:start + 8 + 8 * 72]), version)
-        if layout is None and version[:2] != (3, 13):
-            layout = LAYOUTS.get(version[:2])
-        return PythonRuntime(path, version, symbols["_PyRuntime"] + bias,
-                             symbols["PyCode_Type"] + bias, symbols["PyUnicode_Type"] + bias,
-                             layout)
+        bias = base - found.first_load
+        return PythonRuntime(path, found.version, found.runtime + bias, found.code_type + bias,
+                             found.unicode_type + bias, found.layout)
     return None
 
 

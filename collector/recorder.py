@@ -495,7 +495,7 @@ class Recorder:
         totals.checkpoints += 1
         totals.samples += batch.samples
         totals.lost_samples += batch.lost
-        if self._python is not None:
+        if self._python is not None and self._python.runtimes:
             self._write_python_meta()
         if batch.truncated:
             totals.truncated_samples += batch.truncated
