@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shutil
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -182,6 +183,34 @@ def _elf_python(path: str, identity: tuple[int, int, int, int]) -> _ElfPython | 
         layout = LAYOUTS.get(version[:2])
     return _ElfPython(first_load.vaddr, symbols["_PyRuntime"], symbols["PyCode_Type"],
                       symbols["PyUnicode_Type"], version, layout)
+
+
+def program_runs_python(path: str, _depth: int = 0) -> bool:
+    """Whether starting `path` runs a CPython 3.11+: an interpreter (or a program linked
+    with libpython), or a script whose #! line names one (`#!/usr/bin/env python3` too).
+    Used before the program runs, to decide how promptly its samples are drained."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    if head.startswith(b"#!") and _depth < 2:
+        words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
+        if words and os.path.basename(words[0]) == "env":
+            words = [w for w in words[1:] if not w.startswith("-")]
+            words[:1] = [shutil.which(words[0]) or words[0]] if words else []
+        return bool(words) and program_runs_python(words[0], _depth + 1)
+    if not head.startswith(b"\x7fELF"):
+        return False
+    identity = _file_identity(path)
+    if identity is None:
+        return False
+    if _elf_python(path, identity) is not None:
+        return True
+    try:
+        return b"libpython3" in bytes(ElfFile(path).data_of(".dynstr") or b"")
+    except (OSError, ValueError, ElfError):
+        return False
 
 
 def find_runtime(pid: int) -> PythonRuntime | None:

@@ -25,12 +25,12 @@ from rsprof.collector.frames import FrameResolver
 from rsprof.collector.heap import HeapTracker
 from rsprof.collector.maps import Mapping, read_executable_maps
 from rsprof.collector.process import Target
-from rsprof.collector.pyframes import PythonImages, find_runtime
+from rsprof.collector.pyframes import PythonImages, find_runtime, program_runs_python
 from rsprof.collector.symbols import Symbolizer
 from rsprof.storage.writer import Checkpoint, ProfileWriter
 
 from rsprof import __version__
-from rsprof._native import PerfSampler
+from rsprof._native import PerfMmap, PerfSampler
 
 # The heap ring's header (native/heapring.h, RSPROF_HEAP_HEADER_SIZE): a smaller file is a
 # ring the shim has created but not sized yet.
@@ -269,13 +269,14 @@ class Recorder:
 
     def _python_hint(self) -> bool:
         """Python frames are read when a sample is drained, so for a CPython target (or a
-        launched command, which may exec one) the drain is woken at every sample: the mean
-        median delay from sample to read fell from under 1024 us (drained every 1 ms) to
-        under 64 us (pysplit.py at 999 Hz, load 7 on 2 cores)."""
+        launched command that starts one) the drain is woken at every sample: the median
+        delay from sample to read fell from under 1024 us (drained every 1 ms) to under
+        64 us (pysplit.py at 999 Hz, load 7 on 2 cores). Not for other programs: a wake-up
+        per sample of 300 threads would keep the drain loop spinning."""
         if not self.options.python:
             return False
         if self.child is not None:
-            return True
+            return program_runs_python(self.target.exe)
         try:
             return find_runtime(self.target.pid) is not None
         except OSError:
@@ -426,21 +427,21 @@ class Recorder:
         """Writes one checkpoint; returns True when the target has exited."""
         batch = self.sampler.take()
         names = dict(batch.comms)
+        # A fork copies its parent's mappings, those the parent mapped in this batch too
+        # (seen: `rsprof run python3` forking within its first second: every stack of the
+        # child unresolved, the exec'd program's mappings missing from its copy).
+        pending: dict[int, list[PerfMmap]] = {}
+        for mmap in batch.mmaps:
+            pending.setdefault(mmap.image, []).append(mmap)
         for kind, image, pid, ppid, parent_image, _, command in batch.processes:
+            if kind == "fork":
+                self._add_mmaps(pending.pop(parent_image, []))
             self._process_event(kind, image, pid, ppid, parent_image, command or names.get(pid))
             if kind == "exec" and command is None and names.get(pid):
                 # Gone before its command line could be read: its program's path, from
                 # the mapping of the file the kernel named, is the next best thing.
                 self._unnamed_images[image] = names[pid]
-        for mmap in batch.mmaps:
-            comm = self._unnamed_images.get(mmap.image)
-            if comm is not None and os.path.basename(mmap.path).startswith(comm[:15]):
-                del self._unnamed_images[mmap.image]
-                self.writer.update_process(self._image(mmap.image).row_id, command=mmap.path)
-            self._image(mmap.image).resolver.add_mapping(
-                Mapping(mmap.start, mmap.start + mmap.length, mmap.pgoff, mmap.path,
-                        mmap.build_id.hex() if mmap.build_id else None)
-            )
+        self._add_mmaps([mmap for mmaps in pending.values() for mmap in mmaps])
         for pid, tid in batch.new_threads:
             self._thread_pids[tid] = pid
             self._thread_names.setdefault(tid, process.thread_name(pid, tid))
@@ -502,6 +503,17 @@ class Recorder:
             # counted in the profile, so `top` can say how many stacks are incomplete
             self.writer.set_meta({"truncated_samples": totals.truncated_samples})
         return not self._target_alive()
+
+    def _add_mmaps(self, mmaps: list[PerfMmap]) -> None:
+        for mmap in mmaps:
+            comm = self._unnamed_images.get(mmap.image)
+            if comm is not None and os.path.basename(mmap.path).startswith(comm[:15]):
+                del self._unnamed_images[mmap.image]
+                self.writer.update_process(self._image(mmap.image).row_id, command=mmap.path)
+            self._image(mmap.image).resolver.add_mapping(
+                Mapping(mmap.start, mmap.start + mmap.length, mmap.pgoff, mmap.path,
+                        mmap.build_id.hex() if mmap.build_id else None)
+            )
 
     def _write_python_meta(self) -> None:
         """How the Python frames were read (docs/schema.md, meta `python_*`)."""

@@ -236,3 +236,27 @@ def test_tui_lists_python_functions(debian_profile: Path) -> None:
     by_name = {row.function: row for row in rows}
     assert {"heavy", "light"} <= by_name.keys(), sorted(by_name)[:20]
     assert "pysplit.py:" in by_name["heavy"].location, by_name["heavy"]
+
+
+def test_forked_child_has_its_own_python_frames(tmp_path: Path) -> None:
+    """`rsprof run` follows a fork: the child (heavy) is a process image of its own with its
+    own reader, its stacks resolved through the mappings its parent had (the exec'd
+    python3's, drained in the same checkpoint as the fork)."""
+    script = TARGETS / "pyfork.py"
+    out = tmp_path / "fork.db"
+    result = run_rsprof("run", "-q", "--cpu-freq", "499", "-o", str(out), "--",
+                        str(_python("debian-3.11")), str(script), "1.5", timeout=120)
+    assert result.returncode == 0, result.stderr
+    conn = sqlite3.connect(f"file:{out}?mode=ro", uri=True)
+    pids = [pid for (pid,) in conn.execute("SELECT DISTINCT pid FROM processes ORDER BY id")]
+    conn.close()
+    parent, child = pids[0], pids[-1]
+    assert parent != child, pids
+    seen: dict[int, Counter[str]] = {parent: Counter(), child: Counter()}
+    for count, tid, frames in _stacks(out):
+        functions = [function for function, file, _ in frames if file == str(script)]
+        if tid in seen and functions and functions[0] in ("heavy", "light"):
+            assert functions[1:] == ["spin", "<module>"], functions
+            seen[tid][functions[0]] += count
+    assert seen[child]["heavy"] > 0 and seen[parent]["light"] > 0, seen
+    assert seen[child]["light"] == 0 and seen[parent]["heavy"] == 0, seen
