@@ -10,8 +10,10 @@ the target for every sample) at 99 and 999 Hz. Printed: the target's rounds rela
 baseline (1.00 = not slowed), also per CPU second of the target (insensitive to how much CPU
 the load and the profiler leave it: what sampling costs each of its instructions); for the
 reader, its CPU per walk and the heavy share it saw
-(true 0.75); for `rsprof -p`, the recorder's whole CPU (ms per sample; the difference
-between on and off is the Python reading) and the heavy share of the samples.
+(true 0.75); for `rsprof -p`, the drain's time per Python read (meta python_walk_us_mean),
+the recorder's whole CPU per sample (start-up, symbolization and SQLite included, so only
+comparable between runs of one length), the heavy share of the samples and the median delay
+from a sample to the read of its Python frames.
 
 Usage: python bench/bench_pyframes.py [--python /usr/bin/python3] [--seconds 3] [--repeat 2]
 """
@@ -121,10 +123,13 @@ def rsprof_run(python: str, seconds: float, hz: int, tmp: Path, *extra: str) -> 
         "       JOIN locations l ON l.id = fl.location_id"
         "       WHERE l.function IN ('heavy', 'light')) AS l ON l.stack_id = c.stack_id"
         " GROUP BY l.function").fetchall())
+    meta = dict(conn.execute("SELECT key, value FROM meta WHERE key LIKE 'python_%'").fetchall())
     conn.close()
     cpu = usage.ru_utime + usage.ru_stime
     heavy, light = shares.get("heavy", 0), shares.get("light", 0)
     return {**result, "samples": samples,
+            "walk_us": float(meta.get("python_walk_us_mean", "nan")),
+            "stale_p50_us": float(meta.get("python_stale_us_p50", "nan")),
             "cpu_ms_per_sample": 1000 * cpu / max(1, samples),
             "heavy_share": heavy / max(1, heavy + light) if heavy + light else float("nan")}
 
@@ -172,7 +177,7 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'configuration':<26} {'rounds vs baseline':>18} {'per target CPU s':>16} "
           f"{'µs CPU/walk':>12} "
-          f"{'dropped %':>10} {'heavy share':>12} {'ms CPU/sample':>14}")
+          f"{'dropped %':>10} {'heavy share':>12} {'ms CPU/sample':>14} {'p50 delay':>9}")
     for name, rows in results.items():
         ratio = statistics.mean(r["rounds"] for r in rows) / base
         per_cpu = statistics.mean(r["rounds_per_cpu_s"] for r in rows) / base_cpu
@@ -182,9 +187,10 @@ def main() -> None:
                      f"{statistics.mean(r['dropped_pct'] for r in rows):>10.2f} "
                      f"{statistics.mean(r['heavy_share'] for r in rows):>12.3f}")
         elif "samples" in rows[0]:
-            extra = (f"{'':>12} {'':>10} "
+            extra = (f"{statistics.mean(r['walk_us'] for r in rows):>12.1f} {'':>10} "
                      f"{statistics.mean(r['heavy_share'] for r in rows):>12.3f} "
-                     f"{statistics.mean(r['cpu_ms_per_sample'] for r in rows):>14.3f}")
+                     f"{statistics.mean(r['cpu_ms_per_sample'] for r in rows):>14.3f}"
+                     f" {statistics.median(r['stale_p50_us'] for r in rows):>9.0f}")
         print(f"{name:<26} {ratio:>18.3f} {per_cpu:>16.3f} {extra}")
 
 
