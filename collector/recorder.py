@@ -529,6 +529,7 @@ class Recorder:
             "python_spliced": sum(r.python_spliced for r in resolvers.values()),
             # chains that changed while read (or garbage): the sample keeps native frames
             "python_dropped": stats["dropped"],
+            "python_retried": stats["retries"],
             "python_unpaired": sum(r.python_unpaired for r in resolvers.values()),
             "python_late": stats["late"],
             "python_stale_us_mean": round(stats["stale_ns_sum"] / walks / 1000, 1) if walks else 0,

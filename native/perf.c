@@ -100,7 +100,8 @@ typedef struct {
     uint64_t walks;          /* samples of an image with a reader whose thread was walked */
     uint64_t attached;       /* ... that got Python frames */
     uint64_t empty;          /* no thread state, or one running no Python frame */
-    uint64_t dropped;        /* the chain changed under the read, or garbage: no frames */
+    uint64_t dropped;        /* the chain changed under two reads, or garbage: no frames */
+    uint64_t retries;        /* first reads dropped, read again */
     uint64_t late;           /* drained more than PERF_PY_MAX_STALE_NS after the sample */
     uint64_t stale_ns_sum, stale_ns_max;  /* sample time -> walk start, walked samples */
     uint64_t stale_over_1ms;
@@ -639,6 +640,13 @@ static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, 
     if (max <= 0) return depth;
     pthread_mutex_lock(py->lock);
     int n = rs_pyreader_walk(py->core, (uint32_t)tid, self->pyframes, max);
+    if (n == RS_PY_DROPPED) {
+        /* The chain changed while it was read: read it once more, a few µs later, rather
+         * than leave the sample without its Python frames (which would bias the shares
+         * towards native-only stacks). */
+        st->retries++;
+        n = rs_pyreader_walk(py->core, (uint32_t)tid, self->pyframes, max);
+    }
     pthread_mutex_unlock(py->lock);
     st->walks++;
     st->walk_ns_sum += perf_now_ns() - start;
@@ -1569,7 +1577,8 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
     }
     if (hist == NULL) return NULL;
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsN}", "walks", (unsigned long long)st.walks, "attached",
+        "{sKsKsKsKsKsKsKsKsKsKsKsN}", "walks", (unsigned long long)st.walks, "retries",
+        (unsigned long long)st.retries, "attached",
         (unsigned long long)st.attached, "empty", (unsigned long long)st.empty, "dropped",
         (unsigned long long)st.dropped, "late", (unsigned long long)st.late, "frames",
         (unsigned long long)st.frames, "stale_ns_sum", (unsigned long long)st.stale_ns_sum,

@@ -109,7 +109,7 @@ class PerfSampler:
     def set_python(self, image: int, reader: PyFrameReader | None, /) -> None:
         """The image's samples get the Python frames `reader` reads at drain time."""
     def python_stats(self) -> dict[str, Any]:
-        """walks, attached, empty, dropped, late, frames, stale_ns_sum, stale_ns_max,
+        """walks, retries, attached, empty, dropped, late, frames, stale_ns_sum, stale_ns_max,
         stale_over_1ms, walk_ns_sum (int), stale_log2_us (list[int]: walked samples by
         delay, [0] under 1 us, [k] under 2^k us)."""
     def close(self) -> None: ...
