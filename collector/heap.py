@@ -107,12 +107,28 @@ class HeapTracker:
             self._site_of_stack.setdefault(stack_id, self._site_location(stack_id))
         heap = dict(checkpoint.heap)
         own: dict[int, HeapDelta] = {}  # this process's part, kept apart for --pid
+        pid = self.reader.pid
         for native_id, alloc_bytes, alloc_count, free_bytes, free_count in batch.sites:
             stack_id = self._native_to_stored[native_id]
             change = HeapDelta(alloc_bytes, alloc_count, free_bytes, free_count)
             heap.setdefault(stack_id, HeapDelta()).add(change)
             own.setdefault(stack_id, HeapDelta()).add(change)
         checkpoint.heap = heap
+        # Added to what (pid, tid) already has in the checkpoint (an exec'd process's old
+        # and new rings may both be read in one interval); fresh objects, never mutated
+        # ones another tracker put there.
+        by_tid: dict[tuple[int, int], dict[int, HeapDelta]] = {
+            key: {sid: HeapDelta(d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count)
+                  for sid, d in deltas.items()}
+            for key, deltas in checkpoint.heap_by_tid.items()
+        }
+        for native_id, tid, alloc_bytes, alloc_count, free_bytes, free_count in (
+            batch.thread_sites
+        ):
+            stack_id = self._native_to_stored[native_id]
+            by_tid.setdefault((pid, tid), {}).setdefault(stack_id, HeapDelta()).add(
+                HeapDelta(alloc_bytes, alloc_count, free_bytes, free_count))
+        checkpoint.heap_by_tid = by_tid
         if own:
             # Added to what this pid already has in the checkpoint: an exec'd process's old
             # and new rings may both be read in one interval.

@@ -125,7 +125,7 @@ typedef struct {
     uint64_t addr;
     uint64_t size;   /* requested size */
     uint32_t stack;  /* allocating stack id */
-    uint32_t pad;
+    uint32_t tid;    /* allocating thread: its free is charged to it too (as heaptrack does) */
 } live_entry;
 
 typedef struct {
@@ -165,8 +165,8 @@ static bool live_grow(live_map *m) {
 /* Inserts addr; if it was already live (its free was lost), *had_old is set and *old
  * receives the previous entry, which the caller treats as freed.  Returns 1, 0 when out of
  * memory, -1 when the map holds MAX_LIVE_BLOCKS blocks and addr is not one of them. */
-static int live_put(live_map *m, uint64_t addr, uint64_t size, uint32_t stack, bool *had_old,
-                    live_entry *old) {
+static int live_put(live_map *m, uint64_t addr, uint64_t size, uint32_t stack, uint32_t tid,
+                    bool *had_old, live_entry *old) {
     bool full = m->count >= MAX_LIVE_BLOCKS;
     if (!full && (m->count + 1) * 2 > m->cap && !live_grow(m)) return 0;
     size_t j = live_home(m, addr);
@@ -177,6 +177,7 @@ static int live_put(live_map *m, uint64_t addr, uint64_t size, uint32_t stack, b
             e->addr = addr;
             e->size = size;
             e->stack = stack;
+            e->tid = tid;
             m->count++;
             *had_old = false;
             return 1;
@@ -186,6 +187,7 @@ static int live_put(live_map *m, uint64_t addr, uint64_t size, uint32_t stack, b
             *had_old = true;
             e->size = size;
             e->stack = stack;
+            e->tid = tid;
             return 1;
         }
         j = (j + 1) & (m->cap - 1);
@@ -342,6 +344,90 @@ static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth
     return id;
 }
 
+/* ------------------------------------------------------------------ per-thread deltas */
+
+/* The same deltas as stack_info's, split by the allocating thread: (stack, tid) -> sums
+ * since the last take().  Emptied by every take(), so it holds only what one interval
+ * touched.  Bounded by MAX_THREAD_SITES entries per take(); past that, activity is charged
+ * to tid 0 ("thread unknown"), so the per-thread rows still add up to the per-stack ones. */
+#define MAX_THREAD_SITES (1u << 19)
+
+typedef struct {
+    uint32_t stack, tid;
+    int64_t alloc_bytes, alloc_count, free_bytes, free_count; /* units */
+} thread_site;
+
+typedef struct {
+    uint32_t *slots;    /* index + 1 into `entries`; 0 = empty */
+    size_t cap;         /* power of two, at least twice `count` */
+    thread_site *entries;
+    size_t count, entries_cap;
+} thread_sites;
+
+static inline size_t ts_home(const thread_sites *t, uint32_t stack, uint32_t tid) {
+    uint64_t k = ((uint64_t)stack << 32 | tid) * 0x9E3779B97F4A7C15ULL;
+    return (size_t)(k >> 32) & (t->cap - 1);
+}
+
+static bool ts_grow(thread_sites *t) {
+    size_t cap = t->cap ? t->cap * 2 : 1024;
+    uint32_t *slots = calloc(cap, sizeof(uint32_t));
+    if (slots == NULL) return false;
+    free(t->slots);
+    t->slots = slots;
+    t->cap = cap;
+    for (size_t i = 0; i < t->count; i++) {
+        size_t j = ts_home(t, t->entries[i].stack, t->entries[i].tid);
+        while (slots[j] != 0) j = (j + 1) & (cap - 1);
+        slots[j] = (uint32_t)i + 1;
+    }
+    return true;
+}
+
+/* The entry of (stack, tid), added if new; NULL when out of memory. */
+static thread_site *ts_get(thread_sites *t, uint32_t stack, uint32_t tid) {
+    if (t->count >= MAX_THREAD_SITES) tid = 0;
+    if ((t->count + 1) * 2 > t->cap && !ts_grow(t)) return NULL;
+    size_t j = ts_home(t, stack, tid);
+    for (;; j = (j + 1) & (t->cap - 1)) {
+        uint32_t k = t->slots[j];
+        if (k == 0) break;
+        thread_site *e = &t->entries[k - 1];
+        if (e->stack == stack && e->tid == tid) return e;
+    }
+    if (t->count == t->entries_cap) {
+        size_t cap = t->entries_cap ? t->entries_cap * 2 : 1024;
+        thread_site *entries = realloc(t->entries, cap * sizeof(thread_site));
+        if (entries == NULL) return NULL;
+        t->entries = entries;
+        t->entries_cap = cap;
+    }
+    thread_site *e = &t->entries[t->count];
+    memset(e, 0, sizeof *e);
+    e->stack = stack;
+    e->tid = tid;
+    t->slots[j] = (uint32_t)++t->count;
+    return e;
+}
+
+/* Empties the table after a take(); a table grown by a burst shrinks back. */
+static void ts_reset(thread_sites *t) {
+    if (t->cap > (1u << 16)) {
+        free(t->slots);
+        free(t->entries);
+        memset(t, 0, sizeof *t);
+        return;
+    }
+    if (t->slots != NULL) memset(t->slots, 0, t->cap * sizeof(uint32_t));
+    t->count = 0;
+}
+
+static void ts_free(thread_sites *t) {
+    free(t->slots);
+    free(t->entries);
+    memset(t, 0, sizeof *t);
+}
+
 /* ------------------------------------------------------------------ reader object */
 
 enum { RERR_NONE = 0, RERR_NOMEM, RERR_CORRUPT, RERR_TRUNCATED };
@@ -364,6 +450,7 @@ typedef struct {
     uint64_t start_time;
     live_map live;
     stack_table stacks;
+    thread_sites by_thread;
     uint32_t *dirty;
     size_t ndirty, dirty_cap;
     uint32_t reported_stacks; /* stacks with id < this were returned by take() */
@@ -430,15 +517,18 @@ static inline bool mark_dirty(HeapReaderObject *r, uint32_t id) {
 static inline int charge_free(HeapReaderObject *r, const live_entry *e) {
     int64_t b, c;
     if (!weigh(r, e->size, &b, &c)) return RERR_CORRUPT;
+    thread_site *ts = ts_get(&r->by_thread, e->stack, e->tid);
+    if (ts == NULL) return RERR_NOMEM;
     stack_info *si = &r->stacks.info[e->stack];
     if (!add_ck(&si->free_bytes, b) || !add_ck(&si->free_count, c) ||
+        !add_ck(&ts->free_bytes, b) || !add_ck(&ts->free_count, c) ||
         !add_ck(&r->live_bytes, -b) || !add_ck(&r->live_blocks, -c))
         return RERR_CORRUPT;
     return mark_dirty(r, e->stack) ? RERR_NONE : RERR_NOMEM;
 }
 
-static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, const uint64_t *ips,
-                    unsigned depth) {
+static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, uint32_t tid,
+                    const uint64_t *ips, unsigned depth) {
     int64_t b, c;
     if (addr == 0 || !weigh(r, size, &b, &c)) return RERR_CORRUPT; /* malloc never records NULL */
     int64_t id = stacks_intern(&r->stacks, ips, depth, r->reported_stacks, r->reported_ips);
@@ -447,9 +537,12 @@ static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, const uin
         r->dropped++;
         return RERR_NONE;
     }
+    /* Looked up before the block is inserted: running out of memory here leaves the record
+     * for a later poll with nothing charged yet. */
+    if (ts_get(&r->by_thread, (uint32_t)id, tid) == NULL) return RERR_NOMEM;
     bool had_old;
     live_entry old;
-    int put = live_put(&r->live, addr, size, (uint32_t)id, &had_old, &old);
+    int put = live_put(&r->live, addr, size, (uint32_t)id, tid, &had_old, &old);
     if (put == 0) return RERR_NOMEM;
     if (put < 0) {
         r->dropped++;
@@ -461,8 +554,11 @@ static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, const uin
         int e = charge_free(r, &old);
         if (e != RERR_NONE) return e;
     }
+    thread_site *ts = ts_get(&r->by_thread, (uint32_t)id, tid); /* found: no allocation */
+    if (ts == NULL) return RERR_NOMEM;
     stack_info *si = &r->stacks.info[id];
     if (!add_ck(&si->alloc_bytes, b) || !add_ck(&si->alloc_count, c) ||
+        !add_ck(&ts->alloc_bytes, b) || !add_ck(&ts->alloc_count, c) ||
         !add_ck(&r->live_bytes, b) || !add_ck(&r->live_blocks, c))
         return RERR_CORRUPT;
     return mark_dirty(r, (uint32_t)id) ? RERR_NONE : RERR_NOMEM;
@@ -528,7 +624,7 @@ static uint64_t drain_records(HeapReaderObject *r) {
             words = RSPROF_HEAP_ALLOC_WORDS(depth);
             uint64_t addr = d[(i + 1) & m], size = d[(i + 2) & m];
             for (unsigned k = 0; k < depth; k++) ips[k] = d[(i + 3 + k) & m];
-            err = on_alloc(r, addr, size, ips, depth);
+            err = on_alloc(r, addr, size, RSPROF_HEAP_HEAD_TID(head), ips, depth);
         } else {
             set_error(r, RERR_CORRUPT, pos, "bad record kind");
             break;
@@ -668,6 +764,7 @@ static void release_mapping(HeapReaderObject *r) {
     r->live.slots = NULL;
     free(slots);
     stacks_free(&r->stacks);
+    ts_free(&r->by_thread);
     free(r->dirty);
     r->dirty = NULL;
     r->ndirty = r->dirty_cap = 0;
@@ -921,7 +1018,7 @@ static inline PyObject *units(const HeapReaderObject *r, int64_t v) {
 }
 
 /* What take() returns: a struct sequence typed in rsprof/_native.pyi. */
-enum { HB_NFIELDS = 11 };
+enum { HB_NFIELDS = 12 };
 static PyStructSequence_Field heap_batch_fields[] = {
     {"events", "ring records read since the last take()"},
     {"lost", "records the shim dropped because the ring was full"},
@@ -934,6 +1031,8 @@ static PyStructSequence_Field heap_batch_fields[] = {
     {"execed", "the target called exec (the shim's ring ends there)"},
     {"sample_bytes", "sampling interval in bytes; 0 = every allocation"},
     {"dropped", "allocations the reader dropped because a bound was reached (a flood)"},
+    {"thread_sites", "[(stack_id, tid, alloc_bytes, alloc_count, free_bytes, free_count), ...]: "
+                     "`sites` split by the allocating thread (a free is charged to it)"},
     {NULL, NULL},
 };
 static PyStructSequence_Desc heap_batch_desc = {
@@ -943,10 +1042,11 @@ static PyStructSequence_Desc heap_batch_desc = {
 static PyTypeObject *HeapBatchType;
 
 static PyObject *build_take(HeapReaderObject *r) {
-    PyObject *result = NULL, *new_stacks = NULL, *sites = NULL;
+    PyObject *result = NULL, *new_stacks = NULL, *sites = NULL, *thread_rows = NULL;
     new_stacks = PyList_New(0);
     sites = PyList_New(0);
-    if (new_stacks == NULL || sites == NULL) goto fail;
+    thread_rows = PyList_New(0);
+    if (new_stacks == NULL || sites == NULL || thread_rows == NULL) goto fail;
     stack_table *t = &r->stacks;
     for (size_t id = r->reported_stacks; id < t->count; id++) {
         const stack_info *si = &t->info[id];
@@ -979,6 +1079,18 @@ static PyObject *build_take(HeapReaderObject *r) {
         }
         Py_DECREF(item);
     }
+    for (size_t k = 0; k < r->by_thread.count; k++) {
+        const thread_site *e = &r->by_thread.entries[k];
+        if (e->alloc_count == 0 && e->free_count == 0) continue;
+        PyObject *item = Py_BuildValue("(nINNNN)", (Py_ssize_t)e->stack + 1, (unsigned)e->tid,
+                                       units(r, e->alloc_bytes), units(r, e->alloc_count),
+                                       units(r, e->free_bytes), units(r, e->free_count));
+        if (item == NULL || PyList_Append(thread_rows, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
     uint64_t lost = r->lost_last; /* checked by drain(): never below lost_seen */
     uint32_t flags = read_flags(r);
     /* Exited: the shim said so, or the process is gone (killed: no chance to say so). */
@@ -997,6 +1109,7 @@ static PyObject *build_take(HeapReaderObject *r) {
         PyBool_FromLong((flags & RSPROF_HEAP_HF_EXECED) != 0),
         PyLong_FromUnsignedLongLong(r->sample_bytes),
         PyLong_FromUnsignedLongLong(r->dropped),
+        Py_NewRef(thread_rows),
     };
     result = PyStructSequence_New(HeapBatchType);
     for (int k = 0; k < HB_NFIELDS; k++) {
@@ -1010,6 +1123,7 @@ static PyObject *build_take(HeapReaderObject *r) {
     if (result == NULL) goto fail;
     Py_DECREF(new_stacks);
     Py_DECREF(sites);
+    Py_DECREF(thread_rows);
     /* Committed: reset the batch. */
     r->reported_stacks = (uint32_t)t->count;
     r->reported_ips = t->nips;
@@ -1020,6 +1134,7 @@ static PyObject *build_take(HeapReaderObject *r) {
         si->dirty = 0;
     }
     r->ndirty = 0;
+    ts_reset(&r->by_thread);
     r->events = 0;
     r->unknown_frees = 0;
     r->lost_seen = lost;
@@ -1027,6 +1142,7 @@ static PyObject *build_take(HeapReaderObject *r) {
 fail:
     Py_XDECREF(new_stacks);
     Py_XDECREF(sites);
+    Py_XDECREF(thread_rows);
     return NULL;
 }
 

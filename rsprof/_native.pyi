@@ -150,6 +150,10 @@ class HeapBatch(tuple[object, ...]):
     @property
     def dropped(self) -> int:
         """allocations the reader dropped because a bound was reached (a flood)"""
+    @property
+    def thread_sites(self) -> list[tuple[int, int, int, int, int, int]]:
+        """(stack_id, tid, alloc_bytes, alloc_count, free_bytes, free_count): `sites` split
+        by the allocating thread (a free is charged to the thread that allocated)"""
 
 @final
 class HeapReader:

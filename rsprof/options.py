@@ -68,9 +68,6 @@ def build_query(kind: str, options: dict[str, Any]) -> SampleQuery:
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     tid = options.pop("tid")
-    if tid is not None and kind == "heap":
-        raise click.BadParameter("heap data has no threads (the shim records stacks only)",
-                                 param_hint="'--tid'")
     pid = options.pop("process_pid")
     return SampleQuery(kind, tid, TimeRange(since, until), filters, pid)
 

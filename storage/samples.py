@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from rsprof.storage.callsite import call_site_position
+from rsprof.storage.errors import ProfileError
 from rsprof.storage.reader import Profile
 from rsprof.storage.schema import u64_from_sql
 
@@ -139,7 +140,7 @@ def load_samples(
         samples = _cpu_samples(profile, frames, checkpoints, tid, pid, period_ns)
         return SampleSet("cpu", CPU_SAMPLE_TYPES, 0, samples, start_ms, end_ms,
                          period_ns=period_ns, meta=meta)
-    samples = _heap_samples(profile, frames, checkpoints, pid)
+    samples = _heap_samples(profile, frames, checkpoints, pid, tid)
     return SampleSet("heap", HEAP_SAMPLE_TYPES, 3, samples, start_ms, end_ms, meta=meta)
 
 
@@ -215,14 +216,23 @@ def _cpu_samples(
 def _heap_samples(
     profile: Profile, frames: _FrameTable, checkpoints: list[tuple[int, bool]],
     pid: int | None = None,
+    tid: int | None = None,
 ) -> list[Sample]:
     inside = {cid for cid, within in checkpoints if within}
     sums: dict[int, list[int]] = {}
     freed: dict[int, tuple[int, int]] = {}
     ids = _id_list(c for c, _ in checkpoints)
     table, where = "heap_stack_samples", ""
-    if pid is not None:
-        tables = {r[0] for r in profile.rows("SELECT name FROM sqlite_master WHERE type='table'")}
+    tables = {r[0] for r in profile.rows("SELECT name FROM sqlite_master WHERE type='table'")}
+    if tid is not None:
+        # The thread that allocated (its blocks' frees are charged to it, whoever freed).
+        if "heap_thread_samples" not in tables:
+            raise ProfileError("this profile keeps no heap data per thread (recorded before"
+                               " rsprof stored the allocating thread): drop --tid")
+        table, where = "heap_thread_samples", f" AND tid = {int(tid)}"
+        if pid is not None:
+            where += f" AND pid = {int(pid)}"
+    elif pid is not None:
         if "heap_process_samples" in tables:
             table, where = "heap_process_samples", f" AND pid = {int(pid)}"
         elif str(pid) != str(profile.meta().get("pid")):

@@ -127,6 +127,17 @@ CREATE TABLE IF NOT EXISTS heap_process_samples (
     free_count INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (checkpoint_id, pid, stack_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS heap_thread_samples (
+    checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
+    tid INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    stack_id INTEGER NOT NULL REFERENCES stacks(id),
+    alloc_bytes INTEGER NOT NULL DEFAULT 0,
+    alloc_count INTEGER NOT NULL DEFAULT 0,
+    free_bytes INTEGER NOT NULL DEFAULT 0,
+    free_count INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (checkpoint_id, tid, pid, stack_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS heap_site_samples (
     checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
     location_id INTEGER NOT NULL REFERENCES locations(id),

@@ -55,6 +55,9 @@ class Checkpoint:
     heap_sites: Mapping[int, int] = field(default_factory=dict)  # stack_id -> site location_id
     # pid -> stack_id -> delta: the same heap split by the process that allocated
     heap_by_pid: Mapping[int, Mapping[int, HeapDelta]] = field(default_factory=dict)
+    # (pid, tid) -> stack_id -> delta: the same heap split by the thread that allocated (a
+    # free is charged to the allocating thread, whichever thread freed the block)
+    heap_by_tid: Mapping[tuple[int, int], Mapping[int, HeapDelta]] = field(default_factory=dict)
     heap_events: int = 0
     heap_lost_events: int = 0
     threads: Mapping[int, str | None] = field(default_factory=dict)  # tids seen -> name
@@ -345,6 +348,25 @@ class ProfileWriter:
                 for sid, d in deltas.items()
             ],
         )
+        self._execute_many(
+            "INSERT INTO heap_thread_samples (checkpoint_id, tid, pid, stack_id, alloc_bytes,"
+            " alloc_count, free_bytes, free_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (cid, tid, pid, sid, d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count)
+                for (pid, tid), deltas in checkpoint.heap_by_tid.items()
+                for sid, d in deltas.items()
+            ],
+        )
+        # A thread that allocated but was never sampled still gets its threads row, so the
+        # thread picker and `--tid` know it (name unknown: the shim records only the tid).
+        for pid, tid in checkpoint.heap_by_tid:
+            if tid and tid not in self._known_threads and tid not in checkpoint.threads:
+                self._known_threads.add(tid)
+                self._execute(
+                    "INSERT OR IGNORE INTO threads (tid, name, first_checkpoint_id,"
+                    " last_checkpoint_id, pid) VALUES (?, NULL, ?, ?, ?)",
+                    (tid, cid, cid, pid),
+                )
         sites: dict[int, HeapDelta] = {}
         for stack_id, delta in checkpoint.heap.items():
             site = checkpoint.heap_sites.get(stack_id)
