@@ -237,13 +237,8 @@ class LiveProfile:
         # heap: allocating stacks cut at the call site (storage.callsite), as function keys,
         # and per stack [live bytes, allocated bytes] over the whole recording
         self._heap_paths: dict[int, tuple[int, ...]] = {}
-        self._heap_stack_bytes: dict[int, list[int]] = {}
-        self._heap_stack_last_id = 0
-        # whole-heap live bytes after each checkpoint (aligned with _cp_ids)
-        self._heap_tl = array("q")
-        self._tl_site: dict[int, int] = {}
-        self._tl_total = 0
-        self._tl_last_id = 0
+        self._heap_site_of: dict[int, int] = {}  # stack id -> call-site location id
+        self._has_heap_threads: bool | None = None  # heap_thread_samples exists
         self._reset_cpu()
         self._reset_heap()
 
@@ -283,6 +278,17 @@ class LiveProfile:
         self._cpu_ring: deque[dict[int, int]] = deque(maxlen=self.trend_len)
 
     def _reset_heap(self) -> None:
+        """Forgets heap numbers (all of them follow the thread shown)."""
+        self._heap_stack_bytes: dict[int, list[int]] = {}
+        self._heap_stack_last_id = 0
+        # whole-heap live bytes after each checkpoint (aligned with _cp_ids)
+        self._heap_tl = array("q")
+        self._tl_site: dict[int, int] = {}
+        self._tl_total = 0
+        self._tl_last_id = 0
+        # one thread's live bytes per site, summed here (heap_site_samples has all threads)
+        self._th_site_live: dict[int, int] = {}
+        self._tl_thread_live: dict[int, int] = {}
         self._heap_last_id = 0
         # location id -> [alloc_bytes, alloc_count, free_bytes, free_count, live_bytes]
         self._heap: dict[int, list[int]] = {}
@@ -290,14 +296,58 @@ class LiveProfile:
         self._heap_base: dict[int, int] = {}
 
     def set_thread(self, tid: int | None) -> None:
-        """Restricts CPU numbers to one thread's samples (None: all threads).
+        """Restricts CPU and heap numbers to one thread (None: all threads); the heap by
+        the thread that allocated, when the file keeps it (`heap_by_thread`).
 
-        The next `refresh()` re-reads the CPU part of the file for that thread.
+        The next `refresh()` re-reads the file for that thread.
         """
         with self._lock:
             if tid != self.thread:
                 self.thread = tid
                 self._reset_cpu()
+                self._reset_heap()
+
+    @property
+    def heap_by_thread(self) -> bool:
+        """The file keeps heap data per allocating thread (heap_thread_samples)."""
+        with self._lock:
+            if self._has_heap_threads is None:
+                self._has_heap_threads = bool(self._conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE name = 'heap_thread_samples'"
+                ).fetchall())
+            return self._has_heap_threads
+
+    def _heap_thread(self) -> int | None:
+        """The thread the heap numbers are restricted to, if any."""
+        return self.thread if self.thread is not None and self.heap_by_thread else None
+
+    def _thread_site_rows(
+        self, since: int, last: int, running: dict[int, int]
+    ) -> list[tuple[int, int, int, int, int, int, int]]:
+        """Rows shaped like heap_site_samples' (checkpoint_id, location_id, alloc_bytes,
+        alloc_count, free_bytes, free_count, live_bytes) in (since, last], of the thread
+        shown: its stacks' rows grouped by call site, live bytes summed here in `running`
+        (site -> live bytes so far; the table and the timeline each keep their own)."""
+        rows = self._conn.execute(
+            "SELECT checkpoint_id, stack_id, SUM(alloc_bytes), SUM(alloc_count),"
+            " SUM(free_bytes), SUM(free_count) FROM heap_thread_samples"
+            " WHERE tid = ? AND checkpoint_id > ? AND checkpoint_id <= ?"
+            " GROUP BY 1, 2 ORDER BY 1",
+            (self.thread, since, last),
+        ).fetchall()
+        self._ensure_heap_paths(r[1] for r in rows)
+        per: dict[tuple[int, int], list[int]] = {}
+        for cid, sid, ab, ac, fb, fc in rows:
+            acc = per.setdefault((cid, self._heap_site_of[sid]), [0, 0, 0, 0])
+            acc[0] += ab
+            acc[1] += ac
+            acc[2] += fb
+            acc[3] += fc
+        out = []
+        for (cid, lid), (ab, ac, fb, fc) in per.items():  # in checkpoint order
+            live = running[lid] = running.get(lid, 0) + ab - fb
+            out.append((cid, lid, ab, ac, fb, fc, live))
+        return out
 
     # -- refresh --------------------------------------------------------------------------
 
@@ -562,13 +612,21 @@ class LiveProfile:
                 at = call_site_position(named) or (0, 0)
                 lids = [lid for _m, chain in stack[at[0] :] for lid in chain][at[1] :]
                 self._heap_paths[sid] = tuple(self._fid(lid) for lid in lids)
+                # The call site, as the writer's heap_site_samples has it.
+                flat = [lid for _m, chain in stack for lid in chain]
+                self._heap_site_of[sid] = lids[0] if lids else (flat[0] if flat else -1)
 
     def _read_heap_stacks(self, last: int) -> None:
+        tid = self._heap_thread()
+        table, where = "heap_stack_samples", ""
+        params: tuple[int, ...] = (self._heap_stack_last_id, last)
+        if tid is not None:
+            table, where, params = "heap_thread_samples", " AND tid = ?", (*params, tid)
         rows = self._conn.execute(
             "SELECT stack_id, SUM(alloc_bytes) - SUM(free_bytes), SUM(alloc_bytes)"
-            " FROM heap_stack_samples WHERE checkpoint_id > ? AND checkpoint_id <= ?"
+            f" FROM {table} WHERE checkpoint_id > ? AND checkpoint_id <= ?{where}"
             " GROUP BY stack_id",
-            (self._heap_stack_last_id, last),
+            params,
         ).fetchall()
         for sid, live, allocated in rows:
             acc = self._heap_stack_bytes.setdefault(sid, [0, 0])
@@ -580,11 +638,17 @@ class LiveProfile:
         """Whole-heap live bytes after each new checkpoint: each site's row holds its live
         bytes when it changed, so the total moves by the difference to its previous row."""
         changes: dict[int, int] = {}
-        for cid, lid, live in self._conn.execute(
-            "SELECT checkpoint_id, location_id, live_bytes FROM heap_site_samples"
-            " WHERE checkpoint_id > ? AND checkpoint_id <= ? ORDER BY checkpoint_id",
-            (self._tl_last_id, last),
-        ):
+        site_rows: list[tuple[int, int, int]]
+        if self._heap_thread() is not None:
+            site_rows = [(r[0], r[1], r[6]) for r in self._thread_site_rows(
+                self._tl_last_id, last, self._tl_thread_live)]
+        else:
+            site_rows = self._conn.execute(
+                "SELECT checkpoint_id, location_id, live_bytes FROM heap_site_samples"
+                " WHERE checkpoint_id > ? AND checkpoint_id <= ? ORDER BY checkpoint_id",
+                (self._tl_last_id, last),
+            ).fetchall()
+        for cid, lid, live in site_rows:
             self._tl_total += live - self._tl_site.get(lid, 0)
             self._tl_site[lid] = live
             changes[cid] = self._tl_total
@@ -597,6 +661,9 @@ class LiveProfile:
         self._tl_last_id = last
 
     def _read_heap(self, last: int) -> None:
+        if self._heap_thread() is not None:
+            self._read_thread_heap(last)
+            return
         bulk_to, ids = self._split(self._heap_last_id, last)
         if bulk_to > self._heap_last_id:
             for slot in self._heap_ring:
@@ -628,6 +695,24 @@ class LiveProfile:
                 if len(self._heap_ring) == self._heap_ring.maxlen:
                     self._heap_base.update(self._heap_ring[0])
                 self._heap_ring.append(per_cp[cid])
+        self._heap_last_id = last
+
+    def _read_thread_heap(self, last: int) -> None:
+        """_read_heap for one thread: the same sums from heap_thread_samples."""
+        rows = self._thread_site_rows(self._heap_last_id, last, self._th_site_live)
+        per_cp: dict[int, dict[int, int]] = {}
+        for cid, lid, ab, ac, fb, fc, live in rows:
+            self._add_heap(lid, ab, ac, fb, fc, live)
+            per_cp.setdefault(cid, {})[lid] = live
+        lo = bisect_right(self._cp_ids, self._heap_last_id)
+        hi = bisect_right(self._cp_ids, last)
+        split = max(lo, hi - self.trend_len)
+        for cid in self._cp_ids[lo:split]:
+            self._heap_base.update(per_cp.get(cid, {}))
+        for cid in self._cp_ids[split:hi]:
+            if len(self._heap_ring) == self._heap_ring.maxlen:
+                self._heap_base.update(self._heap_ring[0])
+            self._heap_ring.append(per_cp.get(cid, {}))
         self._heap_last_id = last
 
     def _add_heap(self, lid: int, ab: int, ac: int, fb: int, fc: int, live: int) -> None:
@@ -665,8 +750,14 @@ class LiveProfile:
 
     @property
     def has_heap_data(self) -> bool:
+        """The file has heap data (of any thread: a thread that allocated nothing shows
+        an empty table, not the "how to get heap data" text)."""
         with self._lock:
-            return bool(self._heap)
+            if self._heap:
+                return True
+            if self._heap_thread() is None:
+                return False
+            return bool(self._conn.execute("SELECT 1 FROM heap_site_samples LIMIT 1").fetchall())
 
     def _trends(
         self, ring: deque[dict[int, int]], carry: dict[int, int] | None
@@ -810,8 +901,8 @@ class LiveProfile:
     def heap_tree(self, allocated: bool = False) -> CallNode:
         """The top-down tree of allocating stacks (cut at the call site) by live bytes (or
         bytes allocated): a node's total is the bytes allocated under it, its self the bytes
-        allocated right there (a call site). Whole recording, all threads (the heap tables
-        keep no thread)."""
+        allocated right there (a call site). Whole recording, of the thread shown (by the
+        thread that allocated)."""
         with self._lock:
             self._ensure_heap_paths(self._heap_stack_bytes)
             index = 1 if allocated else 0
@@ -943,6 +1034,8 @@ class LiveProfile:
             lo, hi = self._window_ids(start_ms, end_ms)
             if lo >= hi:
                 return Series(start_ms, end_ms, bucket_ms, ())
+            if self._heap_thread() is not None:
+                return self._thread_heap_series(key, start_ms, end_ms, bucket_ms, lo, hi)
             first, last = self._cp_ids[lo], self._cp_ids[hi - 1]
             before = self._conn.execute(
                 "SELECT live_bytes FROM heap_site_samples WHERE location_id = ?"
@@ -964,6 +1057,32 @@ class LiveProfile:
             return Series(
                 start_ms, end_ms, bucket_ms, self._bucketize(start_ms, end_ms, bucket_ms, values)
             )
+
+    def _thread_heap_series(
+        self, key: int, start_ms: int, end_ms: int, bucket_ms: int, lo: int, hi: int
+    ) -> Series:
+        """heap_series for the thread shown: its live bytes at site `key` (running sums of
+        its stacks with that call site)."""
+        rows = self._conn.execute(
+            "SELECT checkpoint_id, stack_id, SUM(alloc_bytes) - SUM(free_bytes)"
+            " FROM heap_thread_samples WHERE tid = ? AND checkpoint_id <= ?"
+            " GROUP BY 1, 2",
+            (self.thread, self._cp_ids[hi - 1]),
+        ).fetchall()
+        self._ensure_heap_paths(r[1] for r in rows)
+        delta: dict[int, int] = {}
+        for cid, sid, d in rows:
+            if self._heap_site_of.get(sid) == key:
+                delta[cid] = delta.get(cid, 0) + d
+        first = self._cp_ids[lo]
+        live = sum(d for cid, d in delta.items() if cid < first)
+        values = []
+        for i in range(lo, hi):
+            live += delta.get(self._cp_ids[i], 0)
+            values.append((self._cp_ts[i], float(live)))
+        return Series(
+            start_ms, end_ms, bucket_ms, self._bucketize(start_ms, end_ms, bucket_ms, values)
+        )
 
     def timestamp_range(self) -> tuple[int, int] | None:
         """(first, last) checkpoint timestamps read so far."""

@@ -495,12 +495,35 @@ def test_memory_timeline_and_thread_note(profile: Path) -> None:
         assert tl.peak_offset_ms == 59_000
         assert tl.current_bytes == 8192 * 120 + 16384 + (1 << 19)
         assert "peak 1.5 MiB at 59s" in str(timeline.render())
-        await press(pilot, "t", "j", "enter")  # a thread: the heap says it is not per thread
-        assert "(heap: all)" in main.query_one(ProfileHeader).plain
+        await press(pilot, "t", "j", "enter")  # thread 4243: the heap it allocated
+        header = main.query_one(ProfileHeader).plain
+        assert "thread 4243" in header and "(heap: all)" not in header
+        table = main.query_one(ProfileTable)
+        assert names(table) == ["leaky_cache_insert"]
+        assert timeline.timeline is not None
+        assert timeline.timeline.peak_bytes == timeline.timeline.current_bytes == 8192 * 120
         await press(pilot, "1")
         assert not timeline.display
 
     drive(make_app(profile), scenario)
+
+
+def test_memory_thread_note_on_old_file(profile: Path, tmp_path: Path) -> None:
+    """A file from before the heap kept its thread: the header says the heap is all threads'."""
+    old = tmp_path / "old.db"
+    old.write_bytes(profile.read_bytes())
+    conn = sqlite3.connect(old)
+    conn.execute("DROP TABLE heap_thread_samples")
+    conn.commit()
+    conn.close()
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main = app.main
+        await press(pilot, "2", "t", "j", "enter")
+        assert "(heap: all)" in main.query_one(ProfileHeader).plain
+        assert len(names(main.query_one(ProfileTable))) == 3
+
+    drive(make_app(old), scenario)
 
 
 def test_keys_work_after_empty_memory_view(tmp_path: Path) -> None:

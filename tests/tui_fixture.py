@@ -11,7 +11,8 @@ with a known pattern, and three heap call sites, one of them growing without bou
 
 Heap: leaky_cache_insert allocates 8 KiB per checkpoint and never frees; make_buffer churns
 64 KiB per checkpoint and keeps 16 KiB; load_config allocates 1 MiB at checkpoint 1 and
-frees half of it at checkpoint 60.
+frees half of it at checkpoint 60. By allocating thread (heap_thread_samples): 4243 does
+leaky_cache_insert, 4242 load_config, and make_buffer is split evenly between 4242 and 4244.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ FRAMES = {i: [i] for i in range(1, 13)} | {13: [13, 2]}
 # stack id = leaf frame id; every stack is [leaf, main]
 THREADS = [(4242, "demo"), (4243, "worker-1"), (4244, "worker-2")]
 WORKER2_EXIT = 90
+# heap site (= its stack id) -> (allocating tid, 1 / its share)
+HEAP_THREADS = {10: [(4243, 1)], 11: [(4242, 2), (4244, 2)], 12: [(4242, 1)]}
 
 
 def cpu_pattern(i: int) -> list[tuple[int, int, int]]:
@@ -160,6 +163,11 @@ def _write_checkpoint(conn: sqlite3.Connection, i: int, with_heap: bool) -> None
             "INSERT INTO heap_site_samples VALUES (?, ?, ?, ?, ?, ?, ?)",
             (i, loc, ab, ac, fb, fc, live),
         )
+        for tid, share in HEAP_THREADS[loc]:
+            conn.execute(
+                "INSERT INTO heap_thread_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (i, tid, PID, loc, ab // share, ac // share, fb // share, fc // share),
+            )
     conn.execute(
         "UPDATE threads SET last_checkpoint_id = ? WHERE tid != 4244 OR ? <= ?",
         (i, i, WORKER2_EXIT),

@@ -44,13 +44,17 @@ def export_view(
     The count is CPU samples, or allocations for the heap."""
     path = Path(db_path)
     focus = f"(?i){re.escape(name_filter)}" if name_filter else None
-    query = SampleQuery(
-        kind=kind,
-        tid=tid if kind == "cpu" else None,  # heap samples carry no thread
-        time_range=TimeRange(since_s, until_s),
-        filters=FrameFilter.compile(focus=focus),
-    )
     with Profile(path) as profile:
+        if kind == "heap" and not profile.rows(
+            "SELECT 1 FROM sqlite_master WHERE name = 'heap_thread_samples'"
+        ):
+            tid = None  # a file from before the heap kept its thread: all of it, as shown
+        query = SampleQuery(
+            kind=kind,
+            tid=tid,
+            time_range=TimeRange(since_s, until_s),
+            filters=FrameFilter.compile(focus=focus),
+        )
         selection = select(profile, query)
     require_samples(selection, query, path)
     target = export_path(path, kind, fmt)

@@ -377,8 +377,9 @@ class MainScreen(Screen[None]):
         if snap.query.thread is not None:
             names = {t.tid: t.name for t in snap.threads}
             thread = f"{snap.query.thread} {names.get(snap.query.thread, '')}".strip()
-            if self.view is View.MEMORY:
-                # The heap tables keep no thread: say so instead of pretending to filter.
+            if self.view is View.MEMORY and not snap.heap_by_thread:
+                # A file from before the heap kept its thread: say so instead of pretending
+                # to filter.
                 thread += " (heap: all)"
         elapsed = max(0.0, end - start)
         if self.paused and header.state is not None:

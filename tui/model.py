@@ -299,6 +299,7 @@ class Snapshot:
     timeline: HeapTimeline | None = None
     trend_top: float | None = None  # the CPU Trend column's shared scale
     window_label: str = "whole recording"
+    heap_by_thread: bool = False  # the file keeps the allocating thread (thread picker works)
 
 
 def query_window(query: Query, summary: CheckpointSummary, interval_ms: int) -> (
@@ -368,4 +369,5 @@ def build_snapshot(
         timeline=timeline,
         trend_top=trend_top,
         window_label=window_label,
+        heap_by_thread=bool(getattr(source, "heap_by_thread", False)),
     )
