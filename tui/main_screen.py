@@ -18,7 +18,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import Footer, Input, Static
+from textual.widgets import Input, Static
 
 from .export import ProfileError, export_view
 from .format import fmt_offset
@@ -43,6 +43,7 @@ from .model import (
 )
 from .screens import ALL_THREADS, HelpScreen, ThreadPicker
 from .widgets.chart import ChartState, ProfileChart
+from .widgets.footer import FitFooter
 from .widgets.header import HeaderState, ProfileHeader
 from .widgets.peek import PeekPanel
 from .widgets.table import ProfileTable
@@ -147,7 +148,7 @@ class MainScreen(Screen[None]):
             yield ProfileChart(id="chart")
             yield PeekPanel(id="peek")
         yield Input(placeholder="filter by function name", id="filter")
-        yield Footer()
+        yield FitFooter()
 
     def on_mount(self) -> None:
         self.query_one("#filter", Input).cursor_blink = not self.app.is_headless
@@ -426,6 +427,19 @@ class MainScreen(Screen[None]):
         if action == "filter":  # the CPU tree keeps the stacks through a matching function
             return not (self.tree_shown and self.view is View.MEMORY)
         return True
+
+    # Footer ranks (higher stays when the footer is too narrow for every key of the mode).
+    FOOTER_RANKS: ClassVar[dict[str, int]] = {
+        "quit": 100, "help": 90, "toggle_chart": 70, "pause": 65, "toggle_tree": 60,
+        "toggle_flame": 58, "pick_thread": 55, "toggle_peek": 50, "filter": 40,
+        "cycle_sort": 30, "bar": 20, "zoom": 20, "pan": 20,
+    }
+
+    def footer_priority(self, action: str) -> int:
+        """How much a key matters in the current mode (FitFooter keeps the highest)."""
+        if self.chart_open and action in ("zoom", "pan", "bar"):
+            return 80  # the chart's own keys, while it is open
+        return self.FOOTER_RANKS.get(action, 10)
 
     def action_quit(self) -> None:
         self.app.exit(0, return_code=0)
