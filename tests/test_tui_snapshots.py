@@ -81,3 +81,28 @@ def test_live_target_exited(
 @SIZES
 def test_memory_tree(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
     assert snap_compare(make_app(profile), terminal_size=size, run_before=keys("2", "f"))
+
+
+@SIZES
+def test_flame_view(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
+    # root, main, compute_hash selected (the widest frame under main)
+    assert snap_compare(make_app(profile), terminal_size=size, run_before=keys("F", "j", "j"))
+
+
+@SIZES
+def test_flame_zoomed(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
+    # matrix_multiply (main's second child) zoomed to the full width
+    run_before = keys("F", "j", "j", "l", "enter")
+    assert snap_compare(make_app(profile), terminal_size=size, run_before=run_before)
+
+
+@SIZES
+def test_memory_thread(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
+    # thread 4243 (worker-1) picked: the heap it allocated (leaky_cache_insert only)
+    run_before = keys("2", "t", "j", "enter")
+    assert snap_compare(make_app(profile), terminal_size=size, run_before=run_before)
+
+
+@SIZES
+def test_memory_flame(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(make_app(profile), terminal_size=size, run_before=keys("2", "F"))

@@ -43,6 +43,7 @@ from .model import (
 )
 from .screens import ALL_THREADS, HelpScreen, ThreadPicker
 from .widgets.chart import ChartState, ProfileChart
+from .widgets.flame import FlameView
 from .widgets.footer import FitFooter
 from .widgets.header import HeaderState, ProfileHeader
 from .widgets.peek import PeekPanel
@@ -82,6 +83,7 @@ class MainScreen(Screen[None]):
         Binding("2", "view('memory')", "Memory", show=False),
         Binding("m", "toggle_view", "Toggle view", show=False),
         Binding("f", "toggle_tree", "Tree"),
+        Binding("F", "toggle_flame", "Flame"),
         Binding("e", "toggle_peek", "Callers"),
         Binding("c,enter", "toggle_chart", "Chart"),
         Binding("space", "expand", "Fold", show=False),
@@ -121,6 +123,7 @@ class MainScreen(Screen[None]):
         self.from_zero = False
         self.paused = False
         self.tree_mode = False
+        self.flame_open = False  # the icicle instead of the table (or tree)
         self.trend_per_row = False
         self.peek_open = False
         self.window_on = False  # tree and peek cover the zoom/pan window, not everything
@@ -144,6 +147,7 @@ class MainScreen(Screen[None]):
         with Vertical(id="body"):
             yield HeapTimelineView(id="timeline")
             yield ProfileTable(id="table")
+            yield FlameView(id="flame")
             yield Static(NO_HEAP, id="no-heap")
             yield ProfileChart(id="chart")
             yield PeekPanel(id="peek")
@@ -179,7 +183,10 @@ class MainScreen(Screen[None]):
         sort, descending = self.sorts[self.view]
         chart = None
         table = self.query_one(ProfileTable)
-        key = self.function_key(table.selected)
+        if self.flame_open:
+            key = self.query_one(FlameView).selected_key
+        else:
+            key = self.function_key(table.selected)
         if self.chart_open and key is not None:
             chart = ChartRequest(key, self.zoom, self.pan_steps)
         peek = key if self.peek_open and self.view is View.CPU else None
@@ -193,6 +200,7 @@ class MainScreen(Screen[None]):
             window=(self.zoom, self.pan_steps) if self.window_on else None,
             timeline_points=max(1, timeline - 2) if self.view is View.MEMORY else 0,
             trend_per_row=self.trend_per_row,
+            flame=self.flame_open,
         )
 
     def request_update(self, *, refresh: bool = False) -> None:
@@ -263,7 +271,12 @@ class MainScreen(Screen[None]):
         q = snapshot.query
         table = self.query_one(ProfileTable)
         no_heap = q.view is View.MEMORY and not snapshot.heap_available
-        table.display = not no_heap
+        table.display = not no_heap and not q.flame
+        flame = self.query_one(FlameView)
+        flame.display = q.flame and not no_heap
+        if q.flame:
+            flame.show(snapshot.flame, bytes_=q.view is View.MEMORY,
+                       reset=previous is None or previous.query.view is not q.view)
         self.query_one("#no-heap").display = no_heap
         timeline = self.query_one(HeapTimelineView)
         timeline.display = q.view is View.MEMORY and not no_heap
@@ -289,7 +302,9 @@ class MainScreen(Screen[None]):
         # A hidden widget cannot keep focus: after the "no heap" page (or a closed panel)
         # the keys go back to the table, never to nothing.
         focused = self.focused
-        if table.display and (focused is None or not focused.display):
+        if flame.display and (focused is None or not focused.display):
+            flame.focus()
+        elif table.display and (focused is None or not focused.display):
             table.focus()
         self._show_header()
         self._announce_exit(previous, snapshot)
@@ -300,6 +315,9 @@ class MainScreen(Screen[None]):
         assert q.chart is not None
         row = next((r for r in snapshot.rows if self.function_key(r) == q.chart.key), None)
         name = (row.name if isinstance(row, TreeRow) else row.function) if row else "?"
+        if q.flame:
+            node = self.query_one(FlameView).selected_node
+            name = node.function if node is not None and node.key == q.chart.key else name
         metric = "live bytes" if q.view is View.MEMORY else "Total % of samples"
         back = q.chart.pan * q.chart.window_ms / 2000
         where = f", {fmt_offset(back)} back" if q.chart.pan else ""
@@ -401,7 +419,7 @@ class MainScreen(Screen[None]):
                 rss_bytes=rss,
                 show_target=app.live or info.state == "recording",
                 notice=notice,
-                tab_suffix=" tree" if self.tree_mode else "",
+                tab_suffix=" flame" if self.flame_open else (" tree" if self.tree_mode else ""),
                 kernel_sampled=info.kernel_sampled,
             )
         )
@@ -412,27 +430,28 @@ class MainScreen(Screen[None]):
         if action in self.CHART_ACTIONS:
             return self.chart_open
         if action in ("zoom", "pan"):
-            return self.chart_open or (self.window_on and (self.tree_shown or self.peek_open))
+            return self.chart_open or (
+                self.window_on and (self.tree_shown or self.peek_open or self.flame_open))
         if action == "pause":
             return self.rsprof.live
         if action in ("toggle_peek", "toggle_window"):
             return self.view is View.CPU
         if action == "toggle_chart":
             # the Memory chart is per call site; the allocation tree's nodes are functions
-            return not (self.tree_mode and self.view is View.MEMORY)
+            return not ((self.tree_mode or self.flame_open) and self.view is View.MEMORY)
         if action == "expand":
-            return self.tree_shown
+            return self.tree_shown and not self.flame_open
         if action in ("cycle_sort", "reverse_sort"):
-            return not self.tree_shown
+            return not (self.tree_shown or self.flame_open)
         if action == "filter":  # the CPU tree keeps the stacks through a matching function
-            return not (self.tree_shown and self.view is View.MEMORY)
+            return not ((self.tree_shown or self.flame_open) and self.view is View.MEMORY)
         return True
 
     # Footer ranks (higher stays when the footer is too narrow for every key of the mode).
     FOOTER_RANKS: ClassVar[dict[str, int]] = {
         "quit": 100, "help": 90, "toggle_chart": 70, "pause": 65, "toggle_tree": 60,
-        "toggle_flame": 58, "pick_thread": 55, "toggle_peek": 50, "filter": 40,
-        "cycle_sort": 30, "bar": 20, "zoom": 20, "pan": 20,
+        "toggle_flame": 58, "pick_thread": 55, "zoom_in": 78, "zoom_out": 77,
+        "toggle_peek": 50, "filter": 40, "cycle_sort": 30, "bar": 20, "zoom": 20, "pan": 20,
     }
 
     def footer_priority(self, action: str) -> int:
@@ -571,6 +590,8 @@ class MainScreen(Screen[None]):
             self.action_toggle_chart()
         elif self.peek_open:
             self.action_toggle_peek()
+        elif self.flame_open:
+            self.action_toggle_flame()
         elif self.tree_shown:
             self.action_toggle_tree()
         elif self.filter_text:
@@ -578,7 +599,28 @@ class MainScreen(Screen[None]):
         else:
             self.action_quit()
 
+    def action_toggle_flame(self) -> None:
+        """The icicle of what the tree shows (thread, window, filter) instead of the table;
+        it replaces the tree too."""
+        self.flame_open = not self.flame_open
+        if self.flame_open:
+            self.tree_mode = False
+            if self.chart_open and self.view is View.MEMORY:
+                self.action_toggle_chart()  # the Memory chart is per call site
+        flame = self.query_one(FlameView)
+        flame.display = self.flame_open
+        (flame if self.flame_open else self.query_one(ProfileTable)).focus()
+        self.refresh_bindings()
+        self._show_header()
+        self.request_update()
+
+    @on(FlameView.Selected)
+    def _flame_selection_changed(self) -> None:
+        self._selection_changed()
+
     def action_toggle_tree(self) -> None:
+        self.flame_open = False
+        self.query_one(FlameView).display = False
         self.tree_mode = not self.tree_mode
         if self.tree_mode and self.chart_open and self.view is View.MEMORY:
             self.action_toggle_chart()

@@ -283,6 +283,7 @@ class Query:
     window: tuple[int, int] | None = None  # (zoom, pan) for tree and peek; None: everything
     timeline_points: int = 0  # Memory view: the heap timeline's width in cells (0: none)
     trend_per_row: bool = False  # CPU Trend: each row its own scale, not the column's
+    flame: bool = False  # the icicle of the call tree (CPU) or allocation tree (Memory)
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,7 @@ class Snapshot:
     trend_top: float | None = None  # the CPU Trend column's shared scale
     window_label: str = "whole recording"
     heap_by_thread: bool = False  # the file keeps the allocating thread (thread picker works)
+    flame: CallNode | None = None  # the tree the flame view draws (query.flame)
 
 
 def query_window(query: Query, summary: CheckpointSummary, interval_ms: int) -> (
@@ -325,7 +327,13 @@ def build_snapshot(
     start, end, window_label = query_window(query, summary, info.interval_ms)
     rows: list[Row]
     trend_top = None
-    if query.view is View.CPU and query.tree:
+    flame = None
+    if query.flame:
+        # The icicle replaces the table: no rows to build.
+        flame = (source.call_tree(start, end, query.filter) if query.view is View.CPU
+                 else source.heap_tree())
+        rows = []
+    elif query.view is View.CPU and query.tree:
         root = source.call_tree(start, end, query.filter)
         rows = list(flatten_tree(root, query.expanded, query.collapsed))
     elif query.tree:
@@ -370,4 +378,5 @@ def build_snapshot(
         trend_top=trend_top,
         window_label=window_label,
         heap_by_thread=bool(getattr(source, "heap_by_thread", False)),
+        flame=flame,
     )

@@ -24,6 +24,8 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("m", "toggle between the two views"),
     ("f", "call tree (CPU) / allocation tree (Memory)"),
     ("Space, → / ←", "tree: toggle, open / close a node"),
+    ("F", "flame graph (icicle) of the thread, window and filter shown"),
+    ("←→ ↑↓, ⏎ / u", "flame: move along a row, to parent / child; zoom in / out"),
     ("e", "callers and callees of the selected function"),
     ("w", "tree and callers: whole recording or the zoom/pan window"),
     ("c / Enter", "open or close the chart of the selected row"),
