@@ -92,6 +92,8 @@ class Totals:
     def __init__(self) -> None:
         self.stacks: dict[int, tuple[int, ...]] = {}
         self.sites: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+        # (stack_id, allocating tid) -> the same four sums (HeapBatch.thread_sites)
+        self.threads: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         self.events = self.lost = self.unknown_frees = 0
         self.live_bytes = self.live_blocks = 0
         self.exited = self.execed = False
@@ -109,6 +111,11 @@ class Totals:
             site[1] += ac
             site[2] += fb
             site[3] += fc
+        for stack_id, tid, ab, ac, fb, fc in batch.thread_sites:
+            assert stack_id in self.stacks and tid > 0
+            row = self.threads[(stack_id, tid)]
+            for k, v in enumerate((ab, ac, fb, fc)):
+                row[k] += v
         self.events += batch.events
         self.lost += batch.lost
         self.unknown_frees += batch.unknown_frees
@@ -351,6 +358,26 @@ def test_threads_totals_exact(target_binary, flags, targets) -> None:
     items = 4 * 50000
     assert fn["pc_site"] == [items * 48, items, items * 48, items]
     assert totals.lost == 0 and totals.unknown_frees == 0
+    # Per allocating thread (HeapBatch.thread_sites): a free is charged to the thread that
+    # allocated the block, whichever thread freed it. Thread t allocated its 20000 blocks
+    # and thread t-1 freed the odd ones: charged to t. Producers allocated and consumers
+    # freed: 4 producer rows with every free, no consumer row.
+    per_tid: dict[str | None, dict[int, list[int]]] = defaultdict(lambda: defaultdict(
+        lambda: [0, 0, 0, 0]))
+    for (sid, tid), row in totals.threads.items():
+        mine = per_tid[symbols.name(totals.stacks[sid][0])][tid]
+        for k in range(4):
+            mine[k] += row[k]
+    want = sorted(
+        [sum(((i * 7 + th) % 97 + 1) * 8 for i in range(per_thread)), per_thread,
+         sum(((i * 7 + th) % 97 + 1) * 8 for i in range(1, per_thread, 2)), per_thread // 2]
+        for th in range(threads))
+    assert sorted(per_tid["thread_alloc_site"].values()) == want
+    assert list(per_tid["pc_site"].values()) == [[50000 * 48, 50000, 50000 * 48, 50000]] * 4
+    assert not set(per_tid["thread_alloc_site"]) & set(per_tid["pc_site"])
+    for sid, site in totals.sites.items():  # the split adds up to the per-stack sums
+        split = [row for (s, _tid), row in totals.threads.items() if s == sid]
+        assert [sum(r[k] for r in split) for k in range(4)] == site
     assert t.finish() == 0
     reader.close()
 
