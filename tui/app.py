@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -76,6 +77,11 @@ def run_tui(db_path: str, *, live: bool) -> int:
     while live and not path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)  # the recorder may not have created the file yet
     source = LiveProfile(path)
+    # A key is read by Textual's input thread and handled on the UI thread; each needs the
+    # GIL, which a worker building a snapshot or the chart may hold. Python makes a waiting
+    # thread wait up to the switch interval (5 ms) before the holder must let go, per
+    # hand-off: 1 ms keeps those waits out of the keys' latency.
+    sys.setswitchinterval(0.001)
     try:
         app = RsprofApp(source, live=live)
         if live:
