@@ -8,6 +8,11 @@ send-keys to the moved highlight is one key's latency (it includes ~2-4 ms of tm
 round trips). Presses are spaced 100-300 ms apart at random so they land at every phase
 of the 0.5 s refresh and the 1 s checkpoint. Repeated with the chart open (`c`).
 
+Latency depends on the machine's load (every process waits for a CPU); the CPU time the TUI
+process's UI thread spends per key depends much less on it: read from
+/proc/PID/task/PID/stat around the presses, minus what the same thread used per second
+while idle just before (its refreshes), divided by the presses.
+
 Usage: python bench/bench_tui_keys.py [--presses N] [--size 80x24] [--freq 999]
            [--baseline OTHER/bin/rsprof --rounds N]
 Prints median / p90 / max per mode, in ms; with --baseline, runs of the two builds
@@ -74,6 +79,37 @@ def measure(session: str, presses: int, rng: random.Random) -> list[float]:
     return times
 
 
+def ui_ticks(pid: int) -> int:
+    """utime + stime of the process's main (UI) thread, in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def tui_pid(db: Path) -> int | None:
+    out = subprocess.run(["pgrep", "-f", f"rsprof.tui {db}"], capture_output=True,
+                         text=True, check=False).stdout.split()
+    return int(out[0]) if out else None
+
+
+def measure_cpu(session: str, pid: int | None, presses: int,
+                rng: random.Random) -> tuple[list[float], float]:
+    """Latencies, and the UI thread's CPU ms per key (idle rate subtracted)."""
+    if pid is None:
+        return measure(session, presses, rng), float("nan")
+    hz = os.sysconf("SC_CLK_TCK")
+    t0, c0 = time.monotonic(), ui_ticks(pid)
+    time.sleep(5)
+    idle_rate = (ui_ticks(pid) - c0) / (time.monotonic() - t0)
+    t1, c1 = time.monotonic(), ui_ticks(pid)
+    times = measure(session, presses, rng)
+    used = ui_ticks(pid) - c1 - idle_rate * (time.monotonic() - t1)
+    return times, max(0.0, used) * 1000 / hz / presses
+
+
 def summary(name: str, times: list[float]) -> str:
     times = sorted(times)
     p90 = times[int(0.9 * (len(times) - 1))]
@@ -82,7 +118,7 @@ def summary(name: str, times: list[float]) -> str:
 
 
 def run_once(rsprof: str, size: str, freq: int, presses: int,
-             rng: random.Random) -> dict[str, list[float]] | None:
+             rng: random.Random, cpu: dict[str, list[float]]) -> dict[str, list[float]] | None:
     cols, rows = size.split("x")
     with tempfile.TemporaryDirectory() as tmp:
         session = f"rsprof-keys-{os.getpid()}"
@@ -98,10 +134,13 @@ def run_once(rsprof: str, size: str, freq: int, presses: int,
                       file=sys.stderr)
                 return None
             time.sleep(3)  # a few checkpoints in: the table has rows to move over
-            closed = measure(session, presses, rng)
+            pid = tui_pid(out)
+            closed, per_key = measure_cpu(session, pid, presses, rng)
+            cpu.setdefault("chart closed", []).append(per_key)
             tmux("send-keys", "-t", session, "c")
             time.sleep(1.5)
-            opened = measure(session, presses, rng)
+            opened, per_key = measure_cpu(session, pid, presses, rng)
+            cpu.setdefault("chart open", []).append(per_key)
             tmux("send-keys", "-t", session, "c")
             tmux("send-keys", "-t", session, "q")
             wait(lambda: "RECORDING" not in tmux("capture-pane", "-p", "-t", session), 20)
@@ -128,9 +167,10 @@ def main() -> int:
     if args.baseline:
         builds = {"baseline": args.baseline, "this": args.rsprof}
     times: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
+    cpu: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
     for _ in range(args.rounds):
         for name, rsprof in builds.items():
-            got = run_once(rsprof, args.size, args.freq, args.presses, rng)
+            got = run_once(rsprof, args.size, args.freq, args.presses, rng, cpu[name])
             if got is None:  # a start-up slower than 90 s on a loaded machine: skip the run
                 continue
             for mode, values in got.items():
@@ -139,7 +179,8 @@ def main() -> int:
           f" load average {os.getloadavg()[0]:.0f}")
     for name, modes in times.items():
         for mode, values in modes.items():
-            print(summary(f"{name} {mode}", values))
+            per_key = " ".join(f"{v:.1f}" for v in cpu[name].get(mode, []))
+            print(summary(f"{name} {mode}", values) + f"; UI thread CPU {per_key} ms/key")
     return 0
 
 

@@ -94,6 +94,10 @@ def test_flame_keys(profile: Path) -> None:
         chart = main.query_one(ProfileChart)
         assert chart.display and chart.state is not None
         assert chart.state.title.startswith("main ·")
+        await press(pilot, "tab")
+        assert chart.has_focus
+        await press(pilot, "tab")
+        assert flame.has_focus
         await press(pilot, "escape")  # the chart first
         assert not chart.display and flame.display
         await press(pilot, "escape")

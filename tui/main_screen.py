@@ -481,7 +481,7 @@ class MainScreen(Screen[None]):
         chart = self.query_one(ProfileChart)
         chart.display = self.chart_open
         if not self.chart_open and chart.has_focus:
-            self.query_one(ProfileTable).focus()
+            self._primary().focus()
         self.refresh_bindings()
         self.request_update()
 
@@ -504,12 +504,18 @@ class MainScreen(Screen[None]):
         self.pan_steps = max(0, min(limit, self.pan_steps + step))
         self.request_update()
 
+    def _primary(self) -> ProfileTable | FlameView:
+        """What the keys go to when no panel has focus: the flame view or the table."""
+        if self.flame_open:
+            return self.query_one(FlameView)
+        return self.query_one(ProfileTable)
+
     def action_switch_focus(self) -> None:
-        table, chart = self.query_one(ProfileTable), self.query_one(ProfileChart)
-        if self.chart_open and chart.display and table.has_focus:
+        primary, chart = self._primary(), self.query_one(ProfileChart)
+        if self.chart_open and chart.display and primary.has_focus:
             chart.focus()
         else:
-            table.focus()
+            primary.focus()
 
     def action_cycle_sort(self) -> None:
         key, _ = self.sorts[self.view]
@@ -568,14 +574,14 @@ class MainScreen(Screen[None]):
         box = self.query_one("#filter", Input)
         if not box.value:
             box.display = self._filter_shown = False
-        self.query_one(ProfileTable).focus()
+        self._primary().focus()
 
     def _clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.value = ""
         box.display = self._filter_shown = False
         self.filter_text = ""
-        self.query_one(ProfileTable).focus()
+        self._primary().focus()
         self.refresh_bindings()
         self._show_header()
         self.request_update()
@@ -634,7 +640,7 @@ class MainScreen(Screen[None]):
         panel = self.query_one(PeekPanel)
         panel.display = self.peek_open
         if not self.peek_open and panel.has_focus:
-            self.query_one(ProfileTable).focus()
+            self._primary().focus()
         self.refresh_bindings()
         self.request_update()
 
