@@ -20,7 +20,7 @@ from rsprof.tui.widgets.table import ProfileTable
 from textual.pilot import Pilot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tui_fixture import build_profile, cpu_pattern, make_app, settle
+from tui_fixture import append_checkpoints, build_profile, cpu_pattern, make_app, settle
 
 Scenario = Callable[[Pilot[Any], RsprofApp], Awaitable[None]]
 
@@ -129,6 +129,31 @@ def test_flame_follows_thread_and_memory(profile: Path) -> None:
         assert not main.query_one(ProfileChart).display
 
     drive(make_app(profile), scenario)
+
+
+def test_flame_live_keeps_zoom_and_selection(tmp_path: Path) -> None:
+    """While the file is being recorded the icicle follows it (storage only), and the zoom
+    and the selected frame stay on their call paths."""
+    path = build_profile(tmp_path / "live.db", 30, state="recording")
+
+    def samples(upto: int) -> int:
+        return sum(c for i in range(1, upto + 1) for _t, _f, c in cpu_pattern(i))
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        flame = app.main.query_one(FlameView)
+        await press(pilot, "F", "j", "enter", "j")  # zoom into main, select compute_hash
+        assert flame.root is not None and flame.root.total_samples == samples(30)
+        zoom, selected = flame.zoom, flame.selected
+        append_checkpoints(path, 45)
+        await pilot.pause(0.3)  # the timer (every 0.05 s here) picks it up
+        await settle(pilot)
+        assert flame.root is not None and flame.root.total_samples == samples(45)
+        assert (flame.zoom, flame.selected) == (zoom, selected)
+        node = flame.selected_node
+        assert node is not None and node.function == "compute_hash"
+        assert f"({node.total_samples:,} samples)" in status(flame)
+
+    drive(make_app(path, live=True, refresh_interval=0.05), scenario)
 
 
 def node(key: int, total: int, *children: CallNode, path: tuple[int, ...] = ()) -> CallNode:
