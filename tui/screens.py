@@ -18,7 +18,7 @@ from .format import fmt_count
 
 KEYS: tuple[tuple[str, str], ...] = (
     ("q", "quit (live: stops and finalizes the recording)"),
-    ("Esc", "close filter, chart, callers or tree; else quit"),
+    ("Esc", "close filter, chart, callers, flame or tree; else quit"),
     ("Ctrl-C", "stop the recording and quit"),
     ("1 / 2", "CPU view / Memory view"),
     ("m", "toggle between the two views"),
