@@ -9,7 +9,7 @@ the tabs, the thread, CPU % and RSS always show.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.cells import cell_len
 from rich.text import Text
@@ -141,6 +141,11 @@ class ProfileHeader(Static):
         self.state: HeaderState | None = None
 
     def show(self, state: HeaderState) -> None:
+        # The clock shows whole seconds: a state that differs only below the second draws
+        # the same header, so it is not drawn again (while recording, every key's redraw
+        # laid the two lines out again: profiled as the UI thread's biggest cost after the
+        # table with the chart open).
+        state = replace(state, elapsed_ms=state.elapsed_ms // 1000 * 1000)
         if state != self.state:
             self.state = state
             self.refresh()
