@@ -1,9 +1,13 @@
 """CPU sampling benchmark: what attaching costs the target, what each sample costs us.
 
 Runs a fixed-work target (bench/targets/cpu_work.c) plainly, under `rsprof run` at 99,
-999 and 4999 Hz, and under `perf record -g` at 999 Hz, in the same run, and reports the
-target's own elapsed time as a ratio against the plain run (median of --repeat runs).
-Then: rsprof's own CPU time per sample, and the highest rate at which nothing was lost.
+999 and 4999 Hz (CFI unwinding of 16 KiB stack copies, the default), under `rsprof run
+--stack-bytes 0` (frame pointers), `perf record -g` and `perf record --call-graph dwarf` at
+999 Hz, in the same run, configurations interleaved (one of each, then again, so a change
+in the machine's load hits them all), and reports the target's own elapsed time as a ratio
+against the plain run (median of --repeat runs). Then: rsprof's own CPU time per sample,
+whole process and marginal (a long attach minus a short one, so start-up cancels), with
+CFI and with frame pointers, and the highest rate at which nothing was lost.
 
     python bench/bench_cpu.py [--repeat 3] [--write-docs]
 """
@@ -21,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -47,12 +52,13 @@ def run_plain(binary: Path, units: str) -> float:
     return elapsed_ms(done.stderr)
 
 
-def run_rsprof(binary: Path, units: str, hz: int, out: Path) -> tuple[float, float, int, int]:
+def run_rsprof(binary: Path, units: str, hz: int, out: Path,
+               extra: tuple[str, ...] = ()) -> tuple[float, float, int, int]:
     """(target ms, rsprof CPU seconds, samples, lost)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
         [sys.executable, "-m", "rsprof", "run", "-q", "--no-heap", "--cpu-freq", str(hz),
-         "-o", str(out), "--", str(binary), str(THREADS), units],
+         *extra, "-o", str(out), "--", str(binary), str(THREADS), units],
         capture_output=True, text=True,
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -68,11 +74,12 @@ def run_rsprof(binary: Path, units: str, hz: int, out: Path) -> tuple[float, flo
     return elapsed_ms(done.stderr), cpu, samples, lost
 
 
-def run_perf(binary: Path, units: str, hz: int, workdir: Path) -> float | None:
+def run_perf(binary: Path, units: str, hz: int, workdir: Path,
+             mode: tuple[str, ...] = ("-g",)) -> float | None:
     if shutil.which("perf") is None:
         return None
     done = subprocess.run(
-        ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(hz), "-g", "-o",
+        ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(hz), *mode, "-o",
          str(workdir / "perf.data"), "--", str(binary), str(THREADS), units],
         capture_output=True, text=True,
     )
@@ -92,31 +99,58 @@ def main() -> int:
     binary = build(workdir)
     units = args.units
 
-    plain = statistics.median(run_plain(binary, units) for _ in range(args.repeat))
+    # One run of every configuration per round, rounds repeated: interleaved, so a change
+    # in the machine's load hits every configuration alike.
+    configs: dict[str, Callable[[int], float | None]] = {
+        "plain": lambda i: run_plain(binary, units),
+        "rsprof 99 Hz": lambda i: run_rsprof(binary, units, 99, workdir / f"r99-{i}.db")[0],
+        "rsprof 999 Hz (CFI, 16 KiB copies)":
+            lambda i: run_rsprof(binary, units, 999, workdir / f"r999-{i}.db")[0],
+        "rsprof 999 Hz frame pointers (--stack-bytes 0)":
+            lambda i: run_rsprof(binary, units, 999, workdir / f"fp999-{i}.db",
+                                 ("--stack-bytes", "0"))[0],
+        "rsprof 4999 Hz (CFI)":
+            lambda i: run_rsprof(binary, units, 4999, workdir / f"r4999-{i}.db")[0],
+        "perf record -g 999 Hz": lambda i: run_perf(binary, units, 999, workdir),
+        "perf record --call-graph dwarf 999 Hz":
+            lambda i: run_perf(binary, units, 999, workdir, ("--call-graph", "dwarf")),
+    }
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    for i in range(args.repeat):
+        for name, run in configs.items():
+            ms = run(i)
+            if ms is not None:
+                times[name].append(ms)
+    plain = statistics.median(times["plain"])
     lines = [f"target: {THREADS} threads of fixed work, plain run {plain:.0f} ms (median of"
-             f" {args.repeat})", "", "| run | target time | ratio vs plain |",
-             "| --- | --- | --- |"]
-    for hz in (99, 999, 4999):
-        results = [run_rsprof(binary, units, hz, workdir / f"r{hz}-{i}.db")
-                   for i in range(args.repeat)]
-        target_ms = statistics.median(r[0] for r in results)
-        lines.append(f"| rsprof {hz} Hz | {target_ms:.0f} ms | {target_ms / plain:.3f} |")
-    perf_runs = [run_perf(binary, units, 999, workdir) for _ in range(args.repeat)]
-    if all(p is not None for p in perf_runs):
-        perf_ms = statistics.median(p for p in perf_runs if p is not None)
-        lines.append(f"| perf record -g 999 Hz | {perf_ms:.0f} ms | {perf_ms / plain:.3f} |")
+             f" {args.repeat}, interleaved with the others)", "",
+             "| run | target time | ratio vs plain |", "| --- | --- | --- |"]
+    ratios: dict[str, float] = {}
+    for name, ms_list in times.items():
+        if name == "plain" or not ms_list:
+            continue
+        ms = statistics.median(ms_list)
+        ratios[name] = ms / plain
+        lines.append(f"| {name} | {ms:.0f} ms | {ms / plain:.3f} |")
+    cfi, fp_perf = ratios.get("rsprof 999 Hz (CFI, 16 KiB copies)"), ratios.get(
+        "perf record -g 999 Hz")
+    if cfi and fp_perf:
+        lines += ["", f"rsprof CFI at 999 Hz against perf record -g: {cfi / fp_perf:.3f}"
+                      f" ({(cfi / fp_perf - 1) * 100:+.1f} %; goal within 1 %)"]
 
     # Collector CPU per sample: rsprof attached with -p to a target it did not start, so
     # the children's rusage around it is rsprof's alone (Python start-up, symbolization,
-    # SQLite included).
-    costs = []
-    for i in range(args.repeat):
-        target = subprocess.Popen([str(binary), str(THREADS), str(int(units) * 3)],
+    # SQLite included). Marginal: 4 s attaches at 4999 Hz and at 999 Hz, the difference in
+    # CPU over the difference in samples, so start-up and every per-second cost (polling,
+    # checkpoints) cancel and what is left is what one more sample costs.
+    def attach_cost(hz: int, seconds: int, extra: tuple[str, ...], tag: str) -> tuple[float, int]:
+        target = subprocess.Popen([str(binary), str(THREADS), str(int(units) * 10)],
                                   stderr=subprocess.DEVNULL)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        out = workdir / f"cost{i}.db"
-        subprocess.run([sys.executable, "-m", "rsprof", "-p", str(target.pid), "-q", "-d", "3s",
-                        "--cpu-freq", "4999", "-o", str(out)], capture_output=True, check=True)
+        out = workdir / f"cost-{tag}.db"
+        subprocess.run([sys.executable, "-m", "rsprof", "-p", str(target.pid), "-q", "-d",
+                        f"{seconds}s", "--cpu-freq", str(hz), *extra, "-o", str(out)],
+                       capture_output=True, check=True)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         target.kill()
         target.wait()
@@ -124,11 +158,21 @@ def main() -> int:
         db = sqlite3.connect(out)
         samples = db.execute("SELECT SUM(samples) FROM checkpoints").fetchone()[0] or 1
         db.close()
-        costs.append((cpu, samples))
-    cpu, samples = sorted(costs)[len(costs) // 2]
-    lines += ["", f"collector CPU at 4999 Hz for 3 s: {cpu * 1000:.0f} ms for {samples} samples"
-              f" = {cpu / samples * 1e6:.1f} µs per sample, whole rsprof process (Python"
-              " start-up, symbolization and SQLite included)"]
+        return cpu, int(samples)
+
+    lines.append("")
+    for label, extra in (("CFI", ()), ("frame pointers", ("--stack-bytes", "0"))):
+        fast = [attach_cost(4999, 4, extra, f"{label}-f{i}") for i in range(args.repeat)]
+        slow = [attach_cost(999, 4, extra, f"{label}-s{i}") for i in range(args.repeat)]
+        cpu, samples = sorted(fast)[len(fast) // 2]
+        marginal = statistics.median(
+            (f[0] - s[0]) / (f[1] - s[1]) for f, s in zip(fast, slow, strict=True))
+        lines.append(
+            f"collector CPU, {label}: at 4999 Hz for 4 s {cpu * 1000:.0f} ms for {samples}"
+            f" samples = {cpu / samples * 1e6:.1f} µs per sample (whole rsprof process: Python"
+            f" start-up, symbolization and SQLite included); marginal (4999 Hz minus 999 Hz,"
+            f" 4 s each) {marginal * 1e6:.1f} µs per sample")
+    lines.append("")
 
     # Highest rate with nothing lost.
     best = None
