@@ -188,18 +188,22 @@ def drain_cost(cmd: list[str], stack_bytes: int) -> tuple[float, int]:
 
 READING = """
 Reading it: "reach main" is the point of CFI: with frame pointers no sample of these
-programs (built without them) reaches main; with CFI they do as often as perf's DWARF mode,
-which copies the same 8 KiB by default, writes every copy to perf.data and unwinds offline.
-The copy size matters only for deep stacks (cc1plus): 8 KiB truncates some, 16 KiB (the
-default) few, 32-64 KiB almost none; truncated stacks are counted and end in [truncated].
-The unwinder's own cost is sub-microsecond to ~2 µs per sample (tens to ~130 ns per frame);
-libunwind's remote API on the same samples and the same memory costs 10-50x more per frame
-(it binary-searches .eh_frame_hdr and interprets the FDE's CFA program through accessor
-calls at every step), and both walk identical frames. The C drain per sample (ring parsing,
-unwinding, interning, poll wake-ups) is compared with tables cached; building them is a
-one-time cost per file (cc1plus: ~90 ms, 25 MB of text) that a short run pays in its first
-seconds. Whole-process CPU per sample is dominated by Python start-up, symbolization and
-SQLite on runs this short.
+programs (built without them) reaches main (or, in rg's worker threads, start_thread); with
+CFI they do as often as perf's DWARF mode, which copies 8 KiB by default, writes every copy
+to perf.data and unwinds offline. The copy size matters only for deep stacks (cc1plus):
+8 KiB truncates some, 16 KiB (the default) few, 32-64 KiB almost none; truncated stacks
+are counted and end in [truncated]. The unwinder's own cost is sub-microsecond to ~3 µs
+per sample (tens to a few hundred ns per frame); on the same samples and the same memory
+libdw costs 4-60x more per frame and libunwind's remote API 8-55x more (both interpret
+the FDE's CFA program at every step, through accessor calls), and all three walk the same
+frames, except that libdw stops at PLT stubs as if they were the outermost frame. The C
+drain per sample (ring parsing, unwinding, interning, poll wake-ups) is compared with
+tables cached; building them is a one-time cost per file (cc1plus: ~80 ms, 25 MB of text)
+that a short run pays in its first seconds. Whole-process CPU per sample is dominated by
+Python start-up, symbolization and SQLite on runs this short. Wall-time ratios from a
+machine whose load swings between 10 and 200 (other test suites) are noise: the rg row's
+plain run met the worst of it (every profiled run "faster" than plain); bench_cpu.py
+measures the target's cost with interleaved runs and the target's own CPU time.
 """
 
 
