@@ -11,6 +11,7 @@ on a busy machine.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -49,7 +50,7 @@ def build_rust(source_name: str) -> Path:
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     binary = BUILD_DIR / f"{source.stem}-{digest}"
     if not binary.exists():
-        tmp = binary.with_suffix(".tmp")
+        tmp = binary.with_suffix(f".tmp{os.getpid()}")  # concurrent sessions build too
         subprocess.run(["rustc", "-O", "-g", "-o", str(tmp), str(source)], check=True,
                        capture_output=True)
         tmp.rename(binary)
