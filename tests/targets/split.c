@@ -5,24 +5,30 @@
  * thread "split-busy" (started before attach): other_busy() spins all the time.
  * thread "split-late" (started LATE_MS after start, i.e. after the recorder attached):
  *   late_worker() spins until the end.
- * Usage: split SECONDS [LATE_MS]
+ * Usage: split SECONDS [LATE_MS] [cpu]
+ *   SECONDS of wall time, or with `cpu` of the main thread's CPU time: on a machine so busy
+ *   that the main thread gets 1 % of a CPU, 1.5 s of wall time is 15 samples, too few to
+ *   judge a split.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 static volatile uint64_t sink;
 static volatile int done;
 
-static uint64_t now_ns(void) {
+static uint64_t clock_ns(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+static uint64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 
 /* Burns a fixed amount of CPU work, so shares do not depend on scheduling. The volatile
  * local gives this leaf a stack frame: GCC 12 omits the frame pointer setup of leaf
@@ -79,14 +85,16 @@ static void *late_main(void *arg) {
 int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 3.0;
     long late_ms = argc > 2 ? atol(argv[2]) : 1000;
+    clockid_t run_clock = argc > 3 && strcmp(argv[3], "cpu") == 0 ? CLOCK_THREAD_CPUTIME_ID
+                                                                   : CLOCK_MONOTONIC;
     pthread_setname_np(pthread_self(), "split-main");
     pthread_t busy, late;
     int late_started = 0;
     pthread_create(&busy, NULL, busy_main, NULL);
     printf("ready %d\n", getpid());
     fflush(stdout);
-    uint64_t start = now_ns();
-    while ((now_ns() - start) / 1e9 < seconds) {
+    uint64_t start = now_ns(), run_start = clock_ns(run_clock);
+    while ((clock_ns(run_clock) - run_start) / 1e9 < seconds) {
         if (!late_started && (now_ns() - start) / 1000000 >= (uint64_t)late_ms) {
             pthread_create(&late, NULL, late_main, NULL);
             late_started = 1;
