@@ -1,23 +1,26 @@
 """CFI unwinding benchmark: stack quality and cost, beside perf, in one run.
 
 Workloads built without frame pointers: tests/targets/cfi_chain.c (-O2 -fomit-frame-pointer),
-Debian's `xz -9` on random data, Debian's `python3` running a loop and Debian's `cc1plus -O2`
-on a template-heavy file (deep stacks); fixed work, so wall time is comparable. Each runs
-plainly, then with a profiler attached by PID at 999 Hz: rsprof with frame pointers
-(--stack-bytes 0), rsprof with CFI at several stack copy sizes, `perf record -g` and
-`perf record --call-graph dwarf`. Reported per run:
+Debian's `xz -9` on random data, Debian's `python3` running a loop, Debian's `sqlite3`
+running a recursive CTE, Debian's `rg -j2` (Rust, two threads) over /usr/include and
+/usr/share and Debian's `cc1plus -O2` on a template-heavy file (deep stacks); fixed work,
+so wall time is comparable. Each runs plainly, then with a profiler attached by PID at
+999 Hz: rsprof with frame pointers (--stack-bytes 0), rsprof with CFI at several stack
+copy sizes, `perf record -g` and `perf record --call-graph dwarf`. Reported per run:
 
 - reach main: share of samples whose stack holds __libc_start_call_main (the caller of
-  main, so it also counts stripped programs whose main has no symbol);
+  main, so it also counts stripped programs whose main has no symbol) or, for other
+  threads (rg -j2), start_thread, their root;
 - target: the target's wall time as a ratio against its plain run;
 - profiler CPU per sample: the profiler process's own CPU (wait4 rusage) divided by its
   samples; for perf dwarf plus `perf script`, where perf does its unwinding;
 - drain µs/sample: the C drain alone (PerfSampler polled in this process, thread CPU
   time), frame pointers vs CFI: what unwinding in the collector costs per sample;
 - the unwinder alone (bench/unwind_micro.c): the same captured samples (16 KiB copies)
-  unwound by rsprof's tables and, when libunwind-dev is installed, by libunwind's remote
-  API with equivalent accessors (perf's way of driving it): ns per sample and per frame,
-  and the share of walks that end at the outermost frame.
+  unwound by rsprof's tables, by libunwind's remote API with equivalent accessors (perf's
+  way of driving it; libunwind-dev) and by elfutils libdw's dwfl_getthread_frames over
+  the stack copy (perf's other unwinder; libdw-dev): ns per sample and per frame, and the
+  share of walks that end at the outermost frame.
 
     python bench/bench_unwind.py [--repeat 3] [--write-docs]
 """
@@ -40,6 +43,12 @@ from pathlib import Path
 HERE = Path(__file__).parent
 ROOT = HERE.parent
 LIBC_MAIN = "__libc_start_call_main"
+# The root of every other thread's stack (glibc's thread start routine, under clone3).
+THREAD_ROOT = "start_thread"
+ROOTS = (LIBC_MAIN, THREAD_ROOT)
+SQL_CTE = ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 6000000)"
+           " SELECT sum(x) FROM c;")
+RG_PATTERN = r"\w+(ing|tion|ment)\b"
 PY_LOOP = (
     "def f(n): return sum(i * i for i in range(n))\n"
     "for _ in range(25000): f(1000)\n"
@@ -61,10 +70,18 @@ def workloads(workdir: Path) -> dict[str, list[str]]:
                         str(source)], check=True)
         cxx["cc1plus -O2 (Debian)"] = [str(found[-1]), "-quiet", "-O2", str(source), "-o",
                                        str(workdir / "cxx_heavy.s")]
+    more: dict[str, list[str]] = {}
+    if shutil.which("sqlite3"):
+        more["sqlite3 recursive CTE (Debian)"] = ["sqlite3", ":memory:", SQL_CTE]
+    if shutil.which("rg"):
+        # two threads: a stack is whole when it reaches main or start_thread
+        more["rg -j2 (Debian, Rust)"] = ["rg", "-j2", "-c", RG_PATTERN, "/usr/include",
+                                          "/usr/share"]
     return {
         "cfi_chain -O2 -fomit-frame-pointer": [str(chain), "2"],
         "xz -9 (Debian)": ["xz", "-9", "-k", "-f", "-T1", str(data)],
         "python3 loop (Debian)": ["/usr/bin/python3", "-c", PY_LOOP],
+        **more,
         **cxx,
     }
 
@@ -95,7 +112,7 @@ def _attach(cmd: list[str], profiler: list[str]) -> tuple[float, float]:
 
 
 def rsprof_share(db_path: Path) -> tuple[float, int, int]:
-    """(share reaching main, samples, truncated samples)."""
+    """(share reaching main or a thread's root, samples, truncated samples)."""
     db = sqlite3.connect(db_path)
     try:
         total = db.execute("SELECT COALESCE(SUM(count), 0) FROM cpu_stack_samples").fetchone()[0]
@@ -103,7 +120,7 @@ def rsprof_share(db_path: Path) -> tuple[float, int, int]:
             "SELECT COALESCE(SUM(c.count), 0) FROM cpu_stack_samples c WHERE EXISTS ("
             " SELECT 1 FROM stack_frames sf JOIN frame_locations fl ON fl.frame_id = sf.frame_id"
             " JOIN locations l ON l.id = fl.location_id"
-            " WHERE sf.stack_id = c.stack_id AND l.function = ?)", (LIBC_MAIN,)
+            " WHERE sf.stack_id = c.stack_id AND l.function IN (?, ?))", ROOTS
         ).fetchone()[0]
         row = db.execute("SELECT value FROM meta WHERE key = 'truncated_samples'").fetchone()
         return (hit / total if total else 0.0), int(total), int(row[0]) if row else 0
@@ -130,7 +147,8 @@ def run_perf(cmd: list[str], mode: list[str], data: Path) -> dict[str, float] | 
                          capture_output=True, text=True).stdout
     script_cpu = rusage_cpu(resource.getrusage(resource.RUSAGE_CHILDREN)) - rusage_cpu(before)
     blocks = [b for b in out.split("\n\n") if b.strip()]
-    share = sum(1 for b in blocks if LIBC_MAIN in b) / len(blocks) if blocks else 0.0
+    share = (sum(1 for b in blocks if any(root in b for root in ROOTS)) / len(blocks)
+             if blocks else 0.0)
     return {"wall": wall, "cpu": cpu, "script_cpu": script_cpu, "share": share,
             "samples": len(blocks), "size": data.stat().st_size}
 
@@ -170,32 +188,40 @@ def drain_cost(cmd: list[str], stack_bytes: int) -> tuple[float, int]:
 
 READING = """
 Reading it: "reach main" is the point of CFI: with frame pointers no sample of these
-programs (built without them) reaches main; with CFI they do as often as perf's DWARF mode,
-which copies the same 8 KiB by default, writes every copy to perf.data and unwinds offline.
-The copy size matters only for deep stacks (cc1plus): 8 KiB truncates some, 16 KiB (the
-default) few, 32-64 KiB almost none; truncated stacks are counted and end in [truncated].
-The unwinder's own cost is sub-microsecond to ~2 µs per sample (tens to ~130 ns per frame);
-libunwind's remote API on the same samples and the same memory costs 10-50x more per frame
-(it binary-searches .eh_frame_hdr and interprets the FDE's CFA program through accessor
-calls at every step), and both walk identical frames. The C drain per sample (ring parsing,
-unwinding, interning, poll wake-ups) is compared with tables cached; building them is a
-one-time cost per file (cc1plus: ~90 ms, 25 MB of text) that a short run pays in its first
-seconds. Whole-process CPU per sample is dominated by Python start-up, symbolization and
-SQLite on runs this short.
+programs (built without them) reaches main (or, in rg's worker threads, start_thread); with
+CFI they do as often as perf's DWARF mode, which copies 8 KiB by default, writes every copy
+to perf.data and unwinds offline. The copy size matters only for deep stacks (cc1plus):
+8 KiB truncates some, 16 KiB (the default) few, 32-64 KiB almost none; truncated stacks
+are counted and end in [truncated]. The unwinder's own cost is sub-microsecond to ~3 µs
+per sample (tens to a few hundred ns per frame); on the same samples and the same memory
+libdw costs 4-60x more per frame and libunwind's remote API 8-55x more (both interpret
+the FDE's CFA program at every step, through accessor calls), and all three walk the same
+frames, except that libdw stops at PLT stubs as if they were the outermost frame. The C
+drain per sample (ring parsing, unwinding, interning, poll wake-ups) is compared with
+tables cached; building them is a one-time cost per file (cc1plus: ~80 ms, 25 MB of text)
+that a short run pays in its first seconds. Whole-process CPU per sample is dominated by
+Python start-up, symbolization and SQLite on runs this short. Wall-time ratios from a
+machine whose load swings between 10 and 200 (other test suites) are noise: the rg row's
+plain run met the worst of it (every profiled run "faster" than plain); bench_cpu.py
+measures the target's cost with interleaved runs and the target's own CPU time.
 """
 
 
-def build_micro(workdir: Path) -> tuple[Path, bool]:
-    """unwind_micro, with libunwind beside rsprof when its headers are installed."""
+def build_micro(workdir: Path) -> tuple[Path, list[str]]:
+    """unwind_micro, with libunwind and elfutils libdw beside rsprof when their headers are
+    installed (libunwind-dev, libdw-dev); returns the unwinders it was built with."""
     exe = workdir / "unwind_micro"
     base = ["gcc", "-O2", f"-I{ROOT / 'native'}", "-o", str(exe),
             str(HERE / "unwind_micro.c"), str(ROOT / "native" / "unwind.c"), "-lpthread"]
-    with_lu = subprocess.run([*base[:2], "-DWITH_LIBUNWIND", *base[2:], "-lunwind",
-                              "-lunwind-x86_64"], capture_output=True)
-    if with_lu.returncode == 0:
-        return exe, True
-    subprocess.run(base, check=True)
-    return exe, False
+    others = {"libunwind": (["-DWITH_LIBUNWIND"], ["-lunwind", "-lunwind-x86_64"]),
+              "libdw": (["-DWITH_LIBDW"], ["-ldw", "-lelf"])}
+    usable = [name for name, (defs, libs) in others.items()
+              if subprocess.run([*base[:2], *defs, *base[2:], *libs], capture_output=True)
+              .returncode == 0]
+    defs = [d for name in usable for d in others[name][0]]
+    libs = [lib for name in usable for lib in others[name][1]]
+    subprocess.run([*base[:2], *defs, *base[2:], *libs], check=True)
+    return exe, ["rsprof", *usable]
 
 
 def micro(exe: Path, cmd: list[str]) -> list[str]:
@@ -217,8 +243,9 @@ def micro(exe: Path, cmd: list[str]) -> list[str]:
     return rows
 
 
-def long_version(cmd: list[str], workdir: Path) -> list[str]:
-    """The workload made long enough to sample for a second and then stop it."""
+def long_version(cmd: list[str], workdir: Path) -> list[str] | None:
+    """The workload made long enough to sample for a second and then stop it (None: not
+    measured; unwind_micro samples one thread, and rg's main thread only waits)."""
     if cmd[0] == "xz":
         big = workdir / "random-big.bin"
         if not big.exists():
@@ -228,6 +255,10 @@ def long_version(cmd: list[str], workdir: Path) -> list[str]:
         return [cmd[0], "-c", PY_LOOP.replace("25000", "1000000")]
     if cmd[0].endswith("cc1plus"):
         return cmd  # about 4 s: long enough as it is
+    if cmd[0] == "sqlite3":
+        return [*cmd[:2], SQL_CTE.replace("6000000", "100000000")]
+    if cmd[0] == "rg":
+        return None
     return [cmd[0], "60"]
 
 
@@ -238,7 +269,7 @@ def main() -> int:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="rsprof-bench-unwind-"))
     lines: list[str] = []
-    micro_exe, with_lu = build_micro(workdir)
+    micro_exe, unwinders = build_micro(workdir)
     for w, (name, cmd) in enumerate(workloads(workdir).items()):
         plain = statistics.median(run_plain(cmd) for _ in range(args.repeat))
         lines += ["", f"### {name}", "", f"plain run {plain * 1000:.0f} ms", "",
@@ -273,10 +304,13 @@ def main() -> int:
                       f" ratio {cfi_us / fp_us if fp_us else 0:.1f}x", "",
                   "| unwinder | samples | frames/sample | per sample | per frame |"
                   " complete walks | first pass (tables built) |",
-                  "| --- | --- | --- | --- | --- | --- | --- |",
-                  *micro(micro_exe, long_version(cmd, workdir))]
-        if not with_lu:
-            lines.append("(libunwind-dev not installed: rsprof's unwinder alone)")
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        longer = long_version(cmd, workdir)
+        lines += (micro(micro_exe, longer) if longer is not None
+                  else ["| (not measured: one thread sampled, rg's main thread waits) |"])
+        missing = {"libunwind", "libdw"} - set(unwinders)
+        if missing:
+            lines.append(f"({', '.join(sorted(missing))} not installed: not measured)")
     text = "\n".join(lines) + "\n" + READING
     print(text)
     if args.write_docs:

@@ -7,10 +7,10 @@
  * first_pass_ns is the first walk over all samples (CFI tables built on the way, unless
  * another run in this process built them).  With -DWITH_LIBUNWIND the same samples are also
  * unwound by libunwind's remote API (our own memory accessors over the stack copy), side by
- * side.
+ * side, and with -DWITH_LIBDW by elfutils libdw (dwfl_getthread_frames over the stack copy).
  *
  *   cc -O2 -Inative bench/unwind_micro.c native/unwind.c -lpthread
- *      [-DWITH_LIBUNWIND -lunwind -lunwind-x86_64]
+ *      [-DWITH_LIBUNWIND -lunwind -lunwind-x86_64] [-DWITH_LIBDW -ldw -lelf]
  *   ./unwind_micro PID SECONDS STACK_BYTES REPEAT
  */
 #define _GNU_SOURCE
@@ -42,6 +42,9 @@ static double now_ns(void) {
 
 #ifdef WITH_LIBUNWIND
 #include "unwind_micro_libunwind.h"
+#endif
+#ifdef WITH_LIBDW
+#include "unwind_micro_libdw.h"
 #endif
 
 int main(int argc, char **argv) {
@@ -140,6 +143,9 @@ int main(int argc, char **argv) {
            t / (double)frames, 100.0 * (double)complete / (double)n);
 #ifdef WITH_LIBUNWIND
     libunwind_bench(pid, samples, n, repeat);
+#endif
+#ifdef WITH_LIBDW
+    libdw_bench(pid, samples, n, repeat);
 #endif
     kill(pid, SIGCONT);
     rs_space_free(space);

@@ -1121,15 +1121,24 @@ static void load_mapping(rs_space *s, rs_mapping *m) {
     }
     if (mod == NULL || !mod->has_cfi) return;
     /* The PT_LOAD that holds the mapping's first byte gives address -> link-time address
-     * (the mapping starts at a page boundary, the segment maybe within that page). */
+     * (the mapping starts at a page boundary, the segment maybe within that page).  Two
+     * segments can share that page: lld packs the read-only segment and .text into one
+     * file page (R at offset 0..0x1677c, R+X from 0x16780 at vaddr 0x17780), and the
+     * first one would shift every pc of the R+X mapping by a page (Rust binaries walked
+     * no further than their leaf).  The mapping starts where its own segment's page
+     * starts, so the segment whose page start is highest wins. */
+    const rs_segment *best = NULL;
     for (size_t i = 0; i < mod->n_segments; i++) {
         const rs_segment *seg = &mod->segments[i];
-        if ((seg->offset & ~(uint64_t)0xfff) <= m->pgoff && m->pgoff < seg->offset + seg->filesz) {
-            m->delta = (int64_t)(seg->vaddr - seg->offset) + (int64_t)m->pgoff - (int64_t)m->start;
-            m->mod = mod;
-            s->stats.modules_loaded++;
-            return;
-        }
+        uint64_t page = seg->offset & ~(uint64_t)0xfff;
+        if (page <= m->pgoff && m->pgoff < seg->offset + seg->filesz &&
+            (best == NULL || page > (best->offset & ~(uint64_t)0xfff)))
+            best = seg;
+    }
+    if (best != NULL) {
+        m->delta = (int64_t)(best->vaddr - best->offset) + (int64_t)m->pgoff - (int64_t)m->start;
+        m->mod = mod;
+        s->stats.modules_loaded++;
     }
 }
 

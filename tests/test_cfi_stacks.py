@@ -154,7 +154,10 @@ def test_frameless_leaf_keeps_its_caller_in_a_3_to_1_split(tmp_path: Path) -> No
     from conftest import assert_share
 
     binary = build_target("split.c", (*NO_FP, "-fno-optimize-sibling-calls"))
-    stacks = _stacks(_record(tmp_path / "split.db", str(binary), "1.5", "1000"))
+    # 0.8 s of the main thread's CPU time (~800 samples): a busy machine stretches the run
+    # instead of starving the sample (with 1.5 s of wall time 1 of 62 runs failed here, at load
+    # ~200, its message lost; a main thread starved to 1 % of a CPU yields ~15 samples)
+    stacks = _stacks(_record(tmp_path / "split.db", str(binary), "0.8", "1000", "cpu"))
     _assert_no_junk(stacks)
     callers = {"heavy": 0, "light": 0}
     for count, frames in stacks:
