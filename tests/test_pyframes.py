@@ -78,9 +78,23 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     proc.wait()
 
 
-FIRST_LINES = {"heavy": 8, "light": 15, "main": 22, "spin": 29, "<module>": 1}
-BODIES = {"heavy": range(9, 13), "light": range(16, 20), "main": range(23, 27),
-          "spin": range(30, 33)}
+def _def_lines(source: list[str]) -> dict[str, range]:
+    """1-based lines of each top-level function: its def line to its last body line."""
+    starts = [(i + 1, line.split("(")[0][4:]) for i, line in enumerate(source)
+              if line.startswith("def ")]
+    ends = [start for start, _ in starts[1:]] + [len(source) + 1]
+    spans = {}
+    for (start, name), end in zip(starts, ends):
+        last = max(i for i in range(start, end) if source[i - 1].strip())
+        spans[name] = range(start, last + 1)
+    return spans
+
+
+SOURCE = SCRIPT.read_text().splitlines()
+SPANS = _def_lines(SOURCE)
+FIRST_LINES = {name: span.start for name, span in SPANS.items()} | {"<module>": 1}
+BODIES = {name: range(span.start + 1, span.stop) for name, span in SPANS.items()}
+MODULE_LINE = next(i + 1 for i, line in enumerate(SOURCE) if line.strip() == "main(seconds)")
 
 
 @pytest.mark.parametrize("name", ["debian-3.11", "pyenv-3.12", "pyenv-3.13"])
@@ -108,7 +122,7 @@ def test_reader_sees_the_python_stack_and_the_split(name: str) -> None:
                     assert (frame.line in BODIES[frame.function]
                             or frame.line == frame.first_line), frame
                 else:
-                    assert frame.line == 47, frame  # <module> waits in main(seconds)
+                    assert frame.line == MODULE_LINE, frame  # <module> waits in main(seconds)
             chains[tuple(frame.function for frame in frames)] += 1
             # Python-to-Python calls run inside the evaluator call that runs <module>.
             assert [frame.entry for frame in frames] == [False] * (len(frames) - 1) + [True]
