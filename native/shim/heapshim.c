@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "heapring.h"
+#include "shimcfi.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
@@ -78,6 +79,7 @@ static unsigned g_exit_wait_ms;
 static uint64_t g_wait_ppid; /* RSPROF_HEAP_WAIT_PPID: see finish_ring */
 static int g_debug;
 static size_t g_page;
+static int g_cfi; /* stacks by CFI (shimcfi.c); 0: frame pointers and the gap scan */
 
 /* The current ring: g_hdr is published (release) after everything else is set, and is
  * NULL while there is no ring (tracking disabled, or a fork child that has not
@@ -558,6 +560,17 @@ EXPORT int pthread_create(pthread_t *thread, const pthread_attr_t *attr,
     return r;
 }
 
+/* A module unloaded by dlclose may see its addresses reused by the next dlopen: the CFI
+ * rules cached for them go too. */
+static int (*real_dlclose)(void *);
+
+EXPORT int dlclose(void *handle) {
+    if (!shim_ready_for_threads() || real_dlclose == NULL) return -1;
+    int r = real_dlclose(handle);
+    if (r == 0 && g_cfi) shimcfi_flush();
+    return r;
+}
+
 /* ------------------------------------------------------------------ code ranges */
 
 /* Debian's libc, libstdc++, libgcc_s and libm are built without frame pointers.  When one
@@ -723,6 +736,14 @@ static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *fla
     unsigned n = 0;
     ips[n++] = ((const uintptr_t *)fp)[1];
     if (fp < lo || fp >= hi || hi - fp < 16) return n;
+    if (LIKELY(g_cfi)) {
+        /* The wrapper's frame record gives the caller's registers at the call: its stack
+         * pointer just above the return address, its rbp saved by our prologue. */
+        int truncated = 0;
+        n = shimcfi_walk(ips, n, max, fp + 16, ((const uintptr_t *)fp)[0], lo, hi, &truncated);
+        if (truncated) *flags |= RSPROF_HEAP_RF_TRUNCATED;
+        return n;
+    }
     uintptr_t next = 0;
     if (UNLIKELY(__atomic_load_n(&g_maps_state, __ATOMIC_ACQUIRE) != 2)) read_maps();
     else if (UNLIKELY(in_ranges(g_fpless, g_nfpless, ips[0])))
@@ -902,13 +923,42 @@ static void finish_ring(void) {
             nanosleep(&nap, NULL);
         }
     }
+    if (g_debug && g_cfi) {
+        shimcfi_stats st;
+        shimcfi_get_stats(&st);
+        char line[160], *p = line;
+        static const char a[] = "cfi rules computed ", b[] = ", uncached ", c[] = ", fp frames ";
+        memcpy(p, a, sizeof a - 1), p += sizeof a - 1, p += fmt_u64(p, st.computed);
+        memcpy(p, b, sizeof b - 1), p += sizeof b - 1, p += fmt_u64(p, st.uncached);
+        memcpy(p, c, sizeof c - 1), p += sizeof c - 1, p += fmt_u64(p, st.fp_frames);
+        shim_log(line);
+    }
     char name[64];
     shm_name(name, g_ring_pid);
     shm_unlink(name);
     /* The mapping stays: late frees (other destructors) still land in the ring. */
 }
 
-__attribute__((destructor)) static void shim_fini(void) { finish_ring(); }
+/* libstdc++ allocates a 72,704-byte emergency pool for exceptions in a constructor before
+ * main and never frees it: every C++ program would show it as its own leak.  It offers
+ * __gnu_cxx::__freeres() for leak checkers (valgrind calls it at exit too); after it the
+ * pool is gone, which matters only to an exception thrown while malloc fails in a later
+ * destructor.  Called at a normal exit of a process with a ring of its own (never in a
+ * vfork child, which shares its parent's heap, nor from _exit), so the FREE lands in the
+ * ring before it is marked exited. */
+static void free_runtime_pools(void) {
+    struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
+    if (h == NULL || g_unlinked || g_ring_pid != getpid()) return;
+    t_guard++; /* dlsym may allocate */
+    void (*freeres)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "_ZN9__gnu_cxx9__freeresEv");
+    t_guard--;
+    if (freeres != NULL) freeres();
+}
+
+__attribute__((destructor)) static void shim_fini(void) {
+    free_runtime_pools();
+    finish_ring();
+}
 
 EXPORT void _exit(int status) {
     finish_ring();
@@ -955,6 +1005,7 @@ static void resolve_real(void) {
     void *us = dlsym(RTLD_NEXT, "malloc_usable_size");
     void *ex = dlsym(RTLD_NEXT, "_exit");
     void *pc = dlsym(RTLD_NEXT, "pthread_create");
+    void *dc = dlsym(RTLD_NEXT, "dlclose");
     if (!m || !f || !c || !r || !pm || !aa || !ma || !va || !pv || !pc) {
         static const char msg[] = "rsprof-heap: cannot resolve the real allocator\n";
         ssize_t w = write(2, msg, sizeof msg - 1);
@@ -974,6 +1025,7 @@ static void resolve_real(void) {
     real__exit = (void (*)(int))ex;
     real_pthread_create =
         (int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *))pc;
+    real_dlclose = (int (*)(void *))dc;
     __atomic_store_n(&g_resolved, 1, __ATOMIC_RELEASE);
 }
 
@@ -1008,6 +1060,10 @@ static void read_config(void) {
     g_exit_wait_ms = (unsigned)env_u64("RSPROF_HEAP_EXIT_WAIT_MS", 0);
     if (g_exit_wait_ms > 60000) g_exit_wait_ms = 60000;
     g_wait_ppid = env_u64("RSPROF_HEAP_WAIT_PPID", 0);
+    /* RSPROF_HEAP_UNWIND=fp: frame pointers only (the benchmark's baseline, and a way out
+     * should CFI ever misbehave in a target). */
+    const char *unwind = getenv("RSPROF_HEAP_UNWIND");
+    g_cfi = !(unwind != NULL && strcmp(unwind, "fp") == 0) && shimcfi_init();
     g_sample_bytes = env_u64("RSPROF_HEAP_SAMPLE_BYTES", 0);
     if (g_sample_bytes && !set_create()) {
         shim_log("cannot map the sampled-address set: heap tracking off");

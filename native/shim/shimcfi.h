@@ -1,0 +1,38 @@
+/* shimcfi.h: call stacks by CFI inside the heap shim (native/shim/shimcfi.c).
+ *
+ * Everything here may run inside malloc, with any lock of the target held: no allocation,
+ * no lock, no dl_iterate_phdr.  Modules are found with glibc's lock-free _dl_find_object
+ * (2.35+), rules are computed from the module's .eh_frame_hdr / .eh_frame in memory the
+ * first time a return address is seen and cached in a fixed-size lock-free table mapped at
+ * init.  See docs/heap-ring.md, "Stack capture".
+ */
+#ifndef RSPROF_SHIMCFI_H
+#define RSPROF_SHIMCFI_H
+
+#include <stdint.h>
+
+/* Sets up the rule cache and resolves _dl_find_object.  Call once, at shim init, outside
+ * any allocator call (it calls dlsym and mmap).  Returns 1 when CFI unwinding is
+ * available, 0 otherwise (glibc older than 2.35, or no memory for the cache). */
+int shimcfi_init(void);
+
+/* Forgets every cached rule: a module was unloaded, and its addresses may be reused by
+ * the next one.  Lock-free; concurrent walks recompute what they miss. */
+void shimcfi_flush(void);
+
+/* Walks the stack by CFI.  ips[0 .. n) are already filled, ips[n - 1] == pc is the return
+ * address into the frame to unwind next, sp the value of the stack pointer in that frame
+ * right after the call returned, bp its frame pointer register.  Every stack read lies in
+ * [lo, hi).  Appends return addresses (an interrupted pc after a signal frame as pc + 1)
+ * up to max entries; sets *truncated when frames remained.  Returns the new count. */
+unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
+                      uintptr_t lo, uintptr_t hi, int *truncated);
+
+/* Counters for RSPROF_HEAP_DEBUG and the tests: rules computed (cache misses), rules that
+ * did not fit the cache window, frames walked by the frame-pointer fallback. */
+typedef struct {
+    uint64_t computed, uncached, fp_frames;
+} shimcfi_stats;
+void shimcfi_get_stats(shimcfi_stats *out);
+
+#endif
