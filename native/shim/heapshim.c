@@ -100,7 +100,9 @@ static int g_frees_all;
 
 /* ------------------------------------------------------------------ thread state */
 
-static TLS int t_guard;          /* > 0: inside the shim, do not record */
+/* volatile: GCC dropped a ++/-- pair around a lone dlsym call (it assumed dlsym cannot
+ * reach this static), and dlsym's own allocations were recorded. */
+static TLS volatile int t_guard; /* > 0: inside the shim, do not record */
 static TLS int t_in_init;        /* this thread runs the one-time init */
 static TLS uint32_t t_tid;       /* 0 = thread state not initialised yet */
 static TLS uintptr_t t_stack_lo; /* frame pointers must stay within [lo, hi) */
