@@ -1,23 +1,37 @@
 #!/usr/bin/env python3
-"""Allocation-storm benchmark for the heap shim (librsprof_heap.so) and HeapReader.
+"""Heap shim benchmark: an allocation storm and an STL-heavy C++ program, with call stacks
+walked by CFI (the shim's default), by frame pointers and by libunwind, beside heaptrack,
+all in the same run.
 
-Compiles bench/targets/alloc_storm.c (20 M malloc/free pairs of random sizes, fixed seed,
-a few thousand blocks live) and times it, in the same run:
+Targets, both built -O2 without frame pointers (as Debian builds its own code):
+
+  storm   bench/targets/alloc_storm.c: 20 M malloc/free pairs of random sizes, fixed seed,
+          a few thousand blocks live; 4-frame stacks
+  stl     bench/targets/stl_churn.cc: std::string, std::map, std::unordered_map,
+          std::vector and std::sort over 50,000-word texts, ~6 M allocations in 100
+          rounds; 5-9-frame stacks through libstdc++ (no frame pointers either)
+
+Modes (interleaved, median of --repeat runs):
 
   plain      no shim: the baseline
-  full       shim, every event, with a HeapReader draining the ring from this process
-  sampled    shim with RSPROF_HEAP_SAMPLE_BYTES (default 512 KiB), reader draining
-  noreader   shim, every event, nobody reading (ring fills, then events are dropped and
-             counted): what an unattended target pays
-  heaptrack  `heaptrack -o <tmp> ./alloc_storm` (if installed)
+  cfi        shim (CFI unwinding), every event, a HeapReader draining the ring from this
+             process; the target's own loop time ("loop_s=", start-up excluded)
+  fp         the same with RSPROF_HEAP_UNWIND=fp (frame pointers: cheaper, and in these
+             targets wrong: stacks end at the call site's caller or earlier)
+  libunwind  the shim built with bench/shim_libunwind.c: unw_backtrace with a per-thread
+             cache, heaptrack's unwinder (needs libunwind-dev)
+  sampled    cfi with RSPROF_HEAP_SAMPLE_BYTES (default 512 KiB)
+  noreader   cfi, nobody reading (ring full: events dropped and counted)
+  run        `rsprof run -q -- TARGET` (the real CLI: CPU sampling at 99 Hz, heap shim),
+             whole wall time, start-up included; run-fp the same with frame pointers
+  heaptrack  `heaptrack -o <tmp> TARGET` (if installed), once
 
-The storm prints its own loop time (loop_s, start-up excluded); that is the figure the
-ratios use.  Wall time of the whole command is printed beside it (for heaptrack it
-includes heaptrack's start-up and the writing of its data file).
+Ratios are loop times against plain's loop time, except run/run-fp/heaptrack whose wall
+times are compared with plain's wall time.
 
-Usage: python bench/bench_heap.py [--pairs N] [--repeat R] [--sample-bytes N]
-                                  [--ring-mb M] [--skip-heaptrack]
-Build first: python setup.py -q build_ext --inplace
+Usage: python bench/bench_heap.py [--pairs N] [--rounds N] [--repeat R] [--only storm|stl]
+                                  [--sample-bytes N] [--skip-heaptrack]
+rsprof must be installed (pip install .): the shim and HeapReader come from the package.
 """
 
 from __future__ import annotations
@@ -33,13 +47,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import rsprof
+from rsprof._native import HeapReader
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from rsprof._native import HeapReader  # noqa: E402
-
-SHIM = REPO / "rsprof" / "lib" / "librsprof_heap.so"
-SOURCE = REPO / "bench" / "targets" / "alloc_storm.c"
+SHIM = Path(rsprof.__file__).resolve().parent / "lib" / "librsprof_heap.so"
+NO_FP = ["-O2", "-g", "-fomit-frame-pointer"]
 
 
 @dataclass
@@ -60,53 +73,71 @@ class Mode:
         return statistics.median(getattr(r, attr) for r in self.runs)
 
 
-def build(tmp: Path) -> Path:
-    exe = tmp / "alloc_storm"
-    subprocess.run(
-        ["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", str(exe), str(SOURCE)], check=True
+@dataclass
+class Target:
+    name: str
+    exe: Path
+    args: list[str]
+
+
+def build(tmp: Path) -> dict[str, Target]:
+    storm, stl = tmp / "alloc_storm", tmp / "stl_churn"
+    subprocess.run(["gcc", *NO_FP, "-o", str(storm), str(REPO / "bench/targets/alloc_storm.c")],
+                   check=True)
+    subprocess.run(["g++", *NO_FP, "-o", str(stl), str(REPO / "bench/targets/stl_churn.cc")],
+                   check=True)
+    return {"storm": Target("storm", storm, []), "stl": Target("stl", stl, [])}
+
+
+def build_libunwind_shim(tmp: Path) -> Path | None:
+    """heapshim.c linked with the libunwind walk; None without libunwind-dev."""
+    out = tmp / "librsprof_heap_libunwind.so"
+    result = subprocess.run(
+        ["gcc", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-omit-frame-pointer",
+         "-pthread", f"-I{REPO / 'native'}", str(REPO / "native/shim/heapshim.c"),
+         str(REPO / "bench/shim_libunwind.c"), "-lunwind", "-ldl", "-lpthread", "-lrt",
+         "-o", str(out)],
+        capture_output=True, text=True,
     )
-    return exe
+    if result.returncode != 0:
+        print(f"libunwind shim not built (apt-get install libunwind-dev):\n{result.stderr}",
+              file=sys.stderr)
+        return None
+    return out
 
 
 def loop_time(stdout: str) -> float:
     for line in stdout.splitlines():
         if line.startswith("loop_s="):
             return float(line.split("=", 1)[1])
-    raise RuntimeError(f"alloc_storm printed no loop time: {stdout!r}")
+    raise RuntimeError(f"the target printed no loop time: {stdout!r}")
 
 
-def shim_env(**extra: str) -> dict[str, str]:
+def shim_env(shim: Path = SHIM, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RSPROF_HEAP_")}
-    env["LD_PRELOAD"] = str(SHIM)
+    env["LD_PRELOAD"] = str(shim)
     env.update(extra)
     return env
 
 
-def run_plain(exe: Path, pairs: int, env: dict[str, str] | None = None) -> Run:
+def run_plain(argv: list[str], env: dict[str, str] | None = None) -> Run:
     t0 = time.perf_counter()
-    out = subprocess.run(
-        [str(exe), str(pairs)], capture_output=True, text=True, env=env, check=True
-    ).stdout
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout
     return Run(loop_time(out), time.perf_counter() - t0)
 
 
-def run_with_reader(exe: Path, pairs: int, env: dict[str, str]) -> Run:
-    """Starts the storm (waiting on stdin), attaches a reader, lets it go, and drains
+def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
+    """Starts the target (waiting on stdin), attaches a reader, lets it go, and drains
     until it exits: the same loop the recorder's drain thread runs, without the rest."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [str(exe), str(pairs), "--wait"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = subprocess.Popen([*argv, "--wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env=env)
     ring = Path(f"/dev/shm/rsprof-heap.{proc.pid}")
     deadline = time.monotonic() + 10
     while not ring.exists():
         if time.monotonic() > deadline or proc.poll() is not None:
             proc.kill()
-            raise RuntimeError("the storm created no ring: is the shim built?")
+            raise RuntimeError("the target created no ring: is the shim built?")
         time.sleep(0.001)
     reader = HeapReader.attach(proc.pid)
     assert proc.stdin is not None and proc.stdout is not None
@@ -129,109 +160,119 @@ def run_with_reader(exe: Path, pairs: int, env: dict[str, str]) -> Run:
     out = proc.stdout.read()
     proc.wait()
     if proc.returncode != 0:
-        raise RuntimeError(f"storm failed with {proc.returncode}")
+        raise RuntimeError(f"target failed with {proc.returncode}")
     return Run(loop_time(out), time.perf_counter() - t0, events, batch.lost, busy)
 
 
-def run_noreader(exe: Path, pairs: int, env: dict[str, str]) -> Run:
+def run_rsprof(argv: list[str], tmp: Path, env: dict[str, str] | None = None) -> Run:
+    out = tmp / "run.db"
+    out.unlink(missing_ok=True)
     t0 = time.perf_counter()
-    out = subprocess.run(
-        [str(exe), str(pairs)], capture_output=True, text=True, env=env, check=True
-    ).stdout
-    return Run(loop_time(out), time.perf_counter() - t0)
+    proc = subprocess.run([sys.executable, "-P", "-m", "rsprof", "run", "-q", "-o", str(out),
+                           "--", *argv], capture_output=True, text=True, env=env, check=True)
+    wall = time.perf_counter() - t0
+    out.unlink(missing_ok=True)
+    return Run(loop_time(proc.stdout), wall)
 
 
-def run_heaptrack(exe: Path, pairs: int, tmp: Path) -> Run:
+def run_heaptrack(argv: list[str], tmp: Path) -> Run:
     t0 = time.perf_counter()
-    proc = subprocess.run(
-        ["heaptrack", "-o", str(tmp / "ht"), str(exe), str(pairs)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    proc = subprocess.run(["heaptrack", "-o", str(tmp / "ht"), *argv], capture_output=True,
+                          text=True, check=True)
     wall = time.perf_counter() - t0
     for f in tmp.glob("ht*"):
         f.unlink()
     return Run(loop_time(proc.stdout), wall)
 
 
+WALL_MODES = ("run", "run-fp", "heaptrack")
+
+
+def bench(target: Target, size: str, args: argparse.Namespace, tmp: Path,
+          libunwind: Path | None) -> list[Mode]:
+    argv = [str(target.exe), size]
+    names = ["plain", "cfi", "fp"] + (["libunwind"] if libunwind else [])
+    names += ["sampled", "noreader", "run", "run-fp"]
+    if shutil.which("heaptrack") and not args.skip_heaptrack:
+        names.append("heaptrack")
+    modes = [Mode(n) for n in names]
+    no_env = {k: v for k, v in os.environ.items() if not k.startswith("RSPROF_HEAP_")}
+    run_plain(argv)  # warm caches, page in the binary
+    for i in range(args.repeat):
+        for mode in modes:  # interleaved, so a noisy neighbour hurts every mode alike
+            name = mode.name
+            if name == "plain":
+                r = run_plain(argv)
+            elif name == "cfi":
+                r = run_with_reader(argv, shim_env())
+            elif name == "fp":
+                r = run_with_reader(argv, shim_env(RSPROF_HEAP_UNWIND="fp"))
+            elif name == "libunwind":
+                assert libunwind is not None
+                r = run_with_reader(argv, shim_env(libunwind))
+            elif name == "sampled":
+                r = run_with_reader(argv, shim_env(RSPROF_HEAP_SAMPLE_BYTES=str(args.sample_bytes)))
+            elif name == "noreader":
+                r = run_plain(argv, shim_env())
+            elif name == "run":
+                r = run_rsprof(argv, tmp, no_env)
+            elif name == "run-fp":
+                r = run_rsprof(argv, tmp, {**no_env, "RSPROF_HEAP_UNWIND": "fp"})
+            else:
+                if i > 0:  # several times slower: once is enough
+                    continue
+                r = run_heaptrack(argv, tmp)
+            mode.runs.append(r)
+            events = f"  events {r.events}  lost {r.lost}" if r.events else ""
+            print(f"  {target.name} run {i + 1} {name:9s} loop {r.loop_s:7.3f} s  wall "
+                  f"{r.wall_s:7.3f} s{events}", flush=True)
+    return modes
+
+
+def report(target: Target, size: str, modes: list[Mode], repeat: int) -> None:
+    plain = modes[0]
+    base_loop, base_wall = plain.median("loop_s"), plain.median("wall_s")
+    print()
+    print(f"{target.name} ({size}), median of {repeat} (heaptrack: 1 run); plain loop "
+          f"{base_loop:.3f} s, wall {base_wall:.3f} s")
+    print(f"{'mode':10s} {'loop s':>8s} {'wall s':>8s} {'x plain':>8s} {'events':>11s} "
+          f"{'lost':>9s} {'reader s':>9s}")
+    for mode in modes:
+        loop, wall = mode.median("loop_s"), mode.median("wall_s")
+        ratio = wall / base_wall if mode.name in WALL_MODES else loop / base_loop
+        events, lost = int(mode.median("events")), int(mode.median("lost"))
+        busy = mode.median("reader_busy_s")
+        print(f"{mode.name:10s} {loop:8.3f} {wall:8.3f} {ratio:8.2f} "
+              f"{events if events else '-':>11} {lost if events else '-':>9} "
+              f"{f'{busy:.3f}' if busy else '-':>9}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pairs", type=int, default=20_000_000, help="malloc/free pairs")
+    ap.add_argument("--pairs", type=int, default=20_000_000, help="storm: malloc/free pairs")
+    ap.add_argument("--rounds", type=int, default=100, help="stl: rounds of 50,000 words")
     ap.add_argument("--repeat", type=int, default=3, help="runs per mode (median reported)")
-    ap.add_argument(
-        "--sample-bytes",
-        type=int,
-        default=512 * 1024,
-        help="RSPROF_HEAP_SAMPLE_BYTES for the sampled mode",
-    )
-    ap.add_argument(
-        "--ring-mb", type=int, default=0, help="RSPROF_HEAP_RING_MB (0: the shim's default)"
-    )
+    ap.add_argument("--only", choices=("storm", "stl"), help="one target only")
+    ap.add_argument("--sample-bytes", type=int, default=512 * 1024,
+                    help="RSPROF_HEAP_SAMPLE_BYTES for the sampled mode")
     ap.add_argument("--skip-heaptrack", action="store_true")
     args = ap.parse_args()
     if not SHIM.exists():
-        print(
-            f"{SHIM} missing: run `python setup.py -q build_ext --inplace` first", file=sys.stderr
-        )
+        print(f"{SHIM} missing: pip install . first", file=sys.stderr)
         return 2
-
-    ring = {"RSPROF_HEAP_RING_MB": str(args.ring_mb)} if args.ring_mb else {}
-    have_heaptrack = shutil.which("heaptrack") is not None and not args.skip_heaptrack
-    modes = [Mode("plain"), Mode("full"), Mode("sampled"), Mode("noreader")]
-    if have_heaptrack:
-        modes.append(Mode("heaptrack"))
     with tempfile.TemporaryDirectory(prefix="rsprof-bench-heap-") as tmpdir:
         tmp = Path(tmpdir)
-        exe = build(tmp)
-        run_plain(exe, args.pairs // 10)  # warm caches, page in the binary
-        for i in range(args.repeat):
-            # interleaved, so a noisy neighbour hurts every mode alike
-            for mode in modes:
-                if mode.name == "plain":
-                    r = run_plain(exe, args.pairs)
-                elif mode.name == "full":
-                    r = run_with_reader(exe, args.pairs, shim_env(**ring))
-                elif mode.name == "sampled":
-                    r = run_with_reader(
-                        exe,
-                        args.pairs,
-                        shim_env(RSPROF_HEAP_SAMPLE_BYTES=str(args.sample_bytes), **ring),
-                    )
-                elif mode.name == "noreader":
-                    r = run_noreader(exe, args.pairs, shim_env(**ring))
-                else:
-                    if i > 0:  # ~15x slower: once is enough
-                        continue
-                    r = run_heaptrack(exe, args.pairs, tmp)
-                mode.runs.append(r)
-                print(
-                    f"  run {i + 1} {mode.name:9s} loop {r.loop_s:7.3f} s  wall "
-                    f"{r.wall_s:7.3f} s"
-                    + (f"  events {r.events}  lost {r.lost}" if r.events else ""),
-                    flush=True,
-                )
-
-    base = modes[0].median("loop_s")
-    print()
-    print(
-        f"alloc_storm: {args.pairs:,} malloc/free pairs, median of {args.repeat} (heaptrack: 1 run)"
-    )
-    print(
-        f"{'mode':10s} {'loop s':>8s} {'x plain':>8s} {'wall s':>8s} {'ns/pair':>8s} "
-        f"{'events':>11s} {'lost':>9s} {'reader s':>9s}"
-    )
-    for mode in modes:
-        loop = mode.median("loop_s")
-        events = int(mode.median("events"))
-        lost = int(mode.median("lost"))
-        busy = mode.median("reader_busy_s")
-        print(
-            f"{mode.name:10s} {loop:8.3f} {loop / base:8.2f} {mode.median('wall_s'):8.3f} "
-            f"{loop / args.pairs * 1e9:8.1f} {events if events else '-':>11} "
-            f"{lost if mode.name in ('full', 'sampled') else '-':>9} "
-            f"{f'{busy:.3f}' if busy else '-':>9}"
-        )
+        targets = build(tmp)
+        libunwind = build_libunwind_shim(tmp)
+        results = []
+        for name, size in (("storm", str(args.pairs)), ("stl", str(args.rounds))):
+            if args.only in (None, name):
+                results.append((targets[name], size, bench(targets[name], size, args, tmp,
+                                                           libunwind)))
+    load = os.getloadavg()[0]
+    for target, size, modes in results:
+        report(target, size, modes, args.repeat)
+    print(f"\nload average at the end: {load:.1f}")
     return 0
 
 

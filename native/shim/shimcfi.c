@@ -556,6 +556,8 @@ static inline uint64_t rule_for(uintptr_t key) {
         if (k == 0) {
             uint64_t r = compute_rule(key);
             __atomic_fetch_add(&g_computed, 1, __ATOMIC_RELAXED);
+            /* "In no module" is not cached: a later dlopen may map code there. */
+            if (r == K_UNKNOWN) return r;
             uint64_t expected = 0;
             if (__atomic_compare_exchange_n(&s->key, &expected, KEY_CLAIMED, 0,
                                             __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
@@ -580,9 +582,14 @@ int shimcfi_init(void) {
     return 1;
 }
 
+/* Bumped by every flush: a thread's memo of its last walk (below) is only valid for the
+ * rules of its generation. */
+static uint64_t g_generation = 1; /* 0 in a memo means "empty" */
+
 void shimcfi_flush(void) {
     /* Private anonymous memory: DONTNEED gives back zero pages (empty slots). */
     if (g_cache) madvise(g_cache, sizeof(cache_slot) << CACHE_BITS, MADV_DONTNEED);
+    __atomic_add_fetch(&g_generation, 1, __ATOMIC_RELEASE);
 }
 
 void shimcfi_get_stats(shimcfi_stats *out) {
@@ -598,17 +605,72 @@ static inline int stack_ok(uintptr_t a, uintptr_t lo, uintptr_t hi) {
     return a >= lo && a < hi && hi - a >= 8;
 }
 
-unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
-                      uintptr_t lo, uintptr_t hi, int *truncated) {
+/* The last walks of this thread, to repeat them without walking.  A walk is a function of
+ * the registers it starts from (pc, sp, bp), of the stack words it reads and of the rules
+ * (which change only when a dlclose flushes them: g_generation).  So if the registers are
+ * the same and every word it read still holds the same value, the result is the same,
+ * exactly.  The check is a handful of independent loads, where the walk is a chain of
+ * dependent ones (stack word -> rule -> next stack word), ~5 ns a frame.  A loop that
+ * allocates from a few places hits it; MEMO_WAYS walks are kept because one call site is
+ * often reached by a few paths (GCC duplicates calls when it unrolls or tail-duplicates).
+ * The first read of a walk is the return address of its second frame, so a way of another
+ * path is rejected at its first word. */
+#define MEMO_WAYS 4
+#define MEMO_READS 64
+#define MEMO_OUT 48
+typedef struct {
+    uint64_t generation; /* 0: empty, or being rewritten */
+    uintptr_t pc, sp, bp;
+    unsigned max, n_reads, n_out, overflow;
+    int truncated, used_bp; /* used_bp: the walk depended on the starting rbp */
+    uint32_t offset[MEMO_READS]; /* stack word read, as its distance above sp */
+    uintptr_t value[MEMO_READS]; /* what it held */
+    uint64_t out[MEMO_OUT];
+} walk_memo;
+
+static __thread walk_memo t_memo[MEMO_WAYS] __attribute__((tls_model("initial-exec")));
+static __thread unsigned t_memo_next __attribute__((tls_model("initial-exec")));
+static __thread int t_walking __attribute__((tls_model("initial-exec")));
+
+/* m == NULL: a walk nested in another one (malloc in a signal handler that interrupted
+ * the shim), which must not touch the memo being written. */
+static inline void memo_log(walk_memo *m, uintptr_t addr, uintptr_t v) {
+    if (m == NULL) return;
+    uintptr_t off = addr - m->sp; /* every word a walk reads lies above its starting sp */
+    if (LIKELY(m->n_reads < MEMO_READS && off <= UINT32_MAX)) {
+        m->offset[m->n_reads] = (uint32_t)off;
+        m->value[m->n_reads++] = v;
+    } else {
+        m->overflow = 1;
+    }
+}
+
+static inline uintptr_t memo_load(walk_memo *m, uintptr_t addr) {
+    uintptr_t v = *(const uintptr_t *)addr;
+    memo_log(m, addr, v);
+    return v;
+}
+
+static unsigned walk(walk_memo *m, uint64_t *ips, unsigned n, unsigned max, uintptr_t sp,
+                     uintptr_t bp, uintptr_t lo, uintptr_t hi, int *truncated) {
     uintptr_t pc = ips[n - 1];
     int exact = 0;   /* pc is an interrupted pc (after a signal frame), not a return address */
     int from_fp = 0; /* pc was found by the frame-pointer fallback */
+    /* Code without frame pointers uses rbp as a plain register, so the starting rbp and
+     * the rbp values saved in frames differ from call to call: the memo checks them only
+     * when the walk used them.  bp_initial: bp is still the starting value; bp_from: else
+     * the stack word it was loaded from (0: none, e.g. undefined). */
+    int bp_initial = 1;
+    uintptr_t bp_from = 0;
     for (;;) {
         uint64_t r = rule_for(exact ? pc : pc - 1);
         unsigned kind = RULE_KIND(r);
-        uintptr_t cfa, ra, nbp = bp;
-        int next_exact = 0;
+        uintptr_t cfa, ra, nbp = bp, next_bp_from = 0;
+        int next_exact = 0, next_bp_set = 0;
         if (kind == K_END) break;
+        if (UNLIKELY(kind == K_UNKNOWN)) {
+            if (m) m->overflow = 1; /* not repeatable: a dlopen may map code there */
+        }
         if (UNLIKELY(kind == K_UNKNOWN && from_fp)) {
             n--; /* a caller read by frame pointer that no module holds: not justified */
             break;
@@ -618,29 +680,42 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
             if (kind == K_DEREF) {
                 uintptr_t slot = sp + (uintptr_t)off;
                 if (!stack_ok(slot, lo, hi)) break;
-                cfa = *(const uintptr_t *)slot;
+                cfa = memo_load(m, slot);
             } else {
+                if (kind == K_RBP) {
+                    if (bp_initial && m) m->used_bp = 1;
+                    else if (bp_from) memo_log(m, bp_from, bp);
+                }
                 cfa = (kind == K_RSP ? sp : bp) + (uintptr_t)off;
             }
             /* The caller's frame is above this one, inside the stack. */
             if (cfa <= sp || cfa > hi) break;
             uintptr_t ra_at = (RULE_RA_RSP(r) ? sp : cfa) + (uintptr_t)RULE_RA_OFF(r);
             if (!stack_ok(ra_at, lo, hi)) break;
-            ra = *(const uintptr_t *)ra_at;
+            ra = memo_load(m, ra_at);
             unsigned bp_rule = RULE_BP(r);
             if (bp_rule == BP_CFA || bp_rule == BP_RSP) {
                 uintptr_t at = (bp_rule == BP_CFA ? cfa : sp) + (uintptr_t)RULE_BP_OFF(r);
-                nbp = stack_ok(at, lo, hi) ? *(const uintptr_t *)at : 0;
+                int ok = stack_ok(at, lo, hi);
+                nbp = ok ? *(const uintptr_t *)at : 0;
+                next_bp_from = ok ? at : 0;
+                next_bp_set = 1;
             } else if (bp_rule == BP_UNDEF) {
                 nbp = 0;
+                next_bp_from = 0;
+                next_bp_set = 1;
             }
             next_exact = RULE_SIGNAL(r);
             from_fp = 0;
         } else {
             /* No rule: the frame record at rbp, if it is one, holds the caller. */
+            if (bp_initial && m) m->used_bp = 1;
+            else if (bp_from) memo_log(m, bp_from, bp);
             if (bp < sp || (bp & 7) || bp >= hi || hi - bp < 16) break;
-            ra = ((const uintptr_t *)bp)[1];
-            nbp = ((const uintptr_t *)bp)[0];
+            ra = memo_load(m, bp + 8);
+            nbp = *(const uintptr_t *)bp;
+            next_bp_from = bp;
+            next_bp_set = 1;
             cfa = bp + 16;
             from_fp = 1;
             __atomic_fetch_add(&g_fp_frames, 1, __ATOMIC_RELAXED);
@@ -655,7 +730,65 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
         pc = ra;
         sp = cfa;
         bp = nbp;
+        if (next_bp_set) {
+            bp_initial = 0;
+            bp_from = next_bp_from;
+        }
         exact = next_exact;
     }
     return n;
+}
+
+/* Every word a memo read was inside this thread's stack when it was read, and the stack
+ * of a thread does not move, so reading them again is safe. */
+static inline int memo_matches(const walk_memo *m, uint64_t generation, uintptr_t pc,
+                               uintptr_t sp, uintptr_t bp, unsigned max) {
+    if (m->generation != generation || m->pc != pc || m->sp != sp || m->max != max ||
+        (m->used_bp && m->bp != bp))
+        return 0;
+    for (unsigned i = 0; i < m->n_reads; i++)
+        if (*(const uintptr_t *)(sp + m->offset[i]) != m->value[i]) return 0;
+    return 1;
+}
+
+unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
+                      uintptr_t lo, uintptr_t hi, int *truncated) {
+    /* A signal handler that allocates while this thread is in here walks on its own,
+     * leaving the memo alone. */
+    if (UNLIKELY(t_walking) || n != 1) return walk(NULL, ips, n, max, sp, bp, lo, hi, truncated);
+    t_walking = 1;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    uint64_t generation = __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
+    unsigned got;
+    for (unsigned w = 0; w < MEMO_WAYS; w++) {
+        const walk_memo *m = &t_memo[w];
+        if (memo_matches(m, generation, ips[0], sp, bp, max)) {
+            memcpy(ips + 1, m->out, (size_t)m->n_out * sizeof *ips);
+            *truncated |= m->truncated;
+            got = 1 + m->n_out;
+            goto out;
+        }
+    }
+    walk_memo *m = &t_memo[t_memo_next++ % MEMO_WAYS];
+    m->generation = 0; /* invalid while it is rewritten */
+    m->sp = sp;
+    m->n_reads = 0;
+    m->overflow = 0;
+    m->used_bp = 0;
+    int trunc = 0;
+    got = walk(m, ips, n, max, sp, bp, lo, hi, &trunc);
+    *truncated |= trunc;
+    if (!m->overflow && got - 1 <= MEMO_OUT) {
+        m->pc = ips[0];
+        m->bp = bp;
+        m->max = max;
+        m->n_out = got - 1;
+        m->truncated = trunc;
+        memcpy(m->out, ips + 1, (size_t)(got - 1) * sizeof *ips);
+        m->generation = generation;
+    }
+out:
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    t_walking = 0;
+    return got;
 }
