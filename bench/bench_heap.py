@@ -21,7 +21,9 @@ Modes (interleaved, median of --repeat runs):
   libunwind  the shim built with bench/shim_libunwind.c: unw_backtrace with a per-thread
              cache, heaptrack's unwinder (needs libunwind-dev)
   sampled    cfi with RSPROF_HEAP_SAMPLE_BYTES (default 512 KiB)
-  noreader   cfi, nobody reading (ring full: events dropped and counted)
+  noreader   cfi, nobody reading (ring full: events dropped and counted): what the shim
+             itself costs the target; noreader-fp, noreader-libunwind likewise.  Their
+             ratios use user CPU time (the target's own), which load inflates least
   run        `rsprof run -q -- TARGET` (the real CLI: CPU sampling at 99 Hz, heap shim),
              whole wall time, start-up included; run-fp the same with frame pointers
   heaptrack  `heaptrack -o <tmp> TARGET` (if installed), once
@@ -62,6 +64,7 @@ class Run:
     events: int = 0
     lost: int = 0
     reader_busy_s: float = 0.0
+    user_s: float = 0.0  # the target's own user CPU time (noreader modes): the unwinder's cost
 
 
 @dataclass
@@ -121,9 +124,17 @@ def shim_env(shim: Path = SHIM, **extra: str) -> dict[str, str]:
 
 
 def run_plain(argv: list[str], env: dict[str, str] | None = None) -> Run:
+    """Runs the target alone; also its user CPU time, which a loaded machine inflates far
+    less than wall time."""
     t0 = time.perf_counter()
-    out = subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout
-    return Run(loop_time(out), time.perf_counter() - t0)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"target failed with {proc.returncode}")
+    return Run(loop_time(out), time.perf_counter() - t0, user_s=usage.ru_utime)
 
 
 def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
@@ -192,7 +203,8 @@ def bench(target: Target, size: str, args: argparse.Namespace, tmp: Path,
           libunwind: Path | None) -> list[Mode]:
     argv = [str(target.exe), size]
     names = ["plain", "cfi", "fp"] + (["libunwind"] if libunwind else [])
-    names += ["sampled", "noreader", "run", "run-fp"]
+    names += ["sampled", "noreader", "noreader-fp"]
+    names += (["noreader-libunwind"] if libunwind else []) + ["run", "run-fp"]
     if shutil.which("heaptrack") and not args.skip_heaptrack:
         names.append("heaptrack")
     modes = [Mode(n) for n in names]
@@ -214,6 +226,11 @@ def bench(target: Target, size: str, args: argparse.Namespace, tmp: Path,
                 r = run_with_reader(argv, shim_env(RSPROF_HEAP_SAMPLE_BYTES=str(args.sample_bytes)))
             elif name == "noreader":
                 r = run_plain(argv, shim_env())
+            elif name == "noreader-fp":
+                r = run_plain(argv, shim_env(RSPROF_HEAP_UNWIND="fp"))
+            elif name == "noreader-libunwind":
+                assert libunwind is not None
+                r = run_plain(argv, shim_env(libunwind))
             elif name == "run":
                 r = run_rsprof(argv, tmp, no_env)
             elif name == "run-fp":
@@ -224,25 +241,31 @@ def bench(target: Target, size: str, args: argparse.Namespace, tmp: Path,
                 r = run_heaptrack(argv, tmp)
             mode.runs.append(r)
             events = f"  events {r.events}  lost {r.lost}" if r.events else ""
-            print(f"  {target.name} run {i + 1} {name:9s} loop {r.loop_s:7.3f} s  wall "
-                  f"{r.wall_s:7.3f} s{events}", flush=True)
+            print(f"  {target.name} run {i + 1} {name:18s} loop {r.loop_s:7.3f} s  wall "
+                  f"{r.wall_s:7.3f} s  user {r.user_s:7.3f} s{events}", flush=True)
     return modes
 
 
 def report(target: Target, size: str, modes: list[Mode], repeat: int) -> None:
     plain = modes[0]
     base_loop, base_wall = plain.median("loop_s"), plain.median("wall_s")
+    base_user = plain.median("user_s")
     print()
     print(f"{target.name} ({size}), median of {repeat} (heaptrack: 1 run); plain loop "
-          f"{base_loop:.3f} s, wall {base_wall:.3f} s")
-    print(f"{'mode':10s} {'loop s':>8s} {'wall s':>8s} {'x plain':>8s} {'events':>11s} "
+          f"{base_loop:.3f} s, wall {base_wall:.3f} s, user {base_user:.3f} s")
+    print(f"{'mode':18s} {'loop s':>8s} {'wall s':>8s} {'x plain':>8s} {'events':>11s} "
           f"{'lost':>9s} {'reader s':>9s}")
     for mode in modes:
         loop, wall = mode.median("loop_s"), mode.median("wall_s")
-        ratio = wall / base_wall if mode.name in WALL_MODES else loop / base_loop
+        if mode.name in WALL_MODES:
+            ratio = wall / base_wall
+        elif mode.name.startswith("noreader"):
+            ratio = mode.median("user_s") / base_user
+        else:
+            ratio = loop / base_loop
         events, lost = int(mode.median("events")), int(mode.median("lost"))
         busy = mode.median("reader_busy_s")
-        print(f"{mode.name:10s} {loop:8.3f} {wall:8.3f} {ratio:8.2f} "
+        print(f"{mode.name:18s} {loop:8.3f} {wall:8.3f} {ratio:8.2f} "
               f"{events if events else '-':>11} {lost if events else '-':>9} "
               f"{f'{busy:.3f}' if busy else '-':>9}")
 
