@@ -28,8 +28,10 @@ Modes (interleaved, median of --repeat runs):
              whole wall time, start-up included; run-fp the same with frame pointers
   heaptrack  `heaptrack -o <tmp> TARGET` (if installed), once
 
-Ratios are loop times against plain's loop time, except run/run-fp/heaptrack whose wall
-times are compared with plain's wall time.
+Ratios are loop times against plain's loop time, except run/run-fp/heaptrack (wall time
+against plain's wall time, start-up included) and the noreader modes (user CPU time
+against plain's).  "stacks" and "depth" are the distinct allocation stacks the reader saw
+and their mean depth: frame pointers see shallower, wrong stacks in these targets.
 
 Usage: python bench/bench_heap.py [--pairs N] [--rounds N] [--repeat R] [--only storm|stl]
                                   [--sample-bytes N] [--skip-heaptrack]
@@ -65,6 +67,8 @@ class Run:
     lost: int = 0
     reader_busy_s: float = 0.0
     user_s: float = 0.0  # the target's own user CPU time (noreader modes): the unwinder's cost
+    stacks: int = 0  # distinct allocation stacks the reader saw
+    depth: float = 0.0  # their mean depth (frames)
 
 
 @dataclass
@@ -172,7 +176,10 @@ def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
     proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"target failed with {proc.returncode}")
-    return Run(loop_time(out), time.perf_counter() - t0, events, batch.lost, busy)
+    stacks = len(batch.new_stacks)
+    depth = sum(len(ips) for _, ips in batch.new_stacks) / stacks if stacks else 0.0
+    return Run(loop_time(out), time.perf_counter() - t0, events, batch.lost, busy,
+               stacks=stacks, depth=depth)
 
 
 def run_rsprof(argv: list[str], tmp: Path, env: dict[str, str] | None = None) -> Run:
@@ -254,7 +261,7 @@ def report(target: Target, size: str, modes: list[Mode], repeat: int) -> None:
     print(f"{target.name} ({size}), median of {repeat} (heaptrack: 1 run); plain loop "
           f"{base_loop:.3f} s, wall {base_wall:.3f} s, user {base_user:.3f} s")
     print(f"{'mode':18s} {'loop s':>8s} {'wall s':>8s} {'x plain':>8s} {'events':>11s} "
-          f"{'lost':>9s} {'reader s':>9s}")
+          f"{'lost':>9s} {'reader s':>9s} {'stacks':>7s} {'depth':>6s}")
     for mode in modes:
         loop, wall = mode.median("loop_s"), mode.median("wall_s")
         if mode.name in WALL_MODES:
@@ -265,9 +272,11 @@ def report(target: Target, size: str, modes: list[Mode], repeat: int) -> None:
             ratio = loop / base_loop
         events, lost = int(mode.median("events")), int(mode.median("lost"))
         busy = mode.median("reader_busy_s")
+        stacks = str(int(mode.median("stacks"))) if events else "-"
+        depth = f"{mode.median('depth'):.1f}" if events else "-"
         print(f"{mode.name:18s} {loop:8.3f} {wall:8.3f} {ratio:8.2f} "
               f"{events if events else '-':>11} {lost if events else '-':>9} "
-              f"{f'{busy:.3f}' if busy else '-':>9}")
+              f"{f'{busy:.3f}' if busy else '-':>9} {stacks:>7} {depth:>6}")
 
 
 def main() -> int:
