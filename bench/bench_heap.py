@@ -34,7 +34,7 @@ against plain's).  "stacks" and "depth" are the distinct allocation stacks the r
 and their mean depth: frame pointers see shallower, wrong stacks in these targets.
 
 Usage: python bench/bench_heap.py [--pairs N] [--rounds N] [--repeat R] [--only storm|stl]
-                                  [--sample-bytes N] [--skip-heaptrack]
+                                  [--modes cfi,run,...] [--sample-bytes N] [--skip-heaptrack]
 rsprof must be installed (pip install .): the shim and HeapReader come from the package.
 """
 
@@ -214,6 +214,8 @@ def bench(target: Target, size: str, args: argparse.Namespace, tmp: Path,
     names += (["noreader-libunwind"] if libunwind else []) + ["run", "run-fp"]
     if shutil.which("heaptrack") and not args.skip_heaptrack:
         names.append("heaptrack")
+    if args.modes:
+        names = ["plain"] + [n for n in names if n in args.modes.split(",") and n != "plain"]
     modes = [Mode(n) for n in names]
     no_env = {k: v for k, v in os.environ.items() if not k.startswith("RSPROF_HEAP_")}
     run_plain(argv)  # warm caches, page in the binary
@@ -288,6 +290,7 @@ def main() -> int:
     ap.add_argument("--sample-bytes", type=int, default=512 * 1024,
                     help="RSPROF_HEAP_SAMPLE_BYTES for the sampled mode")
     ap.add_argument("--skip-heaptrack", action="store_true")
+    ap.add_argument("--modes", help="comma-separated subset of the modes (plain always runs)")
     args = ap.parse_args()
     if not SHIM.exists():
         print(f"{SHIM} missing: pip install . first", file=sys.stderr)
