@@ -31,7 +31,9 @@ Modes (interleaved, median of --repeat runs):
 Ratios are loop times against plain's loop time, except run/run-fp/heaptrack (wall time
 against plain's wall time, start-up included) and the noreader modes (user CPU time
 against plain's).  "stacks" and "depth" are the distinct allocation stacks the reader saw
-and their mean depth: frame pointers see shallower, wrong stacks in these targets.
+and their mean depth: frame pointers see shallower, wrong stacks in these targets.  "cpu x"
+(reader modes): the target's user + system CPU time against plain's, which a loaded
+machine inflates less than wall time (ring lines moving between the cores are in it).
 
 Usage: python bench/bench_heap.py [--pairs N] [--rounds N] [--repeat R] [--only storm|stl]
                                   [--modes cfi,run,...] [--sample-bytes N] [--skip-heaptrack]
@@ -67,6 +69,7 @@ class Run:
     lost: int = 0
     reader_busy_s: float = 0.0
     user_s: float = 0.0  # the target's own user CPU time (noreader modes): the unwinder's cost
+    cpu_s: float = 0.0  # the target's user + system CPU time (load inflates it less than wall)
     stacks: int = 0  # distinct allocation stacks the reader saw
     depth: float = 0.0  # their mean depth (frames)
 
@@ -138,7 +141,8 @@ def run_plain(argv: list[str], env: dict[str, str] | None = None) -> Run:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"target failed with {proc.returncode}")
-    return Run(loop_time(out), time.perf_counter() - t0, user_s=usage.ru_utime)
+    return Run(loop_time(out), time.perf_counter() - t0, user_s=usage.ru_utime,
+               cpu_s=usage.ru_utime + usage.ru_stime)
 
 
 def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
@@ -173,13 +177,15 @@ def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
     batch = reader.take()
     reader.close()
     out = proc.stdout.read()
-    proc.wait()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"target failed with {proc.returncode}")
     stacks = len(batch.new_stacks)
     depth = sum(len(ips) for _, ips in batch.new_stacks) / stacks if stacks else 0.0
     return Run(loop_time(out), time.perf_counter() - t0, events, batch.lost, busy,
-               stacks=stacks, depth=depth)
+               user_s=usage.ru_utime, cpu_s=usage.ru_utime + usage.ru_stime, stacks=stacks,
+               depth=depth)
 
 
 def run_rsprof(argv: list[str], tmp: Path, env: dict[str, str] | None = None) -> Run:
@@ -258,12 +264,12 @@ def bench(target: Target, size: str, args: argparse.Namespace, tmp: Path,
 def report(target: Target, size: str, modes: list[Mode], repeat: int) -> None:
     plain = modes[0]
     base_loop, base_wall = plain.median("loop_s"), plain.median("wall_s")
-    base_user = plain.median("user_s")
+    base_user, base_cpu = plain.median("user_s"), plain.median("cpu_s")
     print()
     print(f"{target.name} ({size}), median of {repeat} (heaptrack: 1 run); plain loop "
           f"{base_loop:.3f} s, wall {base_wall:.3f} s, user {base_user:.3f} s")
     print(f"{'mode':18s} {'loop s':>8s} {'wall s':>8s} {'x plain':>8s} {'events':>11s} "
-          f"{'lost':>9s} {'reader s':>9s} {'stacks':>7s} {'depth':>6s}")
+          f"{'lost':>9s} {'reader s':>9s} {'stacks':>7s} {'depth':>6s} {'cpu x':>6s}")
     for mode in modes:
         loop, wall = mode.median("loop_s"), mode.median("wall_s")
         if mode.name in WALL_MODES:
@@ -276,9 +282,10 @@ def report(target: Target, size: str, modes: list[Mode], repeat: int) -> None:
         busy = mode.median("reader_busy_s")
         stacks = str(int(mode.median("stacks"))) if events else "-"
         depth = f"{mode.median('depth'):.1f}" if events else "-"
+        cpu = f"{mode.median('cpu_s') / base_cpu:.2f}" if events else "-"
         print(f"{mode.name:18s} {loop:8.3f} {wall:8.3f} {ratio:8.2f} "
               f"{events if events else '-':>11} {lost if events else '-':>9} "
-              f"{f'{busy:.3f}' if busy else '-':>9} {stacks:>7} {depth:>6}")
+              f"{f'{busy:.3f}' if busy else '-':>9} {stacks:>7} {depth:>6} {cpu:>6}")
 
 
 def main() -> int:
