@@ -163,7 +163,11 @@ def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
     proc.stdin.write("go\n")
     proc.stdin.flush()
     events, busy = 0, 0.0
-    while proc.poll() is None:
+    while True:
+        # wait4, not poll(): it keeps the target's CPU time (rusage) for the report.
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid != 0:
+            break
         a = time.perf_counter()
         n = reader.poll()
         busy += time.perf_counter() - a
@@ -177,7 +181,6 @@ def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
     batch = reader.take()
     reader.close()
     out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"target failed with {proc.returncode}")
