@@ -19,8 +19,10 @@
  *   .eh_frame_hdr and .eh_frame only within the module's readable PT_LOAD segments (from
  *   its program headers in memory).  Malformed CFI gives "no rule", never a wild read.
  * - Code without CFI (JIT code, assembly without directives) or with a rule the compact
- *   form cannot hold (DWARF expressions such as the PLT's) is stepped by its frame pointer,
- *   and a caller found that way is kept only if it lies in a loaded module.
+ *   form cannot hold (DWARF expressions such as the PLT's) is stepped by its frame record
+ *   at rbp, checked like the frame-pointer walk (inside the stack, strictly upwards).  JIT
+ *   code keeps frame pointers; a caller that is garbage lands outside every executable
+ *   mapping, and the recorder, which knows them, cuts the stack there ([truncated]).
  */
 #define _GNU_SOURCE
 #include "shimcfi.h"
@@ -655,7 +657,6 @@ static unsigned walk(walk_memo *m, uint64_t *ips, unsigned n, unsigned max, uint
                      uintptr_t bp, uintptr_t lo, uintptr_t hi, int *truncated) {
     uintptr_t pc = ips[n - 1];
     int exact = 0;   /* pc is an interrupted pc (after a signal frame), not a return address */
-    int from_fp = 0; /* pc was found by the frame-pointer fallback */
     /* Code without frame pointers uses rbp as a plain register, so the starting rbp and
      * the rbp values saved in frames differ from call to call: the memo checks them only
      * when the walk used them.  bp_initial: bp is still the starting value; bp_from: else
@@ -668,13 +669,11 @@ static unsigned walk(walk_memo *m, uint64_t *ips, unsigned n, unsigned max, uint
         uintptr_t cfa, ra, nbp = bp, next_bp_from = 0;
         int next_exact = 0, next_bp_set = 0;
         if (kind == K_END) break;
-        if (UNLIKELY(kind == K_UNKNOWN)) {
-            if (m) m->overflow = 1; /* not repeatable: a dlopen may map code there */
-        }
-        if (UNLIKELY(kind == K_UNKNOWN && from_fp)) {
-            n--; /* a caller read by frame pointer that no module holds: not justified */
-            break;
-        }
+        /* In no module: JIT code (V8, CPython's perf trampolines: they keep frame
+         * pointers, stepped below), or garbage found by the fallback, which the recorder
+         * cuts as [truncated] (it knows the executable mappings; we cannot read
+         * /proc/self/maps in here).  Not repeatable: a dlopen may map code there. */
+        if (UNLIKELY(kind == K_UNKNOWN) && m) m->overflow = 1;
         if (LIKELY(kind <= K_DEREF)) {
             int64_t off = RULE_CFA_OFF(r);
             if (kind == K_DEREF) {
@@ -706,7 +705,6 @@ static unsigned walk(walk_memo *m, uint64_t *ips, unsigned n, unsigned max, uint
                 next_bp_set = 1;
             }
             next_exact = RULE_SIGNAL(r);
-            from_fp = 0;
         } else {
             /* No rule: the frame record at rbp, if it is one, holds the caller. */
             if (bp_initial && m) m->used_bp = 1;
@@ -717,7 +715,6 @@ static unsigned walk(walk_memo *m, uint64_t *ips, unsigned n, unsigned max, uint
             next_bp_from = bp;
             next_bp_set = 1;
             cfa = bp + 16;
-            from_fp = 1;
             __atomic_fetch_add(&g_fp_frames, 1, __ATOMIC_RELAXED);
         }
         if (ra < 4096) break;
