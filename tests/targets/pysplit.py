@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 
-
 UNIT = 10000  # iterations of light(); heavy() does three times as many
 
 
