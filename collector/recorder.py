@@ -30,7 +30,7 @@ from rsprof.collector.symbols import Symbolizer
 from rsprof.storage.writer import Checkpoint, ProfileWriter
 
 from rsprof import __version__
-from rsprof._native import PerfMmap, PerfSampler
+from rsprof._native import PerfMmap, PerfSampler, PyFrameReader
 
 # The heap ring's header (native/heapring.h, RSPROF_HEAP_HEADER_SIZE): a smaller file is a
 # ring the shim has created but not sized yet.
@@ -419,9 +419,21 @@ class Recorder:
         if ring in self._heaps or ring in self._finished_rings:
             return
         image = self._images.get(self._image_of_pid.get(pid, 1))
-        tracker = HeapTracker.attach(pid, image.resolver if image else self.resolver, self.warn)
+        tracker = HeapTracker.attach(pid, image.resolver if image else self.resolver, self.warn,
+                                     python=lambda: self._heap_python(pid))
         if tracker is not None:
             self._heaps[ring] = tracker
+
+    def _heap_python(self, pid: int) -> PyFrameReader | None:
+        """The frame reader that decodes the Python frames of pid's allocations: the one its
+        CPU samples use (their function ids must agree), looked for now if the drain loop
+        has not found it yet. None with --python=off or without a supported CPython."""
+        if self._python is None:
+            return None
+        images = [image for live_pid, image in self.sampler.images() if live_pid == pid]
+        if not images:
+            return None
+        return self._python.reader_for(pid, max(images))
 
     def _checkpoint(self, final: bool = False) -> bool:
         """Writes one checkpoint; returns True when the target has exited."""
