@@ -86,6 +86,17 @@ class HeapTracker:
                 except MemoryError:
                     return  # the record is retried by the next poll
 
+    def python_stats(self) -> dict[str, int] | None:
+        """New stacks with all, some or none of their Python frames decoded (totals since
+        attach); None when the shim reads no Python frames in this process."""
+        with self._lock:
+            if self.reader.closed:
+                return None
+            stats = self.reader.python_stats()
+        if not stats.pop("shim"):
+            return None
+        return stats
+
     def _set_python(self) -> None:
         reader = None
         if self._python_lookup is not None:

@@ -160,6 +160,9 @@ class Recorder:
         self.resolver.on_warning = self.warn  # a refused perf map (symlink, other owner)
         self._python: PythonImages | None = None
         self._python_meta: dict[str, object] = {}
+        # Heap stacks with Python frames per ring (HeapReader.python_stats), for meta.
+        self._heap_py_stats: dict[tuple[int, int], dict[str, int]] = {}
+        self._heap_python_meta: dict[str, object] = {}
 
     @property
     def sampler(self) -> PerfSampler:
@@ -488,6 +491,9 @@ class Recorder:
             if current is not None:
                 heap.resolver = current.resolver
             done = heap.fill_checkpoint(checkpoint)
+            stats = heap.python_stats()
+            if stats is not None:
+                self._heap_py_stats[ring] = stats
             if pid == self.target.pid or self._heap_mode is None:
                 self._heap_mode = (heap.mode, heap.sample_bytes)
             if done:
@@ -495,6 +501,12 @@ class Recorder:
                 heap.close()
                 del self._heaps[ring]
                 self._finished_rings.add(ring)
+        if self._heap_py_stats:
+            heap_meta = {f"heap_python_{key}": sum(stats[key] for stats in self._heap_py_stats.values())
+                         for key in ("decoded", "partial", "undecoded")}
+            if heap_meta != self._heap_python_meta:
+                self._heap_python_meta = heap_meta
+                self.writer.set_meta(heap_meta)
         if self._heap_mode is not None and not self._heap_meta_written:
             self._heap_meta_written = True
             mode, sample_bytes = self._heap_mode
