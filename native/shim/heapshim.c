@@ -365,7 +365,9 @@ static int take_over_existing(const char *name, pid_t pid, uint64_t start, uint6
         mmap(NULL, RSPROF_HEAP_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (h == MAP_FAILED) return 0;
-    if (h->magic == RSPROF_HEAP_MAGIC && h->version == RSPROF_HEAP_VERSION &&
+    /* Any version: the header's identity fields have not moved since version 1, and a ring
+     * left by an older shim with our pid is as dead as one of ours. */
+    if (h->magic == RSPROF_HEAP_MAGIC && h->version >= 1 && h->version <= RSPROF_HEAP_VERSION &&
         (h->pidns == 0 || pidns == 0 || h->pidns == pidns)) {
         if (h->pid == pid) {
             if (start != 0 && h->start_time == start) /* our own pre-exec image */
