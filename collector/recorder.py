@@ -162,7 +162,7 @@ class Recorder:
         self._python_meta: dict[str, object] = {}
         # Heap stacks with Python frames per ring (HeapReader.python_stats), for meta.
         self._heap_py_stats: dict[tuple[int, int], dict[str, int]] = {}
-        self._heap_python_meta: dict[str, object] = {}
+        self._heap_python_meta: dict[str, int] = {}
 
     @property
     def sampler(self) -> PerfSampler:
@@ -502,7 +502,8 @@ class Recorder:
                 del self._heaps[ring]
                 self._finished_rings.add(ring)
         if self._heap_py_stats:
-            heap_meta = {f"heap_python_{key}": sum(stats[key] for stats in self._heap_py_stats.values())
+            rings = self._heap_py_stats.values()
+            heap_meta = {f"heap_python_{key}": sum(stats[key] for stats in rings)
                          for key in ("decoded", "partial", "undecoded")}
             if heap_meta != self._heap_python_meta:
                 self._heap_python_meta = heap_meta

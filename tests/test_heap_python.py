@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from conftest import TARGETS, profile_meta, run_rsprof, top_json
+from rsprof.collector.pyframes import LAYOUTS
 
 from rsprof._native import HeapReader
-from rsprof.collector.pyframes import LAYOUTS
 from rsprof.session import SHIM_PATH
 
 SCRIPT = TARGETS / "pyleak.py"

@@ -9,7 +9,7 @@ import threading
 
 LEAK_COUNT, LEAK_SIZE = 1000, 10000
 CHURN_COUNT, CHURN_SIZE = 500, 20000
-KEEP = []
+KEEP: list[bytes] = []
 
 
 def leak(n):
