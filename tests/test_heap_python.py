@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -86,10 +87,15 @@ def test_python_leak_found_at_its_line(tmp_path: Path, name: str) -> None:
     assert int(meta["heap_python_decoded"]) > 0
 
 
-def test_python_heap_stacks_read_through(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def debian_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _record(tmp_path_factory.mktemp("pyheap"), _python("debian-3.11"))
+
+
+def test_python_heap_stacks_read_through(debian_profile: Path) -> None:
     """The whole stack: malloc's native callers, then the Python frames in place of the
     evaluator, then the native frames below (`Py_RunMain`)."""
-    profile = _record(tmp_path, _python("debian-3.11"))
+    profile = debian_profile
     result = run_rsprof("traces", "--kind", "heap", str(profile), "-g", "lines",
                         "--focus", "^leak$", "-n", "1")
     assert result.returncode == 0, result.stderr
@@ -100,6 +106,60 @@ def test_python_heap_stacks_read_through(tmp_path: Path) -> None:
     below = frames[python[-1] + 1:]
     assert "PyEval_EvalCode" in below and "Py_RunMain" in below and "_start" in below
     assert not any("_PyEval_EvalFrameDefault" in frame for frame in frames)
+
+
+def test_exports_carry_the_python_lines(debian_profile: Path, tmp_path: Path) -> None:
+    """folded (the leak's bytes under `<module>;main;leak`) and pprof (checked by `go tool
+    pprof -top -lines` when installed: the leak's line holds its bytes)."""
+    folded = run_rsprof("export", str(debian_profile), "--kind", "heap", "-f", "folded",
+                        "-o", "-")
+    assert folded.returncode == 0, folded.stderr
+    leaked = sum(int(line.rsplit(" ", 1)[1]) for line in folded.stdout.splitlines()
+                 if ";<module>;main;leak;" in line)
+    expected = LEAK_COUNT * (LEAK_SIZE + OBJECT_OVERHEAD)
+    assert expected <= leaked <= expected + LIST_SLACK
+    pprof = tmp_path / "heap.pb.gz"
+    result = run_rsprof("export", str(debian_profile), "--kind", "heap", "-o", str(pprof))
+    assert result.returncode == 0, result.stderr
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("go is not installed (golang-go): pprof not checked")
+    top = subprocess.run([go, "tool", "pprof", "-top", "-lines", "-unit", "B", str(pprof)],
+                         capture_output=True, text=True, timeout=120)
+    assert top.returncode == 0, top.stderr
+    line = next((row for row in top.stdout.splitlines() if f"pyleak.py:{LEAK_LINE}" in row),
+                "")
+    assert line.split() and line.split()[-2] == "leak", top.stdout
+    # flat 0 (the leaf is the allocator's), cumulative: the leak's bytes
+    assert expected <= int(line.split()[3].rstrip("B")) <= expected + LIST_SLACK, line
+
+
+def test_tui_memory_view_lists_the_leak_line(debian_profile: Path) -> None:
+    """The TUI's Memory view (its table of call sites) has the leak at its line, first."""
+    import asyncio
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from rsprof.storage.live import HeapRow
+    from rsprof.tui.widgets.table import ProfileTable
+    from tui_fixture import make_app, settle
+
+    app = make_app(debian_profile)
+    rows: list[HeapRow] = []
+
+    async def main() -> None:
+        async with app.run_test(size=(140, 40)) as pilot:
+            await settle(pilot)
+            await pilot.press("2")
+            await settle(pilot)
+            rows.extend(r for r in app.main.query_one(ProfileTable).rows
+                        if isinstance(r, HeapRow))
+
+    asyncio.run(main())
+    assert rows, "no Memory rows"
+    assert rows[0].function == "leak" and f"pyleak.py:{LEAK_LINE}" in rows[0].location, rows[:3]
+    expected = LEAK_COUNT * (LEAK_SIZE + OBJECT_OVERHEAD)
+    assert expected <= rows[0].live_bytes <= expected + LIST_SLACK
 
 
 def test_python_off_keeps_native_stacks(tmp_path: Path) -> None:
