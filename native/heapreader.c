@@ -609,13 +609,16 @@ static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, uint32_t 
     int64_t id = stacks_intern(&r->stacks, ips, depth, r->reported_stacks, r->reported_ips,
                                &created);
     if (id == -1) return RERR_NOMEM;
-    if (created && depth > native) {
-        int e = decode_python(r, (uint32_t)id, native);
-        if (e != RERR_NONE) return e;
-    }
     if (id == -2) { /* over a bound: dropped, counted */
         r->dropped++;
         return RERR_NONE;
+    }
+    /* A new stack with Python frames is decoded now, while its code objects most likely
+     * still exist (also when a first try ran out of memory: ann_depth is still 0). */
+    (void)created;
+    if (depth > native && r->stacks.info[id].ann_depth == 0) {
+        int e = decode_python(r, (uint32_t)id, native);
+        if (e != RERR_NONE) return e;
     }
     /* Looked up before the block is inserted: running out of memory here leaves the record
      * for a later poll with nothing charged yet. */
