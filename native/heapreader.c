@@ -55,12 +55,13 @@
  * the reader hold (docs/native.md, "Bounds").  Events beyond them are dropped and counted
  * (take()["dropped"]); the recording goes on.
  * - live map: 4 Mi blocks (slots at most 50 % full: <= 192 MiB);
- * - stack table: 256 Ki distinct stacks and 4 Mi return addresses in all (32 MiB);
- * - per take(): 64 Ki new stacks and 512 Ki new return addresses, so that symbolizing one
+ * - stack table: 256 Ki distinct stacks and 8 Mi words in all (64 MiB: return addresses,
+ *   and for Python stacks the shim's raw frame words and the decoded ones);
+ * - per take(): 64 Ki new stacks and 512 Ki new announced words, so that symbolizing one
  *   checkpoint's new stacks stays bounded and checkpoints keep being written. */
 #define MAX_LIVE_BLOCKS (1u << 22)
 #define MAX_STACKS (1u << 18)
-#define MAX_STACK_IPS (1u << 22)
+#define MAX_STACK_IPS (1u << 23)
 #define MAX_NEW_STACKS_PER_TAKE (1u << 16)
 #define MAX_NEW_IPS_PER_TAKE (1u << 19)
 /* Plausibility limits for values read from the ring: no allocation is larger than the
@@ -259,6 +260,7 @@ typedef struct {
     size_t count, info_cap;
     uint64_t *ips;
     size_t nips, ips_cap;
+    size_t announced; /* words take() announces for all stacks so far (the per-take budget) */
 } stack_table;
 
 static uint64_t stack_hash(const uint64_t *ips, unsigned depth) {
@@ -319,7 +321,8 @@ static bool pool_reserve(stack_table *t, size_t n) {
 }
 
 static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth,
-                             size_t stacks_at_take, size_t ips_at_take, bool *created) {
+                             unsigned native, size_t stacks_at_take, size_t ips_at_take,
+                             bool *created) {
     *created = false;
     uint64_t h = stack_hash(ips, depth);
     size_t mask = t->cap - 1;
@@ -335,9 +338,12 @@ static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth
         }
         j = (j + 1) & mask;
     }
+    /* The per-take budget counts what take() will announce (Python stacks: native
+     * addresses, a marker, one word per frame), not the shim's raw words in the key. */
+    unsigned announce = depth == native ? depth : native + 1 + (depth - native - 1) / 2;
     if (t->count >= MAX_STACKS || t->nips + depth > MAX_STACK_IPS ||
         t->count - stacks_at_take >= MAX_NEW_STACKS_PER_TAKE ||
-        t->nips + depth - ips_at_take > MAX_NEW_IPS_PER_TAKE)
+        t->announced + announce - ips_at_take > MAX_NEW_IPS_PER_TAKE)
         return -2;
     if (t->count == t->info_cap) {
         stack_info *info = realloc(t->info, t->info_cap * 2 * sizeof(stack_info));
@@ -355,6 +361,7 @@ static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth
     t->nips += depth;
     t->slots[j].hash = h;
     t->slots[j].id1 = id + 1;
+    t->announced += announce;
     *created = true;
     if (t->count * 2 > t->cap && !stacks_grow_slots(t)) {
         /* The stack is stored and findable (the table is at most half full before the
@@ -449,6 +456,14 @@ static void ts_free(thread_sites *t) {
 
 /* ------------------------------------------------------------------ reader object */
 
+#define PY_MEMO 16384
+typedef struct {
+    uint64_t code_tag; /* code object and tag mixed, | 1; 0 = empty */
+    int64_t unit;
+    uint32_t function; /* 0: did not decode */
+    int32_t line;
+} py_memo;
+
 enum { RERR_NONE = 0, RERR_NOMEM, RERR_CORRUPT, RERR_TRUNCATED };
 
 typedef struct {
@@ -473,7 +488,7 @@ typedef struct {
     uint32_t *dirty;
     size_t ndirty, dirty_cap;
     uint32_t reported_stacks; /* stacks with id < this were returned by take() */
-    size_t reported_ips;      /* stack-table return addresses at the last take() */
+    size_t reported_ips;      /* stack-table announced words at the last take() */
     uint64_t events;          /* since the last take() */
     uint64_t unknown_frees;   /* since the last take() */
     uint64_t lost_seen;       /* header lost_events at the last take() */
@@ -485,6 +500,7 @@ typedef struct {
     /* Python frames (set_python): the PyFrameReader of the target, whose function ids the
      * announced stacks carry; decoded when a stack is first seen, in poll(). */
     PyObject *py_obj;
+    py_memo *py_memo;         /* PY_MEMO entries, allocated by set_python */
     rs_pyreader *py;
     pthread_mutex_t *py_lock;
     bool py_refused;          /* set_python(None): Python records are kept native only */
@@ -555,6 +571,31 @@ static inline int charge_free(HeapReaderObject *r, const live_entry *e) {
     return mark_dirty(r, e->stack) ? RERR_NONE : RERR_NOMEM;
 }
 
+/* Decoded frames by (code object, tag, instruction): a stack's frames were mostly seen in
+ * other stacks already, and a matching tag means the same code object (or an identical
+ * one), so its decoding stands without reading the target again. Failures (a code object
+ * freed or replaced) are remembered too: freed stays freed. Direct mapped. */
+
+static int py_decode(HeapReaderObject *r, uint64_t code, uint32_t tag, int64_t unit,
+                     uint32_t *function, int32_t *line) {
+    uint64_t key = (code ^ ((uint64_t)tag << 32) ^ ((uint64_t)tag >> 3)) | 1;
+    py_memo *m = NULL;
+    if (r->py_memo != NULL) {
+        uint64_t h = (key ^ (uint64_t)unit * 0x9E3779B97F4A7C15ULL) * 0xC2B2AE3D27D4EB4FULL;
+        m = &r->py_memo[h >> (64 - 14)]; /* PY_MEMO = 2^14 */
+        if (m->code_tag == key && m->unit == unit) {
+            *function = m->function;
+            *line = m->line;
+            return m->function ? 0 : -1;
+        }
+    }
+    int rc = rs_pyreader_code(r->py, code, tag, unit, function, line);
+    if (rc == RS_PY_NOMEM) return -1; /* not remembered: may work later */
+    if (rc != 0 || *function >= (1u << 30)) *function = 0, *line = 0, rc = -1;
+    if (m != NULL) *m = (py_memo){key, unit, *function, *line};
+    return rc;
+}
+
 /* A new stack whose key holds the shim's raw Python words after `native` return
  * addresses: decodes them (code objects read from the target, checked against their tags)
  * into what take() announces; native only when any frame does not decode. */
@@ -577,9 +618,8 @@ static int decode_python(HeapReaderObject *r, uint32_t id, unsigned native) {
             uint64_t w1 = t->ips[si->off + native + 2 + 2 * k];
             uint32_t function = 0;
             int32_t line = 0;
-            if (rs_pyreader_code(r->py, w0 & ~1ull, (uint32_t)(w1 >> 32),
-                                 (int64_t)(int32_t)(uint32_t)w1, &function, &line) != 0 ||
-                function >= (1u << 30)) {
+            if (py_decode(r, w0 & ~1ull, (uint32_t)(w1 >> 32), (int64_t)(int32_t)(uint32_t)w1,
+                          &function, &line) != 0) {
                 function = 0;
                 line = 0;
                 partial = true;
@@ -606,7 +646,8 @@ static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, uint32_t 
     int64_t b, c;
     if (addr == 0 || !weigh(r, size, &b, &c)) return RERR_CORRUPT; /* malloc never records NULL */
     bool created;
-    int64_t id = stacks_intern(&r->stacks, ips, depth, r->reported_stacks, r->reported_ips,
+    int64_t id = stacks_intern(&r->stacks, ips, depth, native, r->reported_stacks,
+                               r->reported_ips,
                                &created);
     if (id == -1) return RERR_NOMEM;
     if (id == -2) { /* over a bound: dropped, counted */
@@ -1056,6 +1097,8 @@ static PyObject *HeapReader_attach(PyObject *cls, PyObject *args) {
 static void HeapReader_dealloc(HeapReaderObject *r) {
     release_mapping(r);
     Py_CLEAR(r->py_obj);
+    free(r->py_memo);
+    r->py_memo = NULL;
     if (r->lock_ready) pthread_mutex_destroy(&r->lock);
     PyObject_Free(r);
 }
@@ -1108,8 +1151,11 @@ static PyObject *HeapReader_set_python(HeapReaderObject *r, PyObject *reader) {
         PyErr_SetString(PyExc_TypeError, "set_python: reader must be a PyFrameReader or None");
         return NULL;
     }
+    py_memo *memo = reader == Py_None ? NULL : calloc(PY_MEMO, sizeof(py_memo));
     Py_INCREF(reader);
     lock_nogil(r);
+    free(r->py_memo); /* decodings of another reader's ids are no use */
+    r->py_memo = memo;
     PyObject *old = r->py_obj;
     r->py_obj = reader == Py_None ? NULL : reader;
     if (reader == Py_None) Py_DECREF(reader);
@@ -1272,7 +1318,7 @@ static PyObject *build_take(HeapReaderObject *r) {
     Py_DECREF(thread_rows);
     /* Committed: reset the batch. */
     r->reported_stacks = (uint32_t)t->count;
-    r->reported_ips = t->nips;
+    r->reported_ips = t->announced;
     r->dropped = 0;
     for (size_t k = 0; k < r->ndirty; k++) {
         stack_info *si = &t->info[r->dirty[k]];

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -202,3 +203,46 @@ def test_non_python_program_pays_nothing() -> None:
         reader.close()
     finally:
         child.wait(10)
+
+
+STRESS = TARGETS / "pystress.py"
+STRESS_SOURCE = STRESS.read_text().splitlines()
+
+
+def _stress_line(marker: str) -> int:
+    return next(i + 1 for i, line in enumerate(STRESS_SOURCE) if f"# the {marker}" in line)
+
+
+@pytest.mark.parametrize("name", list(PYTHONS))
+def test_frames_read_safely_in_every_situation(tmp_path: Path, name: str) -> None:
+    """Threads, generator and coroutine frames, finalizers allocating while a frame is torn
+    down, exceptions, a recursion deeper than a record holds, C code without the GIL: the
+    target runs to its end, every site is at its own line, nothing is lost."""
+    out = tmp_path / "stress.db"
+    result = run_rsprof("run", "-q", "-i", "200ms", "-o", str(out), "--",
+                        str(_python(name)), str(STRESS))
+    assert result.returncode == 0, result.stderr
+    assert "target exited with code 0" in result.stderr
+    rows = [r for r in top_json(out, "heap", "-g", "lines")
+            if str(r["file"]).endswith("pystress.py")]
+    by_line = {int(r["line"]): r for r in rows}  # type: ignore[call-overload]
+    assert by_line[_stress_line("generator")]["function"] == "gen"
+    assert by_line[_stress_line("generator")]["alloc_count"] == 3 * 200
+    assert by_line[_stress_line("coroutine")]["function"] == "coro"
+    assert int(by_line[_stress_line("coroutine")]["alloc_count"]) >= 200  # type: ignore[call-overload]
+    assert by_line[_stress_line("finalizer")]["function"] == "Finalized.__del__"
+    assert int(by_line[_stress_line("finalizer")]["alloc_count"]) >= 150  # type: ignore[call-overload]
+    raised = by_line[_stress_line("raise")]
+    assert raised["function"] == "raising" and raised["alloc_count"] == 150
+    assert raised["live_bytes"] == 0
+    # Deeper than 128 Python frames: recorded with native frames only, never a wrong line.
+    assert _stress_line("deep end") not in by_line
+    known = {"gen", "coro", "Finalized.__del__", "raising", "worker", "without_gil", "main",
+             "<module>", "deep"}
+    assert {str(r["function"]) for r in rows} <= known, rows
+    conn = sqlite3.connect(f"file:{out}?mode=ro", uri=True)
+    try:
+        lost = conn.execute("SELECT SUM(heap_lost_events) FROM checkpoints").fetchone()[0]
+    finally:
+        conn.close()
+    assert lost == 0
