@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from rsprof.collector.frames import FrameResolver
@@ -12,8 +13,16 @@ from rsprof.storage.writer import Checkpoint, HeapDelta
 from rsprof._native import HeapReader, PyFrameReader
 
 # Finds the PyFrameReader of the tracked process (the same one whose function ids the CPU
-# samples carry), None when it has no supported CPython or Python frames are off.
+# samples carry), None when it has no supported CPython or Python frames are off; raises
+# PythonNotYet while the process is not known to the sampler yet (asked again later).
 PythonLookup = Callable[[], PyFrameReader | None]
+# How long allocations with Python frames wait for their process's frame reader before
+# they are kept with native stacks only (the ring buffers them meanwhile).
+PYTHON_WAIT_S = 2.0
+
+
+class PythonNotYet(Exception):
+    """The process's image is not known yet: look for its frame reader again later."""
 
 
 class HeapTracker:
@@ -26,6 +35,7 @@ class HeapTracker:
     ) -> None:
         self.reader = reader
         self._python_lookup = python
+        self._python_since: float | None = None  # first asked, while the image was unknown
         self.python_reader: PyFrameReader | None = None
         self._warn = warn
         # Set when the ring turned out corrupt or truncated: its heap data from then on is
@@ -76,7 +86,8 @@ class HeapTracker:
                     if self.reader.python_wanted:
                         # An allocation with Python frames: they are decoded against the
                         # process's frame reader, found now (None: native stacks only).
-                        self._set_python()
+                        if not self._set_python():
+                            return  # not known yet: the next drain asks again
                         continue
                     if polled == 0:
                         return
@@ -97,15 +108,23 @@ class HeapTracker:
             return None
         return stats
 
-    def _set_python(self) -> None:
+    def _set_python(self) -> bool:
+        """Gives the reader its frame reader (or None); False to be asked again later."""
         reader = None
         if self._python_lookup is not None:
             try:
                 reader = self._python_lookup()
+            except PythonNotYet:
+                now = time.monotonic()
+                if self._python_since is None:
+                    self._python_since = now
+                if now - self._python_since < PYTHON_WAIT_S:
+                    return False
             except OSError:
                 reader = None
         self.python_reader = reader
         self.reader.set_python(reader)
+        return True
 
     def _drop(self, reason: str) -> None:
         """Called with the lock held: stops reading a corrupt ring, keeps the recording."""

@@ -22,7 +22,7 @@ import psutil
 from rsprof.collector import process
 from rsprof.collector.errors import PERMISSION_HINT, PermissionDenied, ProcessNotFound
 from rsprof.collector.frames import FrameResolver
-from rsprof.collector.heap import HeapTracker
+from rsprof.collector.heap import HeapTracker, PythonNotYet
 from rsprof.collector.maps import Mapping, read_executable_maps
 from rsprof.collector.process import Target
 from rsprof.collector.pyframes import PythonImages, find_runtime, program_runs_python
@@ -435,7 +435,7 @@ class Recorder:
             return None
         images = [image for live_pid, image in self.sampler.images() if live_pid == pid]
         if not images:
-            return None
+            raise PythonNotYet(pid)  # its fork or exec record is not drained yet
         return self._python.reader_for(pid, max(images))
 
     def _checkpoint(self, final: bool = False) -> bool:
