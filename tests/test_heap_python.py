@@ -246,3 +246,34 @@ def test_frames_read_safely_in_every_situation(tmp_path: Path, name: str) -> Non
     finally:
         conn.close()
     assert lost == 0
+
+
+GIL = TARGETS / "pygil.py"
+GIL_SOURCE = GIL.read_text().splitlines()
+
+
+@pytest.mark.parametrize("name", list(PYTHONS))
+def test_allocation_without_the_gil_gets_no_python_frames(tmp_path: Path, name: str) -> None:
+    """malloc through ctypes from a worker: without the GIL (while the main thread runs
+    Python) native frames only, never the GIL holder's line; with the GIL, its own line."""
+    out = tmp_path / "gil.db"
+    result = run_rsprof("run", "-q", "-i", "200ms", "-o", str(out), "--",
+                        str(_python(name)), str(GIL))
+    assert result.returncode == 0, result.stderr
+    rows = top_json(out, "heap", "-g", "lines")
+
+    def line_of(marker: str) -> int:
+        return next(i + 1 for i, line in enumerate(GIL_SOURCE) if f"# {marker}" in line)
+
+    mine = {int(r["line"]): r for r in rows if str(r["file"]).endswith("pygil.py")}  # type: ignore[call-overload]
+    with_gil = mine[line_of("with the GIL")]
+    assert with_gil["function"] == "with_gil"
+    # + the shared list's reallocations at this line (every size it went through)
+    assert 300 * 23456 <= int(with_gil["total_alloc_bytes"]) <= 300 * 23456 + 4 * LIST_SLACK  # type: ignore[call-overload]
+    # The line itself grows the shared list (blocks of a few KiB): none of the 12345s.
+    assert int(mine.get(line_of("without the GIL"), {"total_alloc_bytes": 0})  # type: ignore[call-overload]
+               ["total_alloc_bytes"]) < 300 * 12345 // 10
+    assert line_of("the busy loop") not in mine
+    native = [r for r in rows if r["total_alloc_bytes"] == 300 * 12345]
+    assert len(native) == 1 and native[0]["alloc_count"] == 300, rows[:5]
+    assert not str(native[0]["file"]).endswith(".py")
