@@ -36,6 +36,10 @@ EVAL_FUNCTION = "_PyEval_EvalFrameDefault"
 # pseudo-address: this prefix (no user address has it) and 48 bits of a hash of the
 # function and line, so the same Python line is one frame in every process and recording.
 PYTHON_ADDRESS_BASE = 0xFFFE << 48
+# A Python frame of a heap stack whose code object was freed (or replaced) before the
+# profiler could read it (native/heapreader.c: function id 0).
+PYTHON_FREED_ID = 0
+PYTHON_FREED_FUNCTION = "[python code freed]"
 
 
 def python_address(qualname: str, first_line: int, line: int) -> int:
@@ -74,6 +78,7 @@ class FrameResolver:
         self.python: PyFrameReader | None = None
         self._py_functions: dict[int, tuple[str, str, int]] = {}
         self._py_frames: dict[tuple[int, int], int] = {}
+        self._py_frame_ids: set[int] = set()
         self._eval_frames: dict[int, bool] = {}
         # Stacks whose Python frames could not be paired with the evaluator frames (a cut
         # native stack, or a read across a call): kept native only, counted.
@@ -89,6 +94,7 @@ class FrameResolver:
         other._module_ids = self._module_ids
         other.frame_info = self.frame_info
         other.stack_frames = self.stack_frames
+        other._py_frame_ids = self._py_frame_ids  # frame ids are global
         other.on_warning = self.on_warning
         if forked:
             other._parent_perfmap = self._perfmap
@@ -226,6 +232,10 @@ class FrameResolver:
         return tuple(native[i] if kind == "native" else self._python_frame(*python[i][:2])
                      for kind, i in plan)
 
+    def is_python_frame(self, frame_id: int) -> bool:
+        """A frame of Python code (spliced in from a frame reader's walk)."""
+        return frame_id in self._py_frame_ids
+
     def _is_eval(self, frame_id: int) -> bool:
         found = self._eval_frames.get(frame_id)
         if found is None:
@@ -243,6 +253,12 @@ class FrameResolver:
             start = max(self._py_functions, default=0) + 1
             for fid, qualname, file, first_line in self.python.functions(start):
                 self._py_functions[fid] = (qualname, file, first_line)
+        if function == PYTHON_FREED_ID:
+            found = self._named_frame(python_address(PYTHON_FREED_FUNCTION, 0, 0),
+                                      PYTHON_FREED_FUNCTION)
+            self._py_frames[key] = found
+            self._py_frame_ids.add(found)
+            return found
         qualname, file, first_line = self._py_functions.get(function, (f"[python {function}]",
                                                                         "", 0))
         module_id = self.writer.module_id(file, None)
@@ -250,6 +266,7 @@ class FrameResolver:
         found = self.writer.frame_id(python_address(qualname, first_line, line), module_id,
                                      line, [location])
         self._py_frames[key] = found
+        self._py_frame_ids.add(found)
         self.frame_info[found] = (file, (location,))
         return found
 

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from rsprof.collector.frames import FrameResolver
 from rsprof.storage.callsite import call_site
 from rsprof.storage.writer import Checkpoint, HeapDelta
 
-from rsprof._native import HeapReader
+from rsprof._native import HeapReader, PyFrameReader
+
+# Finds the PyFrameReader of the tracked process (the same one whose function ids the CPU
+# samples carry), None when it has no supported CPython or Python frames are off; raises
+# PythonNotYet while the process is not known to the sampler yet (asked again later).
+PythonLookup = Callable[[], PyFrameReader | None]
+# How long allocations with Python frames wait for their process's frame reader before
+# they are kept with native stacks only (the ring buffers them meanwhile).
+PYTHON_WAIT_S = 2.0
+
+
+class PythonNotYet(Exception):
+    """The process's image is not known yet: look for its frame reader again later."""
 
 
 class HeapTracker:
@@ -18,9 +31,12 @@ class HeapTracker:
 
     def __init__(
         self, reader: HeapReader, resolver: FrameResolver,
-        warn: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None, python: PythonLookup | None = None,
     ) -> None:
         self.reader = reader
+        self._python_lookup = python
+        self._python_since: float | None = None  # first asked, while the image was unknown
+        self.python_reader: PyFrameReader | None = None
         self._warn = warn
         # Set when the ring turned out corrupt or truncated: its heap data from then on is
         # dropped (one warning), the CPU recording goes on.
@@ -36,7 +52,8 @@ class HeapTracker:
 
     @classmethod
     def attach(
-        cls, pid: int, resolver: FrameResolver, warn: Callable[[str], None] | None = None
+        cls, pid: int, resolver: FrameResolver, warn: Callable[[str], None] | None = None,
+        python: PythonLookup | None = None,
     ) -> HeapTracker | None:
         """None when the target has no usable ring (CPU-only profile). Anything at the
         ring's name that is not a valid ring (a FIFO, a directory, a symlink, another user's
@@ -50,7 +67,7 @@ class HeapTracker:
             if warn is not None:
                 warn(f"heap ring of PID {pid} not used: {error}")
             return None
-        return cls(reader, resolver, warn)
+        return cls(reader, resolver, warn, python)
 
     def drain(self, max_laps: int = 256) -> None:
         """Reads the ring until it is empty (one poll reads at most one lap of it)."""
@@ -65,13 +82,49 @@ class HeapTracker:
                     self.reader.discard()
                     return
                 try:
-                    if self.reader.poll() == 0:
+                    polled = self.reader.poll()
+                    if self.reader.python_wanted:
+                        # An allocation with Python frames: they are decoded against the
+                        # process's frame reader, found now (None: native stacks only).
+                        if not self._set_python():
+                            return  # not known yet: the next drain asks again
+                        continue
+                    if polled == 0:
                         return
                 except ValueError as error:  # the target's ring is untrusted input
                     self._drop(str(error))
                     return
                 except MemoryError:
                     return  # the record is retried by the next poll
+
+    def python_stats(self) -> dict[str, int] | None:
+        """New stacks with all, some or none of their Python frames decoded (totals since
+        attach); None when the shim reads no Python frames in this process."""
+        with self._lock:
+            if self.reader.closed:
+                return None
+            stats = self.reader.python_stats()
+        if not stats.pop("shim"):
+            return None
+        return stats
+
+    def _set_python(self) -> bool:
+        """Gives the reader its frame reader (or None); False to be asked again later."""
+        reader = None
+        if self._python_lookup is not None:
+            try:
+                reader = self._python_lookup()
+            except PythonNotYet:
+                now = time.monotonic()
+                if self._python_since is None:
+                    self._python_since = now
+                if now - self._python_since < PYTHON_WAIT_S:
+                    return False
+            except OSError:
+                reader = None
+        self.python_reader = reader
+        self.reader.set_python(reader)
+        return True
 
     def _drop(self, reason: str) -> None:
         """Called with the lock held: stops reading a corrupt ring, keeps the recording."""
@@ -101,6 +154,9 @@ class HeapTracker:
             batch = self.reader.take()
         self.sample_bytes = batch.sample_bytes
         self.mode = "sampled" if self.sample_bytes else "full"
+        if self.python_reader is not None:
+            # Function ids in the stacks are this reader's: the resolver names them by it.
+            self.resolver.python = self.python_reader
         stored = self.resolver.resolve_stacks(batch.new_stacks)
         self._native_to_stored.update(stored)
         for stack_id in stored.values():
@@ -146,7 +202,14 @@ class HeapTracker:
         return bool(batch.exited or batch.execed)
 
     def _site_location(self, stack_id: int) -> int:
-        frames = [self.resolver.frame_info[fid] for fid in self.resolver.stack_frames[stack_id]]
+        frame_ids = self.resolver.stack_frames[stack_id]
+        # An allocation made by Python code is charged to the Python line that made it
+        # (as memray does): the innermost Python frame, whatever interpreter or extension
+        # C code lies between it and malloc (the full stack keeps those).
+        python = next((fid for fid in frame_ids if self.resolver.is_python_frame(fid)), None)
+        if python is not None:
+            return self.resolver.writer.location_id(self.resolver.frame_info[python][1][0])
+        frames = [self.resolver.frame_info[fid] for fid in frame_ids]
         site = call_site(frames)
         if site is None:
             site = frames[0][1][0]

@@ -300,11 +300,20 @@ class PythonImages:
         self._tries: dict[int, tuple[float, int]] = {}  # image -> (first seen, tries)
         self._done: set[int] = set()
 
-    def poll(self, now: float | None = None) -> None:
+    def reader_for(self, pid: int, image: int) -> PyFrameReader | None:
+        """The reader of `image` (pid's current image), detected now if the periodic
+        look has not found it yet (the heap ring met an allocation with Python frames, so
+        the interpreter is there). None when it runs no supported CPython."""
+        if image not in self.readers and image not in self._done:
+            self._tries[image] = (time.monotonic() - _DETECT_AGES[-1], len(_DETECT_AGES) - 1)
+            self.poll(only=image)
+        return self.readers.get(image)
+
+    def poll(self, now: float | None = None, only: int | None = None) -> None:
         now = time.monotonic() if now is None else now
         live = self.sampler.images()
         for pid, image in live:
-            if image in self._done:
+            if image in self._done or (only is not None and image != only):
                 continue
             first, tries = self._tries.get(image, (now, 0))
             if tries < len(_DETECT_AGES) and now - first < _DETECT_AGES[tries]:

@@ -22,7 +22,7 @@ import psutil
 from rsprof.collector import process
 from rsprof.collector.errors import PERMISSION_HINT, PermissionDenied, ProcessNotFound
 from rsprof.collector.frames import FrameResolver
-from rsprof.collector.heap import HeapTracker
+from rsprof.collector.heap import HeapTracker, PythonNotYet
 from rsprof.collector.maps import Mapping, read_executable_maps
 from rsprof.collector.process import Target
 from rsprof.collector.pyframes import PythonImages, find_runtime, program_runs_python
@@ -30,7 +30,7 @@ from rsprof.collector.symbols import Symbolizer
 from rsprof.storage.writer import Checkpoint, ProfileWriter
 
 from rsprof import __version__
-from rsprof._native import PerfMmap, PerfSampler
+from rsprof._native import PerfMmap, PerfSampler, PyFrameReader
 
 # The heap ring's header (native/heapring.h, RSPROF_HEAP_HEADER_SIZE): a smaller file is a
 # ring the shim has created but not sized yet.
@@ -160,6 +160,9 @@ class Recorder:
         self.resolver.on_warning = self.warn  # a refused perf map (symlink, other owner)
         self._python: PythonImages | None = None
         self._python_meta: dict[str, object] = {}
+        # Heap stacks with Python frames per ring (HeapReader.python_stats), for meta.
+        self._heap_py_stats: dict[tuple[int, int], dict[str, int]] = {}
+        self._heap_python_meta: dict[str, int] = {}
 
     @property
     def sampler(self) -> PerfSampler:
@@ -419,9 +422,21 @@ class Recorder:
         if ring in self._heaps or ring in self._finished_rings:
             return
         image = self._images.get(self._image_of_pid.get(pid, 1))
-        tracker = HeapTracker.attach(pid, image.resolver if image else self.resolver, self.warn)
+        tracker = HeapTracker.attach(pid, image.resolver if image else self.resolver, self.warn,
+                                     python=lambda: self._heap_python(pid))
         if tracker is not None:
             self._heaps[ring] = tracker
+
+    def _heap_python(self, pid: int) -> PyFrameReader | None:
+        """The frame reader that decodes the Python frames of pid's allocations: the one its
+        CPU samples use (their function ids must agree), looked for now if the drain loop
+        has not found it yet. None with --python=off or without a supported CPython."""
+        if self._python is None:
+            return None
+        images = [image for live_pid, image in self.sampler.images() if live_pid == pid]
+        if not images:
+            raise PythonNotYet(pid)  # its fork or exec record is not drained yet
+        return self._python.reader_for(pid, max(images))
 
     def _checkpoint(self, final: bool = False) -> bool:
         """Writes one checkpoint; returns True when the target has exited."""
@@ -476,6 +491,9 @@ class Recorder:
             if current is not None:
                 heap.resolver = current.resolver
             done = heap.fill_checkpoint(checkpoint)
+            stats = heap.python_stats()
+            if stats is not None:
+                self._heap_py_stats[ring] = stats
             if pid == self.target.pid or self._heap_mode is None:
                 self._heap_mode = (heap.mode, heap.sample_bytes)
             if done:
@@ -483,6 +501,13 @@ class Recorder:
                 heap.close()
                 del self._heaps[ring]
                 self._finished_rings.add(ring)
+        if self._heap_py_stats:
+            rings = self._heap_py_stats.values()
+            heap_meta = {f"heap_python_{key}": sum(stats[key] for stats in rings)
+                         for key in ("decoded", "partial", "undecoded")}
+            if heap_meta != self._heap_python_meta:
+                self._heap_python_meta = heap_meta
+                self.writer.set_meta(heap_meta)
         if self._heap_mode is not None and not self._heap_meta_written:
             self._heap_meta_written = True
             mode, sample_bytes = self._heap_mode

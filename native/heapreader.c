@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "heapring.h"
+#include "pyframes.h"
 
 #define FP_SHIFT_SAMPLED 16
 /* After this many bytes the reader zeroes what it consumed and publishes read_pos, so
@@ -54,12 +55,13 @@
  * the reader hold (docs/native.md, "Bounds").  Events beyond them are dropped and counted
  * (take()["dropped"]); the recording goes on.
  * - live map: 4 Mi blocks (slots at most 50 % full: <= 192 MiB);
- * - stack table: 256 Ki distinct stacks and 4 Mi return addresses in all (32 MiB);
- * - per take(): 64 Ki new stacks and 512 Ki new return addresses, so that symbolizing one
+ * - stack table: 256 Ki distinct stacks and 8 Mi words in all (64 MiB: return addresses,
+ *   and for Python stacks the shim's raw frame words and the decoded ones);
+ * - per take(): 64 Ki new stacks and 512 Ki new announced words, so that symbolizing one
  *   checkpoint's new stacks stays bounded and checkpoints keep being written. */
 #define MAX_LIVE_BLOCKS (1u << 22)
 #define MAX_STACKS (1u << 18)
-#define MAX_STACK_IPS (1u << 22)
+#define MAX_STACK_IPS (1u << 23)
 #define MAX_NEW_STACKS_PER_TAKE (1u << 16)
 #define MAX_NEW_IPS_PER_TAKE (1u << 19)
 /* Plausibility limits for values read from the ring: no allocation is larger than the
@@ -68,6 +70,15 @@
 #define MAX_ALLOC_SIZE (1ull << 47)
 #define MAX_SAMPLE_BYTES (1ull << 40)
 #define MAX_LOST_EVENTS (1ull << 56)
+/* Words of a stack key: return addresses, then (Python records) a marker and the raw
+ * frame words (native/heapring.h). */
+#define KEY_MAX (RSPROF_HEAP_MAX_DEPTH + 1 + 2 * RSPROF_HEAP_MAX_PY_FRAMES)
+/* Marker before the shim's raw Python words in a stack key (never announced). */
+#define PY_RAW_MARK 0xFFFFFFFFFFFFFFF1ULL
+/* Marker before decoded Python frames in an announced stack: the CPU sampler's format
+ * (native/perf.c, collector/pyframes.py PY_MARK): 1 << 63 | entry << 62 | function id << 32
+ * | line, innermost first. */
+#define PY_MARK 0xFFFFFFFFFFFFFFF0ULL
 
 /* ------------------------------------------------------------------ SIGBUS guard */
 
@@ -229,6 +240,9 @@ typedef struct {
     uint64_t off;    /* index of the first ip in the ip pool */
     uint32_t depth;
     uint32_t dirty;  /* on the dirty list since the last take() */
+    uint64_t ann_off;   /* stacks with Python frames: what take() announces (native ips,  */
+    uint32_t ann_depth; /* PY_MARK, decoded frames; or native only), 0 = the key itself */
+    uint32_t pad;
     int64_t alloc_bytes, alloc_count, free_bytes, free_count; /* since the last take(), in
                                                                  units (see fp_shift) */
 } stack_info;
@@ -246,6 +260,7 @@ typedef struct {
     size_t count, info_cap;
     uint64_t *ips;
     size_t nips, ips_cap;
+    size_t announced; /* words take() announces for all stacks so far (the per-take budget) */
 } stack_table;
 
 static uint64_t stack_hash(const uint64_t *ips, unsigned depth) {
@@ -294,8 +309,21 @@ static bool stacks_grow_slots(stack_table *t) {
 /* Returns the id of this stack, adding it if new; -1 when out of memory, -2 when adding it
  * would exceed a bound (MAX_STACKS, MAX_STACK_IPS, or the per-take budget `new_budget`
  * counted from `ips_at_take` / `stacks_at_take`). */
+static bool pool_reserve(stack_table *t, size_t n) {
+    if (t->nips + n <= t->ips_cap) return true;
+    size_t cap = t->ips_cap;
+    while (t->nips + n > cap) cap *= 2;
+    uint64_t *ips_pool = realloc(t->ips, cap * sizeof(uint64_t));
+    if (ips_pool == NULL) return false;
+    t->ips = ips_pool;
+    t->ips_cap = cap;
+    return true;
+}
+
 static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth,
-                             size_t stacks_at_take, size_t ips_at_take) {
+                             unsigned native, size_t stacks_at_take, size_t ips_at_take,
+                             bool *created) {
+    *created = false;
     uint64_t h = stack_hash(ips, depth);
     size_t mask = t->cap - 1;
     size_t j = (size_t)(h >> 20) & mask;
@@ -310,9 +338,12 @@ static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth
         }
         j = (j + 1) & mask;
     }
+    /* The per-take budget counts what take() will announce (Python stacks: native
+     * addresses, a marker, one word per frame), not the shim's raw words in the key. */
+    unsigned announce = depth == native ? depth : native + 1 + (depth - native - 1) / 2;
     if (t->count >= MAX_STACKS || t->nips + depth > MAX_STACK_IPS ||
         t->count - stacks_at_take >= MAX_NEW_STACKS_PER_TAKE ||
-        t->nips + depth - ips_at_take > MAX_NEW_IPS_PER_TAKE)
+        t->announced + announce - ips_at_take > MAX_NEW_IPS_PER_TAKE)
         return -2;
     if (t->count == t->info_cap) {
         stack_info *info = realloc(t->info, t->info_cap * 2 * sizeof(stack_info));
@@ -320,14 +351,7 @@ static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth
         t->info = info;
         t->info_cap *= 2;
     }
-    if (t->nips + depth > t->ips_cap) {
-        size_t cap = t->ips_cap;
-        while (t->nips + depth > cap) cap *= 2;
-        uint64_t *ips_pool = realloc(t->ips, cap * sizeof(uint64_t));
-        if (ips_pool == NULL) return -1;
-        t->ips = ips_pool;
-        t->ips_cap = cap;
-    }
+    if (!pool_reserve(t, depth)) return -1;
     uint32_t id = (uint32_t)t->count++;
     stack_info *si = &t->info[id];
     memset(si, 0, sizeof *si);
@@ -337,6 +361,8 @@ static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth
     t->nips += depth;
     t->slots[j].hash = h;
     t->slots[j].id1 = id + 1;
+    t->announced += announce;
+    *created = true;
     if (t->count * 2 > t->cap && !stacks_grow_slots(t)) {
         /* The stack is stored and findable (the table is at most half full before the
          * insert); growing again later retries. */
@@ -430,6 +456,14 @@ static void ts_free(thread_sites *t) {
 
 /* ------------------------------------------------------------------ reader object */
 
+#define PY_MEMO 16384
+typedef struct {
+    uint64_t code_tag; /* code object and tag mixed, | 1; 0 = empty */
+    int64_t unit;
+    uint32_t function; /* 0: did not decode */
+    int32_t line;
+} py_memo;
+
 enum { RERR_NONE = 0, RERR_NOMEM, RERR_CORRUPT, RERR_TRUNCATED };
 
 typedef struct {
@@ -454,7 +488,7 @@ typedef struct {
     uint32_t *dirty;
     size_t ndirty, dirty_cap;
     uint32_t reported_stacks; /* stacks with id < this were returned by take() */
-    size_t reported_ips;      /* stack-table return addresses at the last take() */
+    size_t reported_ips;      /* stack-table announced words at the last take() */
     uint64_t events;          /* since the last take() */
     uint64_t unknown_frees;   /* since the last take() */
     uint64_t lost_seen;       /* header lost_events at the last take() */
@@ -463,6 +497,16 @@ typedef struct {
     int fd;                   /* the ring file, kept open to fstat it before every drain */
     const char *error_what;   /* what was wrong (static string) */
     int64_t live_bytes, live_blocks; /* units */
+    /* Python frames (set_python): the PyFrameReader of the target, whose function ids the
+     * announced stacks carry; decoded when a stack is first seen, in poll(). */
+    PyObject *py_obj;
+    py_memo *py_memo;         /* PY_MEMO entries, allocated by set_python */
+    rs_pyreader *py;
+    pthread_mutex_t *py_lock;
+    bool py_refused;          /* set_python(None): Python records are kept native only */
+    bool py_wanted;           /* a Python record waits for set_python() */
+    uint64_t py_decoded, py_partial, py_undecoded; /* new stacks with all / some / none of
+                                                        their Python frames */
     int error;                /* RERR_*: sticky */
     uint64_t error_pos;
 } HeapReaderObject;
@@ -527,15 +571,95 @@ static inline int charge_free(HeapReaderObject *r, const live_entry *e) {
     return mark_dirty(r, e->stack) ? RERR_NONE : RERR_NOMEM;
 }
 
+/* Decoded frames by (code object, tag, instruction): a stack's frames were mostly seen in
+ * other stacks already, and a matching tag means the same code object (or an identical
+ * one), so its decoding stands without reading the target again. Failures (a code object
+ * freed or replaced) are remembered too: freed stays freed. Direct mapped. */
+
+static int py_decode(HeapReaderObject *r, uint64_t code, uint32_t tag, int64_t unit,
+                     uint32_t *function, int32_t *line) {
+    uint64_t key = (code ^ ((uint64_t)tag << 32) ^ ((uint64_t)tag >> 3)) | 1;
+    py_memo *m = NULL;
+    if (r->py_memo != NULL) {
+        uint64_t h = (key ^ (uint64_t)unit * 0x9E3779B97F4A7C15ULL) * 0xC2B2AE3D27D4EB4FULL;
+        m = &r->py_memo[h >> (64 - 14)]; /* PY_MEMO = 2^14 */
+        if (m->code_tag == key && m->unit == unit) {
+            *function = m->function;
+            *line = m->line;
+            return m->function ? 0 : -1;
+        }
+    }
+    int rc = rs_pyreader_code(r->py, code, tag, unit, function, line);
+    if (rc == RS_PY_NOMEM) return -1; /* not remembered: may work later */
+    if (rc != 0 || *function >= (1u << 30)) *function = 0, *line = 0, rc = -1;
+    if (m != NULL) *m = (py_memo){key, unit, *function, *line};
+    return rc;
+}
+
+/* A new stack whose key holds the shim's raw Python words after `native` return
+ * addresses: decodes them (code objects read from the target, checked against their tags)
+ * into what take() announces; native only when any frame does not decode. */
+static int decode_python(HeapReaderObject *r, uint32_t id, unsigned native) {
+    stack_table *t = &r->stacks;
+    stack_info *si = &t->info[id];
+    unsigned npy = (si->depth - native - 1) / 2;
+    uint64_t ann[KEY_MAX];
+    memcpy(ann, &t->ips[si->off], native * sizeof(uint64_t));
+    unsigned n = native;
+    /* A frame whose code object is gone (freed since the allocation: the body of a module
+     * being imported is freed once the import is done) or replaced keeps its place, as
+     * function id 0 ("[python code freed]"), so the frames around it still splice. */
+    bool partial = false;
+    if (r->py != NULL) {
+        ann[n++] = PY_MARK;
+        pthread_mutex_lock(r->py_lock);
+        for (unsigned k = 0; k < npy; k++) {
+            uint64_t w0 = t->ips[si->off + native + 1 + 2 * k];
+            uint64_t w1 = t->ips[si->off + native + 2 + 2 * k];
+            uint32_t function = 0;
+            int32_t line = 0;
+            if (py_decode(r, w0 & ~1ull, (uint32_t)(w1 >> 32), (int64_t)(int32_t)(uint32_t)w1,
+                          &function, &line) != 0) {
+                function = 0;
+                line = 0;
+                partial = true;
+            }
+            ann[n++] = 1ull << 63 | (w0 & 1) << 62 | (uint64_t)function << 32 | (uint32_t)line;
+        }
+        pthread_mutex_unlock(r->py_lock);
+        if (partial) r->py_partial++;
+        else r->py_decoded++;
+    } else {
+        r->py_undecoded++;
+    }
+    if (!pool_reserve(t, n)) return RERR_NOMEM;
+    si = &t->info[id];
+    si->ann_off = t->nips;
+    si->ann_depth = n;
+    memcpy(&t->ips[t->nips], ann, n * sizeof(uint64_t));
+    t->nips += n;
+    return RERR_NONE;
+}
+
 static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, uint32_t tid,
-                    const uint64_t *ips, unsigned depth) {
+                    const uint64_t *ips, unsigned depth, unsigned native) {
     int64_t b, c;
     if (addr == 0 || !weigh(r, size, &b, &c)) return RERR_CORRUPT; /* malloc never records NULL */
-    int64_t id = stacks_intern(&r->stacks, ips, depth, r->reported_stacks, r->reported_ips);
+    bool created;
+    int64_t id = stacks_intern(&r->stacks, ips, depth, native, r->reported_stacks,
+                               r->reported_ips,
+                               &created);
     if (id == -1) return RERR_NOMEM;
     if (id == -2) { /* over a bound: dropped, counted */
         r->dropped++;
         return RERR_NONE;
+    }
+    /* A new stack with Python frames is decoded now, while its code objects most likely
+     * still exist (also when a first try ran out of memory: ann_depth is still 0). */
+    (void)created;
+    if (depth > native && r->stacks.info[id].ann_depth == 0) {
+        int e = decode_python(r, (uint32_t)id, native);
+        if (e != RERR_NONE) return e;
     }
     /* Looked up before the block is inserted: running out of memory here leaves the record
      * for a later poll with nothing charged yet. */
@@ -604,7 +728,7 @@ static uint64_t drain_records(HeapReaderObject *r) {
     uint64_t *d = r->data;
     const uint64_t m = r->mask;
     uint64_t pos = r->read_pos, published = pos, limit = pos + r->ring_size, n = 0;
-    uint64_t ips[RSPROF_HEAP_MAX_DEPTH];
+    uint64_t ips[KEY_MAX];
     while (pos < limit) {
         uint64_t i = pos >> 3;
         uint64_t head = __atomic_load_n(&d[i & m], __ATOMIC_ACQUIRE);
@@ -624,7 +748,26 @@ static uint64_t drain_records(HeapReaderObject *r) {
             words = RSPROF_HEAP_ALLOC_WORDS(depth);
             uint64_t addr = d[(i + 1) & m], size = d[(i + 2) & m];
             for (unsigned k = 0; k < depth; k++) ips[k] = d[(i + 3 + k) & m];
-            err = on_alloc(r, addr, size, RSPROF_HEAP_HEAD_TID(head), ips, depth);
+            unsigned key = depth;
+            if (RSPROF_HEAP_HEAD_FLAGS(head) & RSPROF_HEAP_RF_PYTHON) {
+                uint64_t npy = d[(i + 3 + depth) & m];
+                if (npy == 0 || npy > RSPROF_HEAP_MAX_PY_FRAMES) {
+                    set_error(r, RERR_CORRUPT, pos, "bad Python frame count");
+                    break;
+                }
+                if (r->py == NULL && !r->py_refused) {
+                    r->py_wanted = true; /* the caller sets a reader (or None) first */
+                    break;
+                }
+                words += RSPROF_HEAP_PY_WORDS(npy);
+                if (r->py != NULL) {
+                    ips[key++] = PY_RAW_MARK;
+                    for (unsigned k = 0; k < 2 * npy; k++) ips[key++] = d[(i + 4 + depth + k) & m];
+                } else {
+                    r->py_undecoded++;
+                }
+            }
+            err = on_alloc(r, addr, size, RSPROF_HEAP_HEAD_TID(head), ips, key, depth);
         } else {
             set_error(r, RERR_CORRUPT, pos, "bad record kind");
             break;
@@ -953,6 +1096,9 @@ static PyObject *HeapReader_attach(PyObject *cls, PyObject *args) {
 
 static void HeapReader_dealloc(HeapReaderObject *r) {
     release_mapping(r);
+    Py_CLEAR(r->py_obj);
+    free(r->py_memo);
+    r->py_memo = NULL;
     if (r->lock_ready) pthread_mutex_destroy(&r->lock);
     PyObject_Free(r);
 }
@@ -994,6 +1140,50 @@ static PyObject *HeapReader_poll(HeapReaderObject *r, PyObject *noargs) {
         return e;
     }
     return PyLong_FromUnsignedLongLong(n);
+}
+
+/* set_python(reader): Python frames of ALLOC records are decoded by `reader` (the target's
+ * PyFrameReader; announced stacks carry its function ids); None: kept native only. */
+static PyObject *HeapReader_set_python(HeapReaderObject *r, PyObject *reader) {
+    rs_pyreader *core = NULL;
+    pthread_mutex_t *lock = NULL;
+    if (reader != Py_None && rs_pyreader_from_object(reader, &core, &lock) < 0) {
+        PyErr_SetString(PyExc_TypeError, "set_python: reader must be a PyFrameReader or None");
+        return NULL;
+    }
+    py_memo *memo = reader == Py_None ? NULL : calloc(PY_MEMO, sizeof(py_memo));
+    Py_INCREF(reader);
+    lock_nogil(r);
+    free(r->py_memo); /* decodings of another reader's ids are no use */
+    r->py_memo = memo;
+    PyObject *old = r->py_obj;
+    r->py_obj = reader == Py_None ? NULL : reader;
+    if (reader == Py_None) Py_DECREF(reader);
+    r->py = core;
+    r->py_lock = lock;
+    r->py_refused = reader == Py_None;
+    r->py_wanted = false;
+    pthread_mutex_unlock(&r->lock);
+    Py_XDECREF(old);
+    Py_RETURN_NONE;
+}
+
+static PyObject *HeapReader_get_python_wanted(HeapReaderObject *r, void *c) {
+    lock_nogil(r);
+    bool v = r->py_wanted;
+    pthread_mutex_unlock(&r->lock);
+    return PyBool_FromLong(v);
+}
+
+static PyObject *HeapReader_python_stats(HeapReaderObject *r, PyObject *noargs) {
+    lock_nogil(r);
+    uint64_t decoded = r->py_decoded, partial = r->py_partial, undecoded = r->py_undecoded;
+    uint32_t flags = r->closed ? 0 : read_flags(r);
+    pthread_mutex_unlock(&r->lock);
+    return Py_BuildValue("{sKsKsKsO}", "decoded", (unsigned long long)decoded, "partial",
+                         (unsigned long long)partial, "undecoded",
+                         (unsigned long long)undecoded, "shim",
+                         (flags & RSPROF_HEAP_HF_PYTHON) ? Py_True : Py_False);
 }
 
 static PyObject *HeapReader_discard(HeapReaderObject *r, PyObject *noargs) {
@@ -1050,10 +1240,12 @@ static PyObject *build_take(HeapReaderObject *r) {
     stack_table *t = &r->stacks;
     for (size_t id = r->reported_stacks; id < t->count; id++) {
         const stack_info *si = &t->info[id];
-        PyObject *ips = PyTuple_New(si->depth);
+        uint64_t off = si->ann_depth ? si->ann_off : si->off;
+        uint32_t depth = si->ann_depth ? si->ann_depth : si->depth;
+        PyObject *ips = PyTuple_New(depth);
         if (ips == NULL) goto fail;
-        for (uint32_t k = 0; k < si->depth; k++) {
-            PyObject *v = PyLong_FromUnsignedLongLong(t->ips[si->off + k]);
+        for (uint32_t k = 0; k < depth; k++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(t->ips[off + k]);
             if (v == NULL) {
                 Py_DECREF(ips);
                 goto fail;
@@ -1126,7 +1318,7 @@ static PyObject *build_take(HeapReaderObject *r) {
     Py_DECREF(thread_rows);
     /* Committed: reset the batch. */
     r->reported_stacks = (uint32_t)t->count;
-    r->reported_ips = t->nips;
+    r->reported_ips = t->announced;
     r->dropped = 0;
     for (size_t k = 0; k < r->ndirty; k++) {
         stack_info *si = &t->info[r->dirty[k]];
@@ -1252,6 +1444,13 @@ static PyMethodDef HeapReader_methods[] = {
     {"close", (PyCFunction)HeapReader_close, METH_NOARGS, "close(): unmap the ring."},
     {"sweep_stale", (PyCFunction)HeapReader_sweep_stale, METH_NOARGS | METH_STATIC,
      "sweep_stale() -> list[int]: remove rings of dead processes; returns their pids."},
+    {"set_python", (PyCFunction)HeapReader_set_python, METH_O,
+     "set_python(reader) -> None: decode the Python frames of allocations with `reader` (a "
+     "PyFrameReader of the target); None: keep their native stacks only."},
+    {"python_stats", (PyCFunction)HeapReader_python_stats, METH_NOARGS,
+     "python_stats() -> dict: new stacks with all (decoded), some (partial: a code object "
+     "freed before it was read) and none (undecoded: no reader) of their Python frames; "
+     "shim: the shim reads Python frames."},
     {"__enter__", (PyCFunction)HeapReader_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)HeapReader_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -1262,6 +1461,8 @@ static PyGetSetDef HeapReader_getset[] = {
     {"ring_bytes", (getter)HeapReader_get_ring_bytes, NULL, "data area size in bytes", NULL},
     {"sample_bytes", (getter)HeapReader_get_sample_bytes, NULL, "0 = full capture", NULL},
     {"closed", (getter)HeapReader_get_closed, NULL, "close() was called", NULL},
+    {"python_wanted", (getter)HeapReader_get_python_wanted, NULL,
+     "an allocation with Python frames waits for set_python()", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -21,8 +21,18 @@
  *   word 2  size in bytes as requested by the caller (pvalloc: rounded up to a page)
  *   word 3+ depth return addresses, leaf first (word 3 is the return address in the
  *           function that called malloc & co.)
+ *   ALLOC with flag PYTHON only (the allocating thread held the GIL and ran Python code):
+ *   word 3+depth       n, the number of Python frames (1 .. RSPROF_HEAP_MAX_PY_FRAMES)
+ *   then n pairs, innermost frame first:
+ *           code object address | entry (bit 0: the frame was entered from C, i.e. it is
+ *           the outermost Python frame of one _PyEval_EvalFrameDefault call)
+ *           instruction index (low 32 bits, signed; -1 unknown) | tag << 32, where tag =
+ *           rsprof_heap_py_tag() of the code object's qualname, filename and location
+ *           table pointers and first line when the frame was captured: the reader decodes
+ *           the code object later, and only if it still carries the same tag.
  *
- *   FREE records are 2 words (16 bytes); ALLOC records 3 + depth words.
+ *   FREE records are 2 words (16 bytes); ALLOC records 3 + depth words (+ 1 + 2 n with
+ *   Python frames).
  *
  * Protocol (multi-producer, single consumer, lossy):
  *   writer: CAS write_pos from w to w + len as long as w + len - read_pos <= ring_size,
@@ -47,7 +57,7 @@
 #include <stdint.h>
 
 #define RSPROF_HEAP_MAGIC 0x3150414548505352ULL /* "RSPHEAP1", little-endian */
-#define RSPROF_HEAP_VERSION 1u
+#define RSPROF_HEAP_VERSION 2u /* 2: Python frames in ALLOC records */
 #define RSPROF_HEAP_HEADER_SIZE 4096u
 #define RSPROF_HEAP_MAX_DEPTH 64u
 /* shm_open() name prefix; the file is /dev/shm/rsprof-heap.<pid>. */
@@ -57,6 +67,8 @@
 #define RSPROF_HEAP_MIN_RING (64u * 1024u)
 #define RSPROF_HEAP_MAX_RING (1024ull * 1024u * 1024u)
 #define RSPROF_HEAP_DEFAULT_RING_MB 16u
+/* Python frames one ALLOC record carries at most (a deeper chain is recorded native only). */
+#define RSPROF_HEAP_MAX_PY_FRAMES 128u
 
 /* Record kinds (commit word bits 0-7). */
 enum {
@@ -71,6 +83,7 @@ enum {
     RSPROF_HEAP_RF_ALIGNED = 1u << 2,   /* posix_memalign, aligned_alloc, memalign, valloc */
     RSPROF_HEAP_RF_TRUNCATED = 1u << 3, /* the stack had more frames than max_depth */
     RSPROF_HEAP_RF_FAILED_REALLOC = 1u << 4, /* realloc failed: old block re-announced */
+    RSPROF_HEAP_RF_PYTHON = 1u << 5,    /* Python frames follow the return addresses */
 };
 
 /* Header flags (rsprof_heap_header.flags). */
@@ -81,6 +94,8 @@ enum {
     RSPROF_HEAP_HF_ALL_FREES = 1u << 3, /* sampled mode, the shim's set of sampled addresses
                                            overflowed: from now on every free is recorded
                                            (the reader ignores frees of unknown addresses) */
+    RSPROF_HEAP_HF_PYTHON = 1u << 4,    /* the shim found a CPython it reads frames of: ALLOC
+                                           records may carry Python frames */
 };
 
 /* Commit word helpers. */
@@ -93,6 +108,17 @@ enum {
 #define RSPROF_HEAP_HEAD_TID(h) ((uint32_t)((h) >> 32))
 #define RSPROF_HEAP_FREE_WORDS 2u
 #define RSPROF_HEAP_ALLOC_WORDS(depth) (3u + (unsigned)(depth))
+#define RSPROF_HEAP_PY_WORDS(n) (1u + 2u * (unsigned)(n))
+
+/* A code object's identity as the shim saw it: its qualname, filename and location table
+ * objects and first line (the same pointers mean the same text; a code object freed and
+ * replaced by another at the same address almost surely differs in one of them). */
+static inline uint32_t rsprof_heap_py_tag(uint64_t qualname, uint64_t filename,
+                                          uint64_t linetable, int32_t first_line) {
+    uint64_t h = (qualname ^ (filename << 17) ^ (filename >> 47)) * 0x9E3779B97F4A7C15ULL;
+    h = (h ^ linetable ^ (uint64_t)(uint32_t)first_line) * 0xC2B2AE3D27D4EB4FULL;
+    return (uint32_t)(h >> 32) | 1u; /* never 0 */
+}
 
 /* The header.  Fields written once at creation come first; the fields that change are
  * on cache lines of their own so that writers bumping write_pos do not also bounce the

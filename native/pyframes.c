@@ -25,6 +25,7 @@
 #include <sys/uio.h>
 
 #include "pyframes.h"
+#include "heapring.h"
 
 #define PYF_MAX_DEPTH RS_PY_MAX_DEPTH /* deeper chains are cut (counted in `truncated`) */
 #define PYF_MAX_THREADS 4096      /* thread states looked at per walk */
@@ -395,6 +396,25 @@ static pyf_code *pyf_code_at(rs_pyreader *self, uint64_t addr) {
     c->table_len = 0;
     c->table = pyf_linetable(self, table_ptr, &c->table_len);
     return c;
+}
+
+int rs_pyreader_code(rs_pyreader *r, uint64_t code, uint32_t tag, int64_t unit,
+                     uint32_t *function, int32_t *line) {
+    r->gone = 0;
+    pyf_code *c = pyf_code_at(r, code);
+    if (c == NULL) {
+        if (r->gone) return RS_PY_GONE;
+        r->dropped++;
+        return RS_PY_DROPPED;
+    }
+    /* Another code object (or other strings) at the address since the shim saw it. */
+    if (rsprof_heap_py_tag(c->name_ptr, c->file_ptr, c->table_ptr, c->first_line) != tag) {
+        r->dropped++;
+        return RS_PY_DROPPED;
+    }
+    *function = c->function;
+    *line = pyf_line(c->table, c->table_len, c->first_line, unit);
+    return 0;
 }
 
 /* -- walk ---------------------------------------------------------------------------- */

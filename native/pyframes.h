@@ -33,6 +33,13 @@ int rs_pyreader_walk(rs_pyreader *r, uint32_t tid, rs_pyframe *out, int max);
 int rs_pyreader_function(const rs_pyreader *r, uint32_t id, const char **name,
                          const char **file, int32_t *first_line);
 
+/* The code object at `code` (an address in the target), if it still carries `tag`
+ * (rsprof_heap_py_tag, as the heap shim computed it): its function id and the line of
+ * instruction `unit` (-1: the first line). 0, or RS_PY_DROPPED (not a code object, or
+ * another one) / RS_PY_GONE / RS_PY_NOMEM. Same locking rule as the walk. */
+int rs_pyreader_code(rs_pyreader *r, uint64_t code, uint32_t tag, int64_t unit,
+                     uint32_t *function, int32_t *line);
+
 #ifdef Py_PYTHON_H
 #include <pthread.h>
 /* The C reader of a PyFrameReader object and the mutex that serializes its walks (held

@@ -189,7 +189,8 @@ def _record_launched(
     from rsprof import session
 
     _check_record_options(options["cpu_freq"], options["interval"])
-    child = session.launch(command, heap=heap, heap_sample_bytes=heap_sample_bytes)
+    child = session.launch(command, heap=heap, heap_sample_bytes=heap_sample_bytes,
+                           python=options.get("python", "on") == "on")
     try:
         target = session.target_for_child(child, command)
     except CollectorError:

@@ -42,7 +42,8 @@ class SessionOutcome:
     target_exit_code: int | None
 
 
-def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int) -> subprocess.Popen[bytes]:
+def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int,
+           python: bool = True) -> subprocess.Popen[bytes]:
     """Starts CMD held just before its exec, so sampling covers its first instruction.
 
     A small bash (dash cannot name file descriptors above 9) waits on a pipe, then execs
@@ -64,6 +65,8 @@ def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int) -> subpro
         # its ring; only CMD itself (its parent is us), not the programs it starts.
         env.setdefault("RSPROF_HEAP_EXIT_WAIT_MS", "2000")
         env["RSPROF_HEAP_WAIT_PPID"] = str(os.getpid())
+        if not python:  # --python=off: the shim need not read Python frames either
+            env["RSPROF_HEAP_PYTHON"] = "0"
         # 64 MiB holds ~40 ms of a 20 M pairs/s allocation storm: with the drain thread also
         # serving perf rings, the shim's 16 MiB default dropped ~2 % of such a storm.
         env.setdefault("RSPROF_HEAP_RING_MB", "64")

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(not SHIM.exists(), reason="heap shim not built")
 
 # native/heapring.h
 MAGIC = 0x3150414548505352
-VERSION = 1
+VERSION = 2  # native/heapring.h RSPROF_HEAP_VERSION
 HEADER_SIZE = 4096
 
 

@@ -199,7 +199,7 @@ stat = open("/proc/self/stat").read(); start = int(stat[stat.rindex(")") + 2:].s
 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
 try:
     os.ftruncate(fd, size)
-    hdr = struct.pack("<QIIQiIQQQI", MAGIC, 1, 4096, ring, pid, os.geteuid(), start, 0, 0, 64)
+    hdr = struct.pack("<QIIQiIQQQI", MAGIC, 2, 4096, ring, pid, os.geteuid(), start, 0, 0, 64)
     os.pwrite(fd, hdr, 0)
     run = threading.Event(); stop = False
     def toggle():

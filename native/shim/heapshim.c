@@ -39,6 +39,7 @@
 
 #include "heapring.h"
 #include "shimcfi.h"
+#include "shimpy.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
@@ -80,6 +81,7 @@ static uint64_t g_wait_ppid; /* RSPROF_HEAP_WAIT_PPID: see finish_ring */
 static int g_debug;
 static size_t g_page;
 static int g_cfi; /* stacks by CFI (shimcfi.c); 0: frame pointers and the gap scan */
+static int g_py;  /* a CPython whose frames ALLOC records carry (shimpy.c); 0 for others */
 
 /* The current ring: g_hdr is published (release) after everything else is set, and is
  * NULL while there is no ring (tracking disabled, or a fork child that has not
@@ -363,7 +365,9 @@ static int take_over_existing(const char *name, pid_t pid, uint64_t start, uint6
         mmap(NULL, RSPROF_HEAP_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (h == MAP_FAILED) return 0;
-    if (h->magic == RSPROF_HEAP_MAGIC && h->version == RSPROF_HEAP_VERSION &&
+    /* Any version: the header's identity fields have not moved since version 1, and a ring
+     * left by an older shim with our pid is as dead as one of ours. */
+    if (h->magic == RSPROF_HEAP_MAGIC && h->version >= 1 && h->version <= RSPROF_HEAP_VERSION &&
         (h->pidns == 0 || pidns == 0 || h->pidns == pidns)) {
         if (h->pid == pid) {
             if (start != 0 && h->start_time == start) /* our own pre-exec image */
@@ -436,7 +440,7 @@ static void create_ring(void) {
     h->sample_bytes = g_sample_bytes;
     h->max_depth = g_max_depth;
     h->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    h->flags = g_sample_bytes ? RSPROF_HEAP_HF_SAMPLED : 0;
+    h->flags = (g_sample_bytes ? RSPROF_HEAP_HF_SAMPLED : 0) | (g_py ? RSPROF_HEAP_HF_PYTHON : 0);
     __atomic_store_n(&h->magic, RSPROF_HEAP_MAGIC, __ATOMIC_RELEASE); /* header complete */
 
     g_data = (uint64_t *)((char *)base + RSPROF_HEAP_HEADER_SIZE);
@@ -819,12 +823,27 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
     if (UNLIKELY(t_tid == 0)) thread_init();
     uint64_t ips[RSPROF_HEAP_MAX_DEPTH];
     unsigned depth = capture(ips, fp, &flags);
+    /* Python frames: only in a CPython (g_py, decided once at init), so other programs
+     * pay one predictable branch. Guarded: the thread-state getter may allocate TLS. */
+    uint64_t py[2 * RSPROF_HEAP_MAX_PY_FRAMES];
+    unsigned npy = 0;
+    if (UNLIKELY(g_py)) {
+        t_guard++;
+        npy = shimpy_capture(py, RSPROF_HEAP_MAX_PY_FRAMES, t_tid);
+        t_guard--;
+        if (npy) flags |= RSPROF_HEAP_RF_PYTHON;
+    }
+    uint64_t words = RSPROF_HEAP_ALLOC_WORDS(depth) + (npy ? RSPROF_HEAP_PY_WORDS(npy) : 0);
     uint64_t pos;
-    if (!reserve(h, (uint64_t)RSPROF_HEAP_ALLOC_WORDS(depth) * 8, &pos)) return 0;
+    if (!reserve(h, words * 8, &pos)) return 0;
     uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
     d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
     d[(i + 2) & m] = (uint64_t)n;
     for (unsigned k = 0; k < depth; k++) d[(i + 3 + k) & m] = ips[k];
+    if (npy) {
+        d[(i + 3 + depth) & m] = npy;
+        for (unsigned k = 0; k < 2 * npy; k++) d[(i + 4 + depth + k) & m] = py[k];
+    }
     __atomic_store_n(&d[i & m], RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_ALLOC, depth, flags, t_tid),
                      __ATOMIC_RELEASE);
     return 1;
@@ -1066,6 +1085,9 @@ static void read_config(void) {
      * should CFI ever misbehave in a target). */
     const char *unwind = getenv("RSPROF_HEAP_UNWIND");
     g_cfi = !(unwind != NULL && strcmp(unwind, "fp") == 0) && shimcfi_init();
+    /* A CPython in the executable or a libpython loaded with it (RSPROF_HEAP_PYTHON=0:
+     * native stacks only). One dlsym each, here, never inside a later allocation. */
+    g_py = env_u64("RSPROF_HEAP_PYTHON", 1) != 0 && shimpy_init(g_debug);
     g_sample_bytes = env_u64("RSPROF_HEAP_SAMPLE_BYTES", 0);
     if (g_sample_bytes && !set_create()) {
         shim_log("cannot map the sampled-address set: heap tracking off");
