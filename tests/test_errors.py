@@ -45,7 +45,9 @@ def test_process_name_with_several_matches() -> None:
     try:
         time.sleep(0.3)  # the targets name themselves split-main once started
         result = run_rsprof("-P", "split-main", "-q", "-d", "1s")
-        _one_line(result, 3, "2 processes match", str(procs[0].pid), str(procs[1].pid))
+        # "N processes match": other split-main processes (another test run on a shared
+        # machine) may add to the two started here.
+        _one_line(result, 3, "processes match", str(procs[0].pid), str(procs[1].pid))
     finally:
         for proc in procs:
             proc.kill()
