@@ -16,9 +16,13 @@
  *   mapping) stops the walk and the stack ends with a [truncated] root.  Frame pointers
  *   are used only where there is no CFI at all for the code (JIT or assembly without
  *   CFI), and the result must still land in an executable mapping.
+ * - The CIE/FDE parsing and the CFA program interpreter are native/cfi_eval.h, shared with
+ *   the heap shim (native/shim/shimcfi.c); the rows, their table and the cache are here.
  */
 #define _GNU_SOURCE
 #include "rs_unwind.h"
+
+#include "cfi_eval.h"
 
 #include <elf.h>
 #include <errno.h>
@@ -36,19 +40,19 @@
 /* ------------------------------------------------------------------ rows */
 
 enum {
-    CFA_RSP = 0,      /* cfa = rsp + off */
-    CFA_RBP = 1,      /* cfa = rbp + off */
-    CFA_PLT = 2,      /* cfa = rsp + 8 + ((rip & 15) >= plt_thr ? 8 : 0): lazy PLT stubs */
-    CFA_DEREF = 3,    /* cfa = [rsp + off]: signal trampolines (ucontext on the stack) */
+    CFA_RSP = CFI_CFA_RSP,      /* cfa = rsp + off */
+    CFA_RBP = CFI_CFA_RBP,      /* cfa = rbp + off */
+    CFA_PLT = CFI_CFA_PLT,      /* cfa = rsp + 8 + ((rip & 15) >= plt_thr ? 8 : 0): lazy PLT stubs */
+    CFA_DEREF = CFI_CFA_DEREF,  /* cfa = [rsp + off]: signal trampolines (ucontext on the stack) */
     CFA_END = 4,      /* return address undefined: the outermost frame (_start, clone) */
     CFA_BAD = 5,      /* a rule the table cannot express: stop, truncated */
     CFA_NONE = 6,     /* no FDE covers this address */
 };
 enum {
-    REG_SAME = 0,     /* unchanged (callee-saved and not saved yet) */
-    REG_CFA = 1,      /* saved at cfa + off */
-    REG_RSP = 2,      /* saved at rsp + off (signal frames' DW_CFA_expression breg7) */
-    REG_UNDEF = 3,    /* lost: a frame that needs it cannot be unwound */
+    REG_SAME = CFI_REG_SAME,    /* unchanged (callee-saved and not saved yet) */
+    REG_CFA = CFI_REG_CFA,      /* saved at cfa + off */
+    REG_RSP = CFI_REG_RSP,      /* saved at rsp + off (signal frames' DW_CFA_expression breg7) */
+    REG_UNDEF = CFI_REG_UNDEF,  /* lost: a frame that needs it cannot be unwound */
 };
 
 typedef struct {
@@ -86,84 +90,6 @@ typedef struct rs_module {
 
 /* ------------------------------------------------------------ helpers */
 
-typedef struct {
-    const uint8_t *p, *end;
-    bool bad;
-} rs_cursor;
-
-static uint8_t cur_u8(rs_cursor *c) {
-    if (c->p + 1 > c->end) {
-        c->bad = true;
-        return 0;
-    }
-    return *c->p++;
-}
-
-static uint64_t cur_fixed(rs_cursor *c, size_t n) {
-    if ((size_t)(c->end - c->p) < n) {
-        c->bad = true;
-        c->p = c->end;
-        return 0;
-    }
-    uint64_t v = 0;
-    memcpy(&v, c->p, n);  /* little endian only (x86_64) */
-    c->p += n;
-    return v;
-}
-
-static uint64_t cur_uleb(rs_cursor *c) {
-    uint64_t v = 0;
-    unsigned shift = 0;
-    for (;;) {
-        uint8_t b = cur_u8(c);
-        if (c->bad) return 0;
-        if (shift < 64) v |= (uint64_t)(b & 0x7f) << shift;
-        shift += 7;
-        if (!(b & 0x80)) return v;
-    }
-}
-
-static int64_t cur_sleb(rs_cursor *c) {
-    int64_t v = 0;
-    unsigned shift = 0;
-    uint8_t b;
-    do {
-        b = cur_u8(c);
-        if (c->bad) return 0;
-        if (shift < 64) v |= (int64_t)((uint64_t)(b & 0x7f) << shift);
-        shift += 7;
-    } while (b & 0x80);
-    if (shift < 64 && (b & 0x40)) v |= -((int64_t)1 << shift);
-    return v;
-}
-
-/* DW_EH_PE pointer encodings.  `field_vaddr` is the link-time address of the field (pcrel),
- * `data_vaddr` the section base for datarel (.eh_frame_hdr). */
-static uint64_t cur_encoded(rs_cursor *c, uint8_t enc, uint64_t field_vaddr, uint64_t data_vaddr) {
-    if (enc == 0xff) return 0;  /* DW_EH_PE_omit */
-    uint64_t v;
-    switch (enc & 0x0f) {
-    case 0x00: v = cur_fixed(c, 8); break;
-    case 0x01: v = cur_uleb(c); break;
-    case 0x02: v = cur_fixed(c, 2); break;
-    case 0x03: v = cur_fixed(c, 4); break;
-    case 0x04: v = cur_fixed(c, 8); break;
-    case 0x09: v = (uint64_t)cur_sleb(c); break;
-    case 0x0a: v = (uint64_t)(int64_t)(int16_t)cur_fixed(c, 2); break;
-    case 0x0b: v = (uint64_t)(int64_t)(int32_t)cur_fixed(c, 4); break;
-    case 0x0c: v = cur_fixed(c, 8); break;
-    default: c->bad = true; return 0;
-    }
-    switch (enc & 0x70) {
-    case 0x00: break;
-    case 0x10: v += field_vaddr; break;
-    case 0x30: v += data_vaddr; break;
-    default: c->bad = true; return 0;  /* textrel/funcrel/aligned: not used on x86_64 */
-    }
-    if (enc & 0x80) c->bad = true;  /* indirect: a pointer in memory, not in the file */
-    return v;
-}
-
 static bool vec_grow(void **buf, size_t *cap, size_t need, size_t elem) {
     if (need <= *cap) return true;
     size_t ncap = *cap ? *cap * 2 : 256;
@@ -184,23 +110,6 @@ static double now_ms(void) {
 /* ------------------------------------------------------- CFI -> rows */
 
 typedef struct {
-    uint8_t cfa;
-    int64_t cfa_off;
-    uint8_t plt_thr;
-    uint8_t ra, bp;
-    int64_t ra_off, bp_off;
-} rs_state;
-
-typedef struct {
-    uint64_t code_align;
-    int64_t data_align;
-    uint64_t ra_reg;
-    uint8_t fde_enc;
-    bool signal;
-    const uint8_t *insns, *insns_end;
-} rs_cie;
-
-typedef struct {
     rs_row *rows;
     size_t n, cap;
     uint64_t *functions;
@@ -209,23 +118,39 @@ typedef struct {
     bool oom;
 } rs_builder;
 
-#define DW_REG_RBP 6
-#define DW_REG_RSP 7
-
 static bool cfa_is_rule(uint8_t cfa) {
     return cfa == CFA_RSP || cfa == CFA_RBP || cfa == CFA_PLT || cfa == CFA_DEREF;
 }
 
-static void emit_row(rs_builder *b, uint64_t pc, const rs_state *s, bool signal) {
+static void push_row(rs_builder *b, const rs_row *r) {
+    if (b->n > 0 && b->rows[b->n - 1].pc == r->pc) {
+        b->rows[b->n - 1] = *r;  /* a later rule at the same address wins */
+        return;
+    }
+    if (!vec_grow((void **)&b->rows, &b->cap, b->n + 1, sizeof(rs_row))) {
+        b->oom = true;
+        return;
+    }
+    b->rows[b->n++] = *r;
+}
+
+/* The row for the rules of cfi_eval.h from pc on.  The extension stops at whatever it
+ * cannot evaluate: a CFA in an untracked register or an unknown expression, a return
+ * address with a rule that is not a save slot (CFI_REG_LOST), and any row after a rule of
+ * the return address or rbp it could not follow until the CFA is defined again
+ * (`unfollowed`) make the row CFA_BAD, a [truncated] root. */
+static void emit_row(rs_builder *b, uint64_t pc, const cfi_state *s, bool signal) {
     if (pc < b->base || pc - b->base > UINT32_MAX) return;
     rs_row r;
     memset(&r, 0, sizeof r);
     r.pc = (uint32_t)(pc - b->base);
-    r.cfa = s->cfa;
+    r.cfa = s->cfa <= CFI_CFA_DEREF ? s->cfa : CFA_BAD;
     r.plt_thr = s->plt_thr;
     r.signal = signal;
     r.ra = s->ra;
     r.bp = s->bp;
+    if (s->ra == CFI_REG_LOST) r.ra = REG_UNDEF, r.cfa = CFA_BAD;
+    if (s->unfollowed) r.cfa = CFA_BAD;
     if (s->cfa_off < INT32_MIN || s->cfa_off > INT32_MAX || s->ra_off < INT16_MIN ||
         s->ra_off > INT16_MAX || s->bp_off < INT16_MIN || s->bp_off > INT16_MAX) {
         r.cfa = CFA_BAD;
@@ -236,276 +161,50 @@ static void emit_row(rs_builder *b, uint64_t pc, const rs_state *s, bool signal)
     }
     if (cfa_is_rule(r.cfa) && r.ra == REG_UNDEF) r.cfa = CFA_END;
     if (cfa_is_rule(r.cfa) && r.ra == REG_SAME) r.cfa = CFA_BAD;
-    if (b->n > 0 && b->rows[b->n - 1].pc == r.pc) {
-        b->rows[b->n - 1] = r;  /* a later rule at the same address wins */
-        return;
-    }
-    if (!vec_grow((void **)&b->rows, &b->cap, b->n + 1, sizeof(rs_row))) {
-        b->oom = true;
-        return;
-    }
-    b->rows[b->n++] = r;
+    push_row(b, &r);
 }
 
-/* Recognises the two expressions that matter on x86_64: GNU ld's lazy PLT CFA
- * (breg7 8; breg16 0; lit15; and; lit11|lit10; ge; lit3; shl; plus) and a signal
- * trampoline's CFA ([rsp + n]: breg7 n; deref).  *kind is CFA_BAD for anything else. */
-static void parse_cfa_expr(const uint8_t *e, uint64_t len, uint8_t *kind, int64_t *off,
-                           uint8_t *thr) {
-    *kind = CFA_BAD;
-    static const uint8_t plt_head[] = {0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a};
-    static const uint8_t plt_tail[] = {0x2a, 0x33, 0x24, 0x22};
-    if (len == 11 && memcmp(e, plt_head, 6) == 0 && memcmp(e + 7, plt_tail, 4) == 0 &&
-        e[6] >= 0x30 && e[6] <= 0x3f) {
-        *kind = CFA_PLT;
-        *off = 8;
-        *thr = (uint8_t)(e[6] - 0x30);
-        return;
-    }
-    if (len >= 3 && e[0] == 0x77 && e[len - 1] == 0x06) {
-        rs_cursor c = {e + 1, e + len - 1, false};
-        int64_t n = cur_sleb(&c);
-        if (!c.bad && c.p == c.end) {
-            *kind = CFA_DEREF;
-            *off = n;
+/* The end of an FDE's range: no rule from pc on (unless another FDE starts there). */
+static void emit_none(rs_builder *b, uint64_t pc) {
+    if (pc < b->base || pc - b->base > UINT32_MAX) return;
+    rs_row r;
+    memset(&r, 0, sizeof r);
+    r.pc = (uint32_t)(pc - b->base);
+    r.cfa = CFA_NONE;
+    push_row(b, &r);
+}
+
+/* Runs a CIE's initial instructions into *s.  Returns false on malformed input. */
+static bool run_cie(const cfi_cie *cie, cfi_state *s, uint64_t pcrel_bias) {
+    cfi_program pr;
+    cfi_program_init(&pr, cie, cie->insns, cie->insns_end, NULL, 0, pcrel_bias);
+    uint64_t delta;
+    int st;
+    while ((st = cfi_step(&pr, s, &delta)) == CFI_STEP_ADVANCE) pr.loc += delta;
+    return st == CFI_STEP_END;
+}
+
+/* Runs an FDE's instructions from *loc, emitting a row each time the location advances
+ * (up to pc_end).  Returns false on malformed input (*loc: where the rules stopped). */
+static bool run_fde(rs_builder *b, const cfi_cie *cie, const uint8_t *p, const uint8_t *end,
+                    cfi_state *s, const cfi_state *initial, uint64_t *loc, uint64_t pc_end,
+                    uint64_t pcrel_bias) {
+    cfi_program pr;
+    cfi_program_init(&pr, cie, p, end, initial, *loc, pcrel_bias);
+    uint64_t delta;
+    int st;
+    while ((st = cfi_step(&pr, s, &delta)) == CFI_STEP_ADVANCE) {
+        uint64_t nloc = pr.loc + delta;
+        if (nloc > pc_end) nloc = pc_end;
+        if (nloc > pr.loc) {
+            emit_row(b, pr.loc, s, cie->signal);
+            pr.loc = nloc;
         }
     }
+    *loc = pr.loc;
+    return st == CFI_STEP_END;
 }
 
-/* A register's DW_CFA_expression "breg7 n" (saved at rsp + n, in signal frames). */
-static bool parse_reg_expr(const uint8_t *e, uint64_t len, int64_t *off) {
-    if (len < 2 || e[0] != 0x77) return false;
-    rs_cursor c = {e + 1, e + len, false};
-    *off = cur_sleb(&c);
-    return !c.bad && c.p == c.end;
-}
-
-static void set_reg(rs_state *s, uint64_t reg, uint64_t ra_reg, uint8_t rule, int64_t off) {
-    if (reg == ra_reg) {
-        s->ra = rule;
-        s->ra_off = off;
-    } else if (reg == DW_REG_RBP) {
-        s->bp = rule;
-        s->bp_off = off;
-    } else if (reg == DW_REG_RSP && rule != REG_SAME) {
-        s->cfa = CFA_BAD;  /* rsp restored from memory: not the CFA, beyond the table */
-    }
-}
-
-#define RS_STATE_STACK 16
-
-/* Runs a CIE's initial instructions (fde == NULL) or an FDE's, emitting a row each time
- * the location advances.  Returns false on malformed input. */
-static bool run_cfa(rs_builder *b, const rs_cie *cie, const uint8_t *p, const uint8_t *end,
-                    rs_state *s, const rs_state *initial, uint64_t *loc, uint64_t pc_end,
-                    bool emit, uint64_t field_base, const uint8_t *field_origin) {
-    rs_state stack[RS_STATE_STACK];
-    int depth = 0;
-    rs_cursor c = {p, end, false};
-    while (c.p < c.end && !c.bad) {
-        uint8_t op = cur_u8(&c);
-        uint8_t hi = op & 0xc0, lo = op & 0x3f;
-        uint64_t reg, delta = 0;
-        int64_t off;
-        bool advance = false;
-        if (hi == 0x40) {
-            delta = lo * cie->code_align;
-            advance = true;
-        } else if (hi == 0x80) {
-            set_reg(s, lo, cie->ra_reg, REG_CFA, (int64_t)cur_uleb(&c) * cie->data_align);
-        } else if (hi == 0xc0) {
-            if (initial == NULL) return false;
-            if (lo == cie->ra_reg) {
-                s->ra = initial->ra;
-                s->ra_off = initial->ra_off;
-            } else if (lo == DW_REG_RBP) {
-                s->bp = initial->bp;
-                s->bp_off = initial->bp_off;
-            }
-        } else {
-            switch (op) {
-            case 0x00: break;  /* nop */
-            case 0x01: {       /* set_loc */
-                uint64_t field = field_base + (uint64_t)(c.p - field_origin);
-                uint64_t nloc = cur_encoded(&c, cie->fde_enc, field, 0);
-                if (nloc < *loc) return false;
-                delta = nloc - *loc;
-                advance = true;
-                break;
-            }
-            case 0x02: delta = cur_fixed(&c, 1) * cie->code_align; advance = true; break;
-            case 0x03: delta = cur_fixed(&c, 2) * cie->code_align; advance = true; break;
-            case 0x04: delta = cur_fixed(&c, 4) * cie->code_align; advance = true; break;
-            case 0x05:
-                reg = cur_uleb(&c);
-                set_reg(s, reg, cie->ra_reg, REG_CFA, (int64_t)cur_uleb(&c) * cie->data_align);
-                break;
-            case 0x06:
-                reg = cur_uleb(&c);
-                if (initial == NULL) return false;
-                if (reg == cie->ra_reg) {
-                    s->ra = initial->ra;
-                    s->ra_off = initial->ra_off;
-                } else if (reg == DW_REG_RBP) {
-                    s->bp = initial->bp;
-                    s->bp_off = initial->bp_off;
-                }
-                break;
-            case 0x07: set_reg(s, cur_uleb(&c), cie->ra_reg, REG_UNDEF, 0); break;
-            case 0x08: set_reg(s, cur_uleb(&c), cie->ra_reg, REG_SAME, 0); break;
-            case 0x09:  /* register: saved in another register, which we do not track */
-                reg = cur_uleb(&c);
-                (void)cur_uleb(&c);
-                if (reg == cie->ra_reg) s->ra = REG_UNDEF, s->cfa = CFA_BAD;
-                else if (reg == DW_REG_RBP) s->bp = REG_UNDEF;
-                break;
-            case 0x0a:
-                if (depth >= RS_STATE_STACK) return false;
-                stack[depth++] = *s;
-                break;
-            case 0x0b:
-                if (depth == 0) return false;
-                {
-                    /* DWARF: restore_state restores register rules, and (as every unwinder
-                     * does) the CFA rule too */
-                    *s = stack[--depth];
-                }
-                break;
-            case 0x0c:
-                reg = cur_uleb(&c);
-                s->cfa_off = (int64_t)cur_uleb(&c);
-                s->cfa = reg == DW_REG_RSP ? CFA_RSP : reg == DW_REG_RBP ? CFA_RBP : CFA_BAD;
-                break;
-            case 0x0d:
-                reg = cur_uleb(&c);
-                if (s->cfa == CFA_RSP || s->cfa == CFA_RBP || s->cfa == CFA_BAD)
-                    s->cfa = reg == DW_REG_RSP ? CFA_RSP : reg == DW_REG_RBP ? CFA_RBP : CFA_BAD;
-                else
-                    s->cfa = CFA_BAD;
-                break;
-            case 0x0e:
-                s->cfa_off = (int64_t)cur_uleb(&c);
-                if (s->cfa != CFA_RSP && s->cfa != CFA_RBP) s->cfa = CFA_BAD;
-                break;
-            case 0x0f: {
-                uint64_t len = cur_uleb(&c);
-                if (c.bad || (uint64_t)(c.end - c.p) < len) return false;
-                parse_cfa_expr(c.p, len, &s->cfa, &s->cfa_off, &s->plt_thr);
-                c.p += len;
-                break;
-            }
-            case 0x10: {  /* expression */
-                reg = cur_uleb(&c);
-                uint64_t len = cur_uleb(&c);
-                if (c.bad || (uint64_t)(c.end - c.p) < len) return false;
-                if (reg == cie->ra_reg || reg == DW_REG_RBP) {
-                    if (parse_reg_expr(c.p, len, &off)) set_reg(s, reg, cie->ra_reg, REG_RSP, off);
-                    else set_reg(s, reg, cie->ra_reg, REG_UNDEF, 0), s->cfa = CFA_BAD;
-                }
-                c.p += len;
-                break;
-            }
-            case 0x11:
-                reg = cur_uleb(&c);
-                set_reg(s, reg, cie->ra_reg, REG_CFA, cur_sleb(&c) * cie->data_align);
-                break;
-            case 0x12:
-                reg = cur_uleb(&c);
-                s->cfa_off = cur_sleb(&c) * cie->data_align;
-                s->cfa = reg == DW_REG_RSP ? CFA_RSP : reg == DW_REG_RBP ? CFA_RBP : CFA_BAD;
-                break;
-            case 0x13:
-                s->cfa_off = cur_sleb(&c) * cie->data_align;
-                if (s->cfa != CFA_RSP && s->cfa != CFA_RBP) s->cfa = CFA_BAD;
-                break;
-            case 0x14: case 0x15:  /* val_offset: value = cfa + n (not a save slot) */
-                reg = cur_uleb(&c);
-                if (op == 0x14) (void)cur_uleb(&c);
-                else (void)cur_sleb(&c);
-                if (reg == cie->ra_reg || reg == DW_REG_RBP) s->cfa = CFA_BAD;
-                break;
-            case 0x16: {  /* val_expression */
-                reg = cur_uleb(&c);
-                uint64_t len = cur_uleb(&c);
-                if (c.bad || (uint64_t)(c.end - c.p) < len) return false;
-                c.p += len;
-                if (reg == cie->ra_reg || reg == DW_REG_RBP) s->cfa = CFA_BAD;
-                break;
-            }
-            case 0x2e: (void)cur_uleb(&c); break;  /* GNU_args_size */
-            case 0x2f:                               /* GNU_negative_offset_extended */
-                reg = cur_uleb(&c);
-                set_reg(s, reg, cie->ra_reg, REG_CFA, -(int64_t)cur_uleb(&c) * cie->data_align);
-                break;
-            default:
-                return false;  /* unknown opcode: cannot know its operand length */
-            }
-        }
-        if (c.bad) return false;
-        if (advance && emit) {
-            uint64_t nloc = *loc + delta;
-            if (nloc > pc_end) nloc = pc_end;
-            if (nloc > *loc) {
-                emit_row(b, *loc, s, cie->signal);
-                *loc = nloc;
-            }
-        } else if (advance) {
-            *loc += delta;
-        }
-    }
-    return !c.bad;
-}
-
-/* Parses one CIE at `p` (just past its id).  eh: .eh_frame flavour. */
-static bool parse_cie(const uint8_t *p, const uint8_t *end, bool eh, uint64_t sec_vaddr,
-                      const uint8_t *sec, rs_cie *cie) {
-    rs_cursor c = {p, end, false};
-    memset(cie, 0, sizeof *cie);
-    cie->fde_enc = eh ? 0x00 : 0x00;  /* absptr unless 'R' says otherwise */
-    uint8_t version = cur_u8(&c);
-    if (version != 1 && version != 3 && version != 4) return false;
-    const char *aug = (const char *)c.p;
-    size_t aug_len = strnlen(aug, (size_t)(c.end - c.p));
-    if (aug_len == (size_t)(c.end - c.p)) return false;
-    c.p += aug_len + 1;
-    if (version == 4) {
-        uint8_t addr_size = cur_u8(&c);
-        (void)cur_u8(&c);  /* segment selector size */
-        if (addr_size != 8) return false;
-    }
-    cie->code_align = cur_uleb(&c);
-    cie->data_align = cur_sleb(&c);
-    cie->ra_reg = version == 1 ? cur_u8(&c) : cur_uleb(&c);
-    if (aug[0] == 'z') {
-        uint64_t len = cur_uleb(&c);
-        if (c.bad || (uint64_t)(c.end - c.p) < len) return false;
-        const uint8_t *aug_end = c.p + len;
-        for (size_t i = 1; i < aug_len && !c.bad; i++) {
-            switch (aug[i]) {
-            case 'L': (void)cur_u8(&c); break;
-            case 'R': cie->fde_enc = cur_u8(&c); break;
-            case 'S': cie->signal = true; break;
-            case 'B': break;
-            case 'P': {
-                uint8_t enc = cur_u8(&c);
-                uint64_t field = sec_vaddr + (uint64_t)(c.p - sec);
-                (void)cur_encoded(&c, enc & 0x7f, field, 0);
-                c.bad = false;  /* the personality routine's address is not needed */
-                break;
-            }
-            default: i = aug_len; break;  /* unknown: the length lets us skip the rest */
-            }
-        }
-        c.p = aug_end;
-    } else if (aug_len != 0) {
-        if (strcmp(aug, "eh") == 0) c.p += 8;  /* old GCC: an eh pointer follows */
-        else return false;                     /* unknown augmentation without 'z' */
-    }
-    if (c.bad || c.p > c.end) return false;
-    cie->insns = c.p;
-    cie->insns_end = end;
-    return true;
-}
 
 static int cmp_row(const void *a, const void *b) {
     const rs_row *x = a, *y = b;
@@ -522,15 +221,17 @@ static int cmp_range(const void *a, const void *b) {
 /* Walks a whole .eh_frame (eh) or .debug_frame section and appends rows and functions. */
 static void parse_frames(rs_builder *b, const uint8_t *sec, uint64_t size, uint64_t vaddr, bool eh) {
     const uint8_t *p = sec, *end = sec + size;
+    /* a field's link-time address is its address in the image + bias (pcrel encodings) */
+    const uint64_t bias = vaddr - (uint64_t)(uintptr_t)sec;
     const uint8_t *memo_at = NULL;  /* one-entry CIE memo: FDEs mostly share a CIE */
     bool memo_ok = false, memo_z = false;
-    rs_cie cie;
-    rs_state cie_state;
+    cfi_cie cie;
+    cfi_state cie_state;
     memset(&cie, 0, sizeof cie);
     memset(&cie_state, 0, sizeof cie_state);
     while ((uint64_t)(end - p) >= 4 && !b->oom) {
-        rs_cursor c = {p, end, false};
-        uint64_t len = cur_fixed(&c, 4);
+        cfi_cursor c = {p, end, 0};
+        uint64_t len = cfi_fixed(&c, 4);
         bool is64 = false;
         if (len == 0) {
             if (eh) break;  /* .eh_frame terminator */
@@ -538,13 +239,13 @@ static void parse_frames(rs_builder *b, const uint8_t *sec, uint64_t size, uint6
             continue;
         }
         if (len == 0xffffffffu) {
-            len = cur_fixed(&c, 8);
+            len = cfi_fixed(&c, 8);
             is64 = true;
         }
         if (c.bad || len > (uint64_t)(end - c.p)) break;
         const uint8_t *body = c.p, *next = c.p + len;
-        rs_cursor h = {body, next, false};
-        uint64_t id = cur_fixed(&h, is64 ? 8 : 4);
+        cfi_cursor h = {body, next, 0};
+        uint64_t id = cfi_fixed(&h, is64 ? 8 : 4);
         bool is_cie = eh ? id == 0 : (is64 ? id == UINT64_MAX : id == 0xffffffffu);
         if (h.bad || is_cie) {
             p = next;
@@ -558,27 +259,24 @@ static void parse_frames(rs_builder *b, const uint8_t *sec, uint64_t size, uint6
         if (cie_at != memo_at) {
             memo_at = cie_at;
             memo_ok = false;
-            rs_cursor cc = {cie_at, end, false};
-            uint64_t clen = cur_fixed(&cc, 4);
+            cfi_cursor cc = {cie_at, end, 0};
+            uint64_t clen = cfi_fixed(&cc, 4);
             bool c64 = false;
             if (clen == 0xffffffffu) {
-                clen = cur_fixed(&cc, 8);
+                clen = cfi_fixed(&cc, 8);
                 c64 = true;
             }
             if (!cc.bad && clen <= (uint64_t)(end - cc.p)) {
                 const uint8_t *cend = cc.p + clen;
-                (void)cur_fixed(&cc, c64 ? 8 : 4);
-                if (!cc.bad && parse_cie(cc.p, cend, eh, vaddr, sec, &cie)) {
+                (void)cfi_fixed(&cc, c64 ? 8 : 4);
+                if (!cc.bad && cfi_parse_cie(cc.p, cend, bias, &cie)) {
                     /* Before any rule: CFA unknown, return address unknown, rbp unchanged. */
                     memset(&cie_state, 0, sizeof cie_state);
-                    cie_state.cfa = CFA_BAD;
-                    cie_state.ra = REG_SAME;
-                    cie_state.bp = REG_SAME;
-                    uint64_t dummy = 0;
-                    memo_ok = run_cfa(b, &cie, cie.insns, cie.insns_end, &cie_state, NULL, &dummy,
-                                      0, false, vaddr, sec);
-                    /* the augmentation string starts right after the version byte */
-                    memo_z = ((const char *)cc.p)[1] == 'z';
+                    cie_state.cfa = CFI_CFA_BAD;
+                    cie_state.ra = CFI_REG_SAME;
+                    cie_state.bp = CFI_REG_SAME;
+                    memo_ok = run_cie(&cie, &cie_state, bias);
+                    memo_z = cie.has_z;
                 }
             }
         }
@@ -588,16 +286,16 @@ static void parse_frames(rs_builder *b, const uint8_t *sec, uint64_t size, uint6
         }
         uint64_t pc_begin, pc_range;
         if (eh) {
-            pc_begin = cur_encoded(&h, cie.fde_enc, vaddr + (uint64_t)(h.p - sec), 0);
-            pc_range = cur_encoded(&h, cie.fde_enc & 0x0f, 0, 0);
+            pc_begin = cfi_encoded(&h, cie.fde_enc, bias, 0);
+            pc_range = cfi_encoded(&h, cie.fde_enc & 0x0f, 0, 0);
         } else {
-            pc_begin = cur_fixed(&h, 8);
-            pc_range = cur_fixed(&h, 8);
+            pc_begin = cfi_fixed(&h, 8);
+            pc_range = cfi_fixed(&h, 8);
         }
         if (memo_z) {
-            uint64_t alen = cur_uleb(&h);
+            uint64_t alen = cfi_uleb(&h);
             if (!h.bad && alen <= (uint64_t)(h.end - h.p)) h.p += alen;
-            else h.bad = true;
+            else h.bad = 1;
         }
         /* pc_begin 0: an FDE of discarded code (linkers keep some for removed sections) */
         if (h.bad || pc_range == 0 || pc_begin == 0 || pc_begin + pc_range < pc_begin) {
@@ -613,15 +311,12 @@ static void parse_frames(rs_builder *b, const uint8_t *sec, uint64_t size, uint6
         } else {
             b->oom = true;
         }
-        rs_state s = cie_state;
+        cfi_state s = cie_state;
         uint64_t loc = pc_begin;
-        if (!run_cfa(b, &cie, h.p, next, &s, &cie_state, &loc, pc_end, true, vaddr, sec))
-            s.cfa = CFA_BAD;  /* malformed program: the rest of this function is not walkable */
+        if (!run_fde(b, &cie, h.p, next, &s, &cie_state, &loc, pc_end, bias))
+            s.cfa = CFI_CFA_BAD;  /* malformed program: the rest of this function is not walkable */
         if (loc < pc_end) emit_row(b, loc, &s, cie.signal);
-        rs_state none;
-        memset(&none, 0, sizeof none);
-        none.cfa = CFA_NONE;
-        emit_row(b, pc_end, &none, false);
+        emit_none(b, pc_end);
         p = next;
     }
 }
@@ -662,10 +357,10 @@ static bool elf_ok(const uint8_t *img, size_t len) {
 }
 
 static void elf_build_id(const uint8_t *note, uint64_t size, rs_elf_sections *out) {
-    rs_cursor c = {note, note + size, false};
+    cfi_cursor c = {note, note + size, 0};
     while (!c.bad && c.end - c.p >= 12) {
-        uint32_t namesz = (uint32_t)cur_fixed(&c, 4), descsz = (uint32_t)cur_fixed(&c, 4);
-        uint32_t type = (uint32_t)cur_fixed(&c, 4);
+        uint32_t namesz = (uint32_t)cfi_fixed(&c, 4), descsz = (uint32_t)cfi_fixed(&c, 4);
+        uint32_t type = (uint32_t)cfi_fixed(&c, 4);
         uint64_t nlen = (namesz + 3u) & ~3u, dlen = (descsz + 3u) & ~3u;
         if ((uint64_t)(c.end - c.p) < nlen + dlen) return;
         if (type == NT_GNU_BUILD_ID && namesz == 4 && memcmp(c.p, "GNU", 4) == 0 &&
@@ -722,8 +417,10 @@ static void elf_sections(const uint8_t *img, size_t len, rs_elf_sections *out) {
             continue;
         const uint8_t *hdr = img + ph[i].p_offset;
         if (hdr[0] != 1) continue;
-        rs_cursor c = {hdr + 4, hdr + ph[i].p_filesz, false};
-        uint64_t eh_vaddr = cur_encoded(&c, hdr[1], ph[i].p_vaddr + 4, ph[i].p_vaddr);
+        cfi_cursor c = {hdr + 4, hdr + ph[i].p_filesz, 0};
+        /* pcrel: the field's link-time address is p_vaddr + its distance from hdr */
+        uint64_t eh_vaddr = cfi_encoded(&c, hdr[1], ph[i].p_vaddr - (uint64_t)(uintptr_t)hdr,
+                                        ph[i].p_vaddr);
         if (c.bad) continue;
         /* link-time address -> file offset through the PT_LOAD that holds it */
         for (unsigned j = 0; j < eh->e_phnum; j++) {

@@ -23,9 +23,14 @@
  *   at rbp, checked like the frame-pointer walk (inside the stack, strictly upwards).  JIT
  *   code keeps frame pointers; a caller that is garbage lands outside every executable
  *   mapping, and the recorder, which knows them, cuts the stack there ([truncated]).
+ * - The CIE/FDE parsing and the CFA program interpreter are native/cfi_eval.h, shared with
+ *   the extension's table builder (native/unwind.c); what is the shim's own is here: the
+ *   bounds of the module in memory, the .eh_frame_hdr search, the packed rule, its cache.
  */
 #define _GNU_SOURCE
 #include "shimcfi.h"
+
+#include "cfi_eval.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -77,23 +82,22 @@ enum { BP_SAME = 0, BP_CFA = 1, BP_RSP = 2, BP_UNDEF = 3 };
 #define RULE_BP_OFF(r) ((int64_t)(int16_t)(uint16_t)((r) >> 24))
 #define RULE_CFA_OFF(r) ((int64_t)(r) >> 40)
 
-typedef struct {
-    uint8_t cfa;      /* K_RSP, K_RBP, K_DEREF, or K_FP when not expressible */
-    uint8_t ra, bp;   /* RA: 0 CFA-relative, 1 rsp-relative, 2 undefined, 3 unknown */
-    int64_t cfa_off, ra_off, bp_off;
-} cfa_state;
-enum { RA_CFA = 0, RA_RSP = 1, RA_UNDEF = 2, RA_UNKNOWN = 3 };
-
-static uint64_t pack_rule(const cfa_state *s, int signal) {
-    if (s->ra == RA_UNDEF) return K_END;
-    if (s->cfa == K_FP || s->ra == RA_UNKNOWN) return K_FP;
+/* The rule from cfi_eval.h's state.  The shim steps by rbp what the packed form cannot hold
+ * (a CFA in another register or from an expression, the PLT's included; a return address
+ * without a save slot), and keeps walking with rbp unknown when only rbp's rule is lost
+ * (it ignores `unfollowed`: the register rules say what was lost). */
+static uint64_t pack_rule(const cfi_state *s, int signal) {
+    if (s->ra == CFI_REG_UNDEF) return K_END;
+    if (s->cfa != CFI_CFA_RSP && s->cfa != CFI_CFA_RBP && s->cfa != CFI_CFA_DEREF) return K_FP;
+    if (s->ra != CFI_REG_CFA && s->ra != CFI_REG_RSP) return K_FP;
     if (s->cfa_off < -(1 << 23) || s->cfa_off >= (1 << 23) || s->ra_off < INT16_MIN ||
         s->ra_off > INT16_MAX || s->bp_off < INT16_MIN || s->bp_off > INT16_MAX)
         return K_FP;
-    uint64_t r = s->cfa;
+    unsigned bp = s->bp; /* rbp is never CFI_REG_LOST: a rule it cannot follow is UNDEF */
+    uint64_t r = s->cfa == CFI_CFA_RSP ? K_RSP : s->cfa == CFI_CFA_RBP ? K_RBP : K_DEREF;
     r |= (uint64_t)(signal != 0) << 3;
-    r |= (uint64_t)(s->ra == RA_RSP) << 4;
-    r |= (uint64_t)(s->bp & 3u) << 5;
+    r |= (uint64_t)(s->ra == CFI_REG_RSP) << 4;
+    r |= (uint64_t)(bp & 3u) << 5;
     r |= (uint64_t)(uint16_t)(int16_t)s->ra_off << 8;
     r |= (uint64_t)(uint16_t)(int16_t)s->bp_off << 24;
     r |= (uint64_t)s->cfa_off << 40;
@@ -115,78 +119,6 @@ static uintptr_t seg_end(const module_segs *m, uintptr_t p, uintptr_t len) {
     for (unsigned i = 0; i < m->n; i++)
         if (p >= m->start[i] && p < m->end[i] && m->end[i] - p >= len) return m->end[i];
     return 0;
-}
-
-typedef struct {
-    uintptr_t p, end;
-    int bad;
-} cursor;
-
-static uint64_t rd_fixed(cursor *c, unsigned n) {
-    if (c->end - c->p < n || c->p > c->end) {
-        c->bad = 1;
-        c->p = c->end;
-        return 0;
-    }
-    uint64_t v = 0;
-    memcpy(&v, (const void *)c->p, n);
-    c->p += n;
-    return v;
-}
-
-static uint64_t rd_uleb(cursor *c) {
-    uint64_t v = 0;
-    unsigned shift = 0;
-    for (;;) {
-        uint8_t b = (uint8_t)rd_fixed(c, 1);
-        if (c->bad) return 0;
-        if (shift < 64) v |= (uint64_t)(b & 0x7f) << shift;
-        shift += 7;
-        if (!(b & 0x80)) return v;
-    }
-}
-
-static int64_t rd_sleb(cursor *c) {
-    int64_t v = 0;
-    unsigned shift = 0;
-    uint8_t b;
-    do {
-        b = (uint8_t)rd_fixed(c, 1);
-        if (c->bad) return 0;
-        if (shift < 64) v |= (int64_t)((uint64_t)(b & 0x7f) << shift);
-        shift += 7;
-    } while (b & 0x80);
-    if (shift < 64 && (b & 0x40)) v |= -((int64_t)1 << shift);
-    return v;
-}
-
-/* A DW_EH_PE-encoded pointer read from memory: pcrel is relative to the field's own
- * run-time address, datarel to `data` (.eh_frame_hdr).  absptr/udata values are absolute
- * (position-dependent code), textrel/funcrel/indirect are not used on x86_64. */
-static uintptr_t rd_encoded(cursor *c, uint8_t enc, uintptr_t data) {
-    if (enc == 0xff) return 0;
-    uintptr_t field = c->p;
-    uint64_t v;
-    switch (enc & 0x0f) {
-    case 0x00: v = rd_fixed(c, 8); break;
-    case 0x01: v = rd_uleb(c); break;
-    case 0x02: v = rd_fixed(c, 2); break;
-    case 0x03: v = rd_fixed(c, 4); break;
-    case 0x04: v = rd_fixed(c, 8); break;
-    case 0x09: v = (uint64_t)rd_sleb(c); break;
-    case 0x0a: v = (uint64_t)(int64_t)(int16_t)rd_fixed(c, 2); break;
-    case 0x0b: v = (uint64_t)(int64_t)(int32_t)rd_fixed(c, 4); break;
-    case 0x0c: v = rd_fixed(c, 8); break;
-    default: c->bad = 1; return 0;
-    }
-    switch (enc & 0x70) {
-    case 0x00: break;
-    case 0x10: v += field; break;
-    case 0x30: v += data; break;
-    default: c->bad = 1; return 0;
-    }
-    if (enc & 0x80) c->bad = 1;
-    return (uintptr_t)v;
 }
 
 /* ------------------------------------------------------------------ modules */
@@ -218,258 +150,37 @@ static int module_segments(const struct shim_dlfo *fo, module_segs *m) {
 
 /* ------------------------------------------------------------------ CFA programs */
 
-#define DW_RBP 6
-#define DW_RSP 7
-#define STATE_STACK 8
-
-typedef struct {
-    uint64_t code_align;
-    int64_t data_align;
-    uint64_t ra_reg;
-    uint8_t fde_enc;
-    int signal, has_z;
-    uintptr_t insns, insns_end;
-} cie_info;
-
-static void set_reg(cfa_state *s, uint64_t reg, uint64_t ra_reg, uint8_t rule, int64_t off) {
-    if (reg == ra_reg) {
-        s->ra = rule;
-        s->ra_off = off;
-    } else if (reg == DW_RBP) {
-        s->bp = rule == RA_CFA ? BP_CFA : rule == RA_RSP ? BP_RSP : BP_UNDEF;
-        s->bp_off = off;
-    } else if (reg == DW_RSP) {
-        s->cfa = K_FP; /* rsp restored from memory: not the CFA, beyond the compact form */
-    }
-}
-
-/* DW_CFA_def_cfa_expression: only a signal trampoline's "breg7 n; deref" is kept. */
-static void cfa_expr(uintptr_t e, uint64_t len, cfa_state *s) {
-    s->cfa = K_FP;
-    const uint8_t *b = (const uint8_t *)e;
-    if (len >= 3 && b[0] == 0x77 && b[len - 1] == 0x06) {
-        cursor c = {e + 1, e + len - 1, 0};
-        int64_t n = rd_sleb(&c);
-        if (!c.bad && c.p == c.end) {
-            s->cfa = K_DEREF;
-            s->cfa_off = n;
-        }
-    }
-}
-
-/* Runs a CFA program until the location passes `pc` (initial == NULL: a CIE's initial
- * instructions, run to the end).  Returns 0 on malformed input. */
-static int run_cfa(const cie_info *cie, uintptr_t p, uintptr_t end, cfa_state *s,
-                   const cfa_state *initial, uintptr_t loc, uintptr_t pc) {
-    cfa_state stack[STATE_STACK];
-    int depth = 0;
-    cursor c = {p, end, 0};
-    while (c.p < c.end && !c.bad) {
-        uint8_t op = (uint8_t)rd_fixed(&c, 1);
-        uint8_t hi = op & 0xc0, lo = op & 0x3f;
-        uint64_t reg, delta = 0;
-        int advance = 0;
-        if (hi == 0x40) {
-            delta = lo * cie->code_align;
-            advance = 1;
-        } else if (hi == 0x80) {
-            set_reg(s, lo, cie->ra_reg, RA_CFA, (int64_t)rd_uleb(&c) * cie->data_align);
-        } else if (hi == 0xc0) {
-            if (initial == NULL) return 0;
-            if (lo == cie->ra_reg) {
-                s->ra = initial->ra;
-                s->ra_off = initial->ra_off;
-            } else if (lo == DW_RBP) {
-                s->bp = initial->bp;
-                s->bp_off = initial->bp_off;
-            }
-        } else {
-            switch (op) {
-            case 0x00: break;
-            case 0x01: { /* set_loc */
-                uintptr_t nloc = rd_encoded(&c, cie->fde_enc, 0);
-                if (nloc < loc) return 0;
-                delta = nloc - loc;
-                advance = 1;
-                break;
-            }
-            case 0x02: delta = rd_fixed(&c, 1) * cie->code_align; advance = 1; break;
-            case 0x03: delta = rd_fixed(&c, 2) * cie->code_align; advance = 1; break;
-            case 0x04: delta = rd_fixed(&c, 4) * cie->code_align; advance = 1; break;
-            case 0x05:
-                reg = rd_uleb(&c);
-                set_reg(s, reg, cie->ra_reg, RA_CFA, (int64_t)rd_uleb(&c) * cie->data_align);
-                break;
-            case 0x06:
-                reg = rd_uleb(&c);
-                if (initial == NULL) return 0;
-                if (reg == cie->ra_reg) {
-                    s->ra = initial->ra;
-                    s->ra_off = initial->ra_off;
-                } else if (reg == DW_RBP) {
-                    s->bp = initial->bp;
-                    s->bp_off = initial->bp_off;
-                }
-                break;
-            case 0x07: /* undefined */
-                reg = rd_uleb(&c);
-                if (reg == cie->ra_reg) s->ra = RA_UNDEF;
-                else set_reg(s, reg, cie->ra_reg, RA_UNDEF, 0);
-                break;
-            case 0x08: /* same_value */
-                reg = rd_uleb(&c);
-                if (reg == DW_RBP) s->bp = BP_SAME;
-                else if (reg == cie->ra_reg) s->ra = RA_UNKNOWN;
-                break;
-            case 0x09: /* register: saved in another register, not tracked */
-                reg = rd_uleb(&c);
-                (void)rd_uleb(&c);
-                if (reg == cie->ra_reg) s->ra = RA_UNKNOWN;
-                else if (reg == DW_RBP) s->bp = BP_UNDEF;
-                break;
-            case 0x0a:
-                if (depth >= STATE_STACK) return 0;
-                stack[depth++] = *s;
-                break;
-            case 0x0b:
-                if (depth == 0) return 0;
-                *s = stack[--depth];
-                break;
-            case 0x0c:
-                reg = rd_uleb(&c);
-                s->cfa_off = (int64_t)rd_uleb(&c);
-                s->cfa = reg == DW_RSP ? K_RSP : reg == DW_RBP ? K_RBP : K_FP;
-                break;
-            case 0x0d:
-                reg = rd_uleb(&c);
-                if (s->cfa == K_RSP || s->cfa == K_RBP)
-                    s->cfa = reg == DW_RSP ? K_RSP : reg == DW_RBP ? K_RBP : K_FP;
-                else
-                    s->cfa = K_FP;
-                break;
-            case 0x0e:
-                s->cfa_off = (int64_t)rd_uleb(&c);
-                if (s->cfa != K_RSP && s->cfa != K_RBP) s->cfa = K_FP;
-                break;
-            case 0x0f: {
-                uint64_t len = rd_uleb(&c);
-                if (c.bad || c.end - c.p < len) return 0;
-                cfa_expr(c.p, len, s);
-                c.p += len;
-                break;
-            }
-            case 0x10: { /* expression: only "breg7 n" (saved at rsp + n, signal frames) */
-                reg = rd_uleb(&c);
-                uint64_t len = rd_uleb(&c);
-                if (c.bad || c.end - c.p < len) return 0;
-                if (reg == cie->ra_reg || reg == DW_RBP) {
-                    cursor e = {c.p + 1, c.p + len, 0};
-                    int64_t off = len >= 2 && *(const uint8_t *)c.p == 0x77 ? rd_sleb(&e) : 0;
-                    if (len >= 2 && *(const uint8_t *)c.p == 0x77 && !e.bad && e.p == e.end)
-                        set_reg(s, reg, cie->ra_reg, RA_RSP, off);
-                    else if (reg == cie->ra_reg)
-                        s->ra = RA_UNKNOWN;
-                    else
-                        s->bp = BP_UNDEF;
-                }
-                c.p += len;
-                break;
-            }
-            case 0x11:
-                reg = rd_uleb(&c);
-                set_reg(s, reg, cie->ra_reg, RA_CFA, rd_sleb(&c) * cie->data_align);
-                break;
-            case 0x12:
-                reg = rd_uleb(&c);
-                s->cfa_off = rd_sleb(&c) * cie->data_align;
-                s->cfa = reg == DW_RSP ? K_RSP : reg == DW_RBP ? K_RBP : K_FP;
-                break;
-            case 0x13:
-                s->cfa_off = rd_sleb(&c) * cie->data_align;
-                if (s->cfa != K_RSP && s->cfa != K_RBP) s->cfa = K_FP;
-                break;
-            case 0x14:
-            case 0x15: /* val_offset: a value, not a save slot */
-                reg = rd_uleb(&c);
-                if (op == 0x14) (void)rd_uleb(&c);
-                else (void)rd_sleb(&c);
-                if (reg == cie->ra_reg) s->ra = RA_UNKNOWN;
-                else if (reg == DW_RBP) s->bp = BP_UNDEF;
-                break;
-            case 0x16: { /* val_expression */
-                reg = rd_uleb(&c);
-                uint64_t len = rd_uleb(&c);
-                if (c.bad || c.end - c.p < len) return 0;
-                c.p += len;
-                if (reg == cie->ra_reg) s->ra = RA_UNKNOWN;
-                else if (reg == DW_RBP) s->bp = BP_UNDEF;
-                break;
-            }
-            case 0x2e: (void)rd_uleb(&c); break; /* GNU_args_size */
-            case 0x2f:                            /* GNU_negative_offset_extended */
-                reg = rd_uleb(&c);
-                set_reg(s, reg, cie->ra_reg, RA_CFA, -(int64_t)rd_uleb(&c) * cie->data_align);
-                break;
-            default:
-                return 0; /* unknown opcode: its operand length is unknown */
-            }
-        }
-        if (c.bad) return 0;
-        if (advance && initial != NULL) {
-            if (delta > pc - loc) return 1; /* the next row starts past pc */
-            loc += delta;
-        }
-    }
-    return !c.bad;
-}
-
-/* Parses the CIE at `at` (its length field); its end must stay within one segment. */
-static int parse_cie(const module_segs *m, uintptr_t at, cie_info *cie) {
+/* Parses the CIE at `at` (its length field); it must lie within one readable segment. */
+static int parse_cie(const module_segs *m, uintptr_t at, cfi_cie *cie) {
     uintptr_t end = seg_end(m, at, 4);
     if (end == 0) return 0;
-    cursor c = {at, end, 0};
-    uint64_t len = rd_fixed(&c, 4); /* 64-bit lengths (0xffffffff) are never emitted */
-    if (c.bad || len < 4 || len == 0xffffffffu || len > c.end - c.p) return 0;
+    cfi_cursor c = {(const uint8_t *)at, (const uint8_t *)end, 0};
+    uint64_t len = cfi_fixed(&c, 4); /* 64-bit lengths (0xffffffff) are never emitted */
+    if (c.bad || len < 4 || len == 0xffffffffu || len > (uint64_t)(c.end - c.p)) return 0;
     c.end = c.p + len;
-    if (rd_fixed(&c, 4) != 0) return 0; /* not a CIE */
-    memset(cie, 0, sizeof *cie);
-    uint8_t version = (uint8_t)rd_fixed(&c, 1);
-    if (version != 1 && version != 3) return 0;
-    const char *aug = (const char *)c.p;
-    size_t room = c.end - c.p, alen = strnlen(aug, room);
-    if (alen == room) return 0;
-    c.p += alen + 1;
-    cie->code_align = rd_uleb(&c);
-    cie->data_align = rd_sleb(&c);
-    cie->ra_reg = version == 1 ? rd_fixed(&c, 1) : rd_uleb(&c);
-    if (aug[0] == 'z') {
-        cie->has_z = 1;
-        uint64_t zlen = rd_uleb(&c);
-        if (c.bad || zlen > c.end - c.p) return 0;
-        uintptr_t zend = c.p + zlen;
-        for (size_t i = 1; i < alen && !c.bad; i++) {
-            switch (aug[i]) {
-            case 'L': (void)rd_fixed(&c, 1); break;
-            case 'R': cie->fde_enc = (uint8_t)rd_fixed(&c, 1); break;
-            case 'S': cie->signal = 1; break;
-            case 'B': break;
-            case 'P': {
-                uint8_t enc = (uint8_t)rd_fixed(&c, 1);
-                (void)rd_encoded(&c, enc & 0x7f, 0); /* the personality is not needed */
-                c.bad = 0;
-                break;
-            }
-            default: i = alen; break; /* unknown: the 'z' length skips the rest */
-            }
-        }
-        c.p = zend;
-    } else if (alen != 0) {
-        return 0;
+    if (cfi_fixed(&c, 4) != 0) return 0; /* not a CIE */
+    return cfi_parse_cie(c.p, c.end, 0, cie);
+}
+
+/* The rules at `pc`: the CIE's initial instructions, then the FDE's until the location
+ * passes pc.  Returns 0 on malformed input. */
+static int rules_at(const cfi_cie *cie, const uint8_t *p, const uint8_t *end, uintptr_t begin,
+                    uintptr_t pc, cfi_state *s) {
+    cfi_program pr;
+    uint64_t delta;
+    int st;
+    /* The CIE's advances (none in practice) do not move the location. */
+    cfi_program_init(&pr, cie, cie->insns, cie->insns_end, NULL, begin, 0);
+    while ((st = cfi_step(&pr, s, &delta)) == CFI_STEP_ADVANCE) {
     }
-    if (c.bad || c.p > c.end) return 0;
-    cie->insns = c.p;
-    cie->insns_end = c.end;
-    return 1;
+    if (st != CFI_STEP_END) return 0;
+    cfi_state init = *s;
+    cfi_program_init(&pr, cie, p, end, &init, begin, 0);
+    while ((st = cfi_step(&pr, s, &delta)) == CFI_STEP_ADVANCE) {
+        if (delta > pc - pr.loc) return 1; /* the next row starts past pc */
+        pr.loc += delta;
+    }
+    return st == CFI_STEP_END;
 }
 
 /* The rule for `pc` (an address inside the instruction that made the call, or an
@@ -488,10 +199,10 @@ static uint64_t compute_rule(uintptr_t pc) {
     if (hend == 0) return K_FP;
     const uint8_t *h = (const uint8_t *)hdr;
     if (h[0] != 1 || h[3] != 0x3b) return K_FP;
-    cursor c = {hdr + 4, hend, 0};
-    (void)rd_encoded(&c, h[1], hdr);
-    uint64_t count = rd_encoded(&c, h[2], hdr);
-    if (c.bad || count == 0 || count > (hend - c.p) / 8) return K_FP;
+    cfi_cursor c = {h + 4, (const uint8_t *)hend, 0};
+    (void)cfi_encoded(&c, h[1], 0, hdr);
+    uint64_t count = cfi_encoded(&c, h[2], 0, hdr);
+    if (c.bad || count == 0 || count > (uint64_t)(c.end - c.p) / 8) return K_FP;
     const int32_t *table = (const int32_t *)c.p;
     int64_t rel = (int64_t)(pc - hdr);
     if (table[0] > rel) return K_FP; /* before the first function */
@@ -506,27 +217,26 @@ static uint64_t compute_rule(uintptr_t pc) {
      * augmentation data, instructions. */
     uintptr_t fend = seg_end(&m, fde, 8);
     if (fend == 0) return K_FP;
-    cursor f = {fde, fend, 0};
-    uint64_t len = rd_fixed(&f, 4);
-    if (len == 0 || len == 0xffffffffu || len > f.end - f.p) return K_FP;
+    cfi_cursor f = {(const uint8_t *)fde, (const uint8_t *)fend, 0};
+    uint64_t len = cfi_fixed(&f, 4);
+    if (len == 0 || len == 0xffffffffu || len > (uint64_t)(f.end - f.p)) return K_FP;
     f.end = f.p + len;
-    uintptr_t id_at = f.p;
-    uint64_t id = rd_fixed(&f, 4);
+    uintptr_t id_at = (uintptr_t)f.p;
+    uint64_t id = cfi_fixed(&f, 4);
     if (f.bad || id == 0 || id > id_at) return K_FP;
-    cie_info cie;
+    cfi_cie cie;
     if (!parse_cie(&m, id_at - id, &cie)) return K_FP;
-    uintptr_t begin = rd_encoded(&f, cie.fde_enc, 0);
-    uintptr_t range = rd_encoded(&f, cie.fde_enc & 0x0f, 0);
+    uintptr_t begin = cfi_encoded(&f, cie.fde_enc, 0, 0);
+    uintptr_t range = cfi_encoded(&f, cie.fde_enc & 0x0f, 0, 0);
     if (cie.has_z) {
-        uint64_t zlen = rd_uleb(&f);
-        if (f.bad || zlen > f.end - f.p) return K_FP;
+        uint64_t zlen = cfi_uleb(&f);
+        if (f.bad || zlen > (uint64_t)(f.end - f.p)) return K_FP;
         f.p += zlen;
     }
     if (f.bad || pc < begin || pc - begin >= range) return K_FP; /* no FDE covers pc */
-    cfa_state init = {K_FP, RA_UNKNOWN, BP_SAME, 0, 0, 0};
-    if (!run_cfa(&cie, cie.insns, cie.insns_end, &init, NULL, begin, pc)) return K_FP;
-    cfa_state s = init;
-    if (!run_cfa(&cie, f.p, f.end, &s, &init, begin, pc)) return K_FP;
+    /* Before any rule: no CFA, no return address, rbp unchanged. */
+    cfi_state s = {CFI_CFA_BAD, CFI_REG_SAME, CFI_REG_SAME, 0, 0, 0, 0};
+    if (!rules_at(&cie, f.p, f.end, begin, pc, &s)) return K_FP;
     return pack_rule(&s, cie.signal);
 }
 
