@@ -17,6 +17,7 @@ from rsprof.collector.maps import AddressSpace, Mapping, read_executable_maps
 from rsprof.collector.perfmap import JitSymbol, PerfMap, is_anonymous, process_start_time
 from rsprof.collector.pyframes import splice_plan, split_python
 from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
+from rsprof.storage.callsite import PYTHON_ADDRESS_BASE
 from rsprof.storage.writer import LocationKey, ProfileWriter
 
 from rsprof._native import PyFrameReader
@@ -33,9 +34,9 @@ KERNEL_FUNCTION = "[kernel]"
 # its place in a stack (collector.pyframes.splice_plan).
 EVAL_FUNCTION = "_PyEval_EvalFrameDefault"
 # Python frames are stored as frames of their source file (its `modules` row) at a
-# pseudo-address: this prefix (no user address has it) and 48 bits of a hash of the
-# function and line, so the same Python line is one frame in every process and recording.
-PYTHON_ADDRESS_BASE = 0xFFFE << 48
+# pseudo-address: PYTHON_ADDRESS_BASE (storage.callsite, which picks heap call sites by
+# it) and 48 bits of a hash of the function and line, so the same Python line is one frame
+# in every process and recording.
 # A Python frame of a heap stack whose code object was freed (or replaced) before the
 # profiler could read it (native/heapreader.c: function id 0).
 PYTHON_FREED_ID = 0

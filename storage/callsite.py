@@ -73,9 +73,27 @@ class _Named(Protocol):
     def function(self) -> str: ...
 
 
-def call_site_position(frames: Sequence[tuple[str, Sequence[_Named]]]) -> tuple[int, int] | None:
+# A Python frame spliced into a stack has a pseudo-address with this prefix (no user
+# address has it) and 48 bits of a hash of its function and line (collector/frames.py).
+PYTHON_ADDRESS_BASE = 0xFFFE << 48
+
+
+def is_python_address(address: int) -> bool:
+    return address >> 48 == PYTHON_ADDRESS_BASE >> 48
+
+
+def call_site_position(
+    frames: Sequence[tuple[str, Sequence[_Named]]], addresses: Sequence[int] = ()
+) -> tuple[int, int] | None:
     """(frame index, inline index) of the first user location of a stack given leaf first as
-    (module path, inline chain innermost first); the outermost runtime location if all are."""
+    (module path, inline chain innermost first); the outermost runtime location if all are.
+    With the frames' `addresses`, an allocation made by Python code is charged to the
+    innermost Python frame (as memray does), whatever interpreter or extension C code lies
+    between it and malloc: the recorder's per-site rows use the same rule."""
+    python = next((i for i, address in enumerate(addresses) if is_python_address(address)),
+                  None)
+    if python is not None:
+        return (python, 0)
     last: tuple[int, int] | None = None
     for frame_index, (module_path, chain) in enumerate(frames):
         if module_path and is_runtime_module(module_path):

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from rsprof.storage.callgraph import TreeNode, call_tree, count_neighbours
 from rsprof.storage.callsite import call_site_position
+from rsprof.storage.schema import u64_from_sql
 
 TREND_LEN = 12
 """Checkpoints kept per function for the Trend sparkline."""
@@ -588,7 +589,8 @@ class LiveProfile:
             chunk = missing[chunk_start : chunk_start + 500]
             marks = ",".join("?" * len(chunk))
             rows = self._conn.execute(
-                "SELECT sf.stack_id, sf.position, fl.location_id, COALESCE(m.path, '')"
+                "SELECT sf.stack_id, sf.position, fl.location_id, COALESCE(m.path, ''),"
+                " f.address"
                 " FROM stack_frames sf JOIN frames f ON f.id = sf.frame_id"
                 " LEFT JOIN modules m ON m.id = f.module_id"
                 " JOIN frame_locations fl ON fl.frame_id = sf.frame_id"
@@ -598,18 +600,20 @@ class LiveProfile:
             ).fetchall()
             self._ensure_locations(r[2] for r in rows)
             frames: dict[int, list[tuple[str, list[int]]]] = {}
+            addresses: dict[int, list[int]] = {}
             previous: tuple[int, int] | None = None
-            for sid, position, lid, module in rows:
+            for sid, position, lid, module, address in rows:
                 stack = frames.setdefault(sid, [])
                 if previous != (sid, position):
                     stack.append((module, []))
+                    addresses.setdefault(sid, []).append(u64_from_sql(address))
                     previous = (sid, position)
                 stack[-1][1].append(lid)
             for sid in chunk:
                 stack = frames.get(sid, [])
                 named = [(module, [_Named(*self._loc[lid][:2]) for lid in lids])
                          for module, lids in stack]
-                at = call_site_position(named) or (0, 0)
+                at = call_site_position(named, addresses.get(sid, ())) or (0, 0)
                 lids = [lid for _m, chain in stack[at[0] :] for lid in chain][at[1] :]
                 self._heap_paths[sid] = tuple(self._fid(lid) for lid in lids)
                 # The call site, as the writer's heap_site_samples has it.

@@ -353,7 +353,8 @@ class _FrameTable:
 
 
 def _trim_to_call_site(stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
-    position = call_site_position([(frame.module, frame.lines) for frame in stack])
+    position = call_site_position([(frame.module, frame.lines) for frame in stack],
+                                  [frame.address for frame in stack])
     if position is None:
         return stack
     frame_index, line_index = position

@@ -115,8 +115,10 @@ def test_exports_carry_the_python_lines(debian_profile: Path, tmp_path: Path) ->
     folded = run_rsprof("export", str(debian_profile), "--kind", "heap", "-f", "folded",
                         "-o", "-")
     assert folded.returncode == 0, folded.stderr
+    # Heap stacks are trimmed to their call site, here the innermost Python frame (as in
+    # `rsprof top heap`): `leak` is the leaf.
     leaked = sum(int(line.rsplit(" ", 1)[1]) for line in folded.stdout.splitlines()
-                 if ";<module>;main;leak;" in line)
+                 if line.rsplit(" ", 1)[0].endswith(";<module>;main;leak"))
     expected = LEAK_COUNT * (LEAK_SIZE + OBJECT_OVERHEAD)
     assert expected <= leaked <= expected + LIST_SLACK
     pprof = tmp_path / "heap.pb.gz"
@@ -131,7 +133,8 @@ def test_exports_carry_the_python_lines(debian_profile: Path, tmp_path: Path) ->
     line = next((row for row in top.stdout.splitlines() if f"pyleak.py:{LEAK_LINE}" in row),
                 "")
     assert line.split() and line.split()[-2] == "leak", top.stdout
-    # flat 0 (the leaf is the allocator's), cumulative: the leak's bytes
+    # flat and cumulative: the leak's bytes (the call site is the leaf, as in `top heap`)
+    assert expected <= int(line.split()[0].rstrip("B")) <= expected + LIST_SLACK, line
     assert expected <= int(line.split()[3].rstrip("B")) <= expected + LIST_SLACK, line
 
 
@@ -277,3 +280,22 @@ def test_allocation_without_the_gil_gets_no_python_frames(tmp_path: Path, name: 
     native = [r for r in rows if r["total_alloc_bytes"] == 300 * 12345]
     assert len(native) == 1 and native[0]["alloc_count"] == 300, rows[:5]
     assert not str(native[0]["file"]).endswith(".py")
+
+
+@pytest.mark.parametrize("scope", [["--since", "0s"], ["--tid", "MAIN"]])
+def test_filtered_reports_keep_the_python_call_site(debian_profile: Path,
+                                                    scope: list[str]) -> None:
+    """A time range or a thread makes `top heap` rebuild call sites from the stacks (not the
+    recorder's per-site rows): the site is still the innermost Python frame, not the C
+    function under it that called malloc (bytes(), here)."""
+    if scope[0] == "--tid":
+        conn = sqlite3.connect(f"file:{debian_profile}?mode=ro", uri=True)
+        try:
+            (main_tid,) = conn.execute("SELECT MIN(tid) FROM threads").fetchone()
+        finally:
+            conn.close()
+        scope = ["--tid", str(main_tid)]
+    rows = top_json(debian_profile, "heap", "-g", "lines", *scope)
+    leak = _row(rows, LEAK_LINE)
+    assert leak["function"] == "leak", rows[:5]
+    assert rows[0] is not None and rows[0]["line"] == LEAK_LINE, rows[:5]

@@ -49,11 +49,11 @@ static __attribute__((noinline)) void spin(uint64_t iterations) {
  * sample lands at nearly the same phase of the cycle and the 3:1 split read 0.66 to 0.76
  * over ~1250 samples (0.698 once in CI). Rounds of random length spread the phases;
  * heavy and light share each round's unit, so the work stays exactly 3:1. */
-static uint64_t round_unit(void) {
-    static uint64_t state = 0x9e3779b97f4a7c15ull;
-    state ^= state << 13, state ^= state >> 7, state ^= state << 17; /* xorshift64 */
-    return UNIT_ITERS / 2 + state % UNIT_ITERS;
-}
+/* A macro, not a function: tests assert work()'s callees are exactly heavy and light, and a
+ * function of its own (even inlined: rsprof reports inline frames) got a sample now and then. */
+#define ROUND_UNIT(state)                                                                    \
+    ((state) ^= (state) << 13, (state) ^= (state) >> 7, (state) ^= (state) << 17, /* xorshift64 */ \
+     UNIT_ITERS / 2 + (state) % UNIT_ITERS)
 
 #ifndef HEAVY_UNITS
 #define HEAVY_UNITS 3 /* -DHEAVY_UNITS=N builds a variant with another split, for diffs */
@@ -61,7 +61,8 @@ static uint64_t round_unit(void) {
 __attribute__((noinline)) void heavy(uint64_t unit) { spin(HEAVY_UNITS * unit); }
 __attribute__((noinline)) void light(uint64_t unit) { spin(unit); }
 __attribute__((noinline)) void work(void) {
-    uint64_t unit = round_unit();
+    static uint64_t state = 0x9e3779b97f4a7c15ull;
+    uint64_t unit = ROUND_UNIT(state);
     heavy(unit);
     light(unit);
 }
