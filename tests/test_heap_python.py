@@ -229,6 +229,11 @@ def test_frames_read_safely_in_every_situation(tmp_path: Path, name: str) -> Non
     rows = [r for r in top_json(out, "heap", "-g", "lines")
             if str(r["file"]).endswith("pystress.py")]
     by_line = {int(r["line"]): r for r in rows}  # type: ignore[call-overload]
+    # Every site below must be there; if one is not, show what was (a rare failure in CI
+    # under 4 CPU hogs had no row for the coroutine's line, cause not found yet).
+    wanted = {_stress_line(what) for what in ("generator", "coroutine", "finalizer", "raise")}
+    assert wanted <= set(by_line), (sorted(wanted - set(by_line)), rows,
+                                    top_json(out, "heap", "-n", "15"), profile_meta(out))
     assert by_line[_stress_line("generator")]["function"] == "gen"
     assert by_line[_stress_line("generator")]["alloc_count"] == 3 * 200
     assert by_line[_stress_line("coroutine")]["function"] == "coro"
