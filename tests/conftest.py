@@ -21,6 +21,30 @@ C_FLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer
 BUILD_DIR = Path(os.environ.get("RSPROF_TEST_BUILD", "/tmp/rsprof-test-targets"))
 
 
+# The CPython interpreters the Python tests run on: Debian's 3.11, and pyenv's newest 3.12
+# and 3.13 when installed (a test parametrized over PYTHONS skips the missing ones).
+PYENV = Path.home() / ".pyenv/versions"
+
+
+def _installed_pythons() -> dict[str, Path | None]:
+    found: dict[str, Path | None] = {"debian-3.11": Path("/usr/bin/python3.11")}
+    for minor in ("3.12", "3.13"):
+        installs = sorted(PYENV.glob(f"{minor}.*/bin/python{minor}"))
+        found[f"pyenv-{minor}"] = installs[-1] if installs else None
+    return found
+
+
+PYTHONS = _installed_pythons()
+
+
+def python_binary(name: str) -> Path:
+    """The interpreter PYTHONS names, or a skip when it is not installed."""
+    binary = PYTHONS[name]
+    if binary is None or not binary.exists():
+        pytest.skip(f"{name} is not installed")
+    return binary
+
+
 def assert_share(part: float, rest: float, expected: float, *, floor: float = 0.04) -> None:
     """`part / (part + rest)` is `expected` within sampling error: four standard deviations
     of a binomial share over the samples at hand, never tighter than `floor`. Sample counts

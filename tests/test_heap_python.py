@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TARGETS, profile_meta, run_rsprof, top_json
+from conftest import PYTHONS, TARGETS, profile_meta, python_binary, run_rsprof, top_json
 from rsprof.collector.pyframes import LAYOUTS
 
 from rsprof._native import HeapReader
@@ -26,7 +26,6 @@ SOURCE = SCRIPT.read_text().splitlines()
 LEAK_LINE = next(i + 1 for i, line in enumerate(SOURCE) if "# the leak" in line)
 CHURN_LINE = next(i + 1 for i, line in enumerate(SOURCE) if "# the churn" in line)
 LEAK_COUNT, LEAK_SIZE, CHURN_COUNT, CHURN_SIZE = 1000, 10000, 500, 20000
-PYENV = Path.home() / ".pyenv/versions"
 # A bytes object of n bytes is one block of n + 33 (PyBytesObject: 32-byte header and the
 # trailing NUL); the list that keeps them grows at the same line (its pointer array,
 # reallocated as it grows: at most ~9 KiB live for 1000 items). So the leak's live bytes
@@ -34,22 +33,6 @@ PYENV = Path.home() / ".pyenv/versions"
 OBJECT_OVERHEAD, LIST_SLACK = 33, 16 * 1024
 
 
-def _pythons() -> dict[str, Path | None]:
-    found: dict[str, Path | None] = {"debian-3.11": Path("/usr/bin/python3.11")}
-    for minor in ("3.12", "3.13"):
-        installs = sorted(PYENV.glob(f"{minor}.*/bin/python{minor}"))
-        found[f"pyenv-{minor}"] = installs[-1] if installs else None
-    return found
-
-
-PYTHONS = _pythons()
-
-
-def _python(name: str) -> Path:
-    binary = PYTHONS[name]
-    if binary is None or not binary.exists():
-        pytest.skip(f"{name} is not installed")
-    return binary
 
 
 def _record(tmp_path: Path, python: Path, *extra: str) -> Path:
@@ -69,7 +52,7 @@ def _row(rows: list[dict[str, object]], line: int) -> dict[str, object]:
 
 @pytest.mark.parametrize("name", list(PYTHONS))
 def test_python_leak_found_at_its_line(tmp_path: Path, name: str) -> None:
-    profile = _record(tmp_path, _python(name))
+    profile = _record(tmp_path, python_binary(name))
     rows = top_json(profile, "heap", "-g", "lines")
     leak = _row(rows, LEAK_LINE)
     assert leak["function"] == "leak"
@@ -90,7 +73,7 @@ def test_python_leak_found_at_its_line(tmp_path: Path, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def debian_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _record(tmp_path_factory.mktemp("pyheap"), _python("debian-3.11"))
+    return _record(tmp_path_factory.mktemp("pyheap"), python_binary("debian-3.11"))
 
 
 def test_python_heap_stacks_read_through(debian_profile: Path) -> None:
@@ -167,7 +150,7 @@ def test_tui_memory_view_lists_the_leak_line(debian_profile: Path) -> None:
 
 
 def test_python_off_keeps_native_stacks(tmp_path: Path) -> None:
-    profile = _record(tmp_path, _python("debian-3.11"), "--python", "off")
+    profile = _record(tmp_path, python_binary("debian-3.11"), "--python", "off")
     rows = top_json(profile, "heap", "-g", "lines")
     assert not [r for r in rows if str(r["file"]).endswith("pyleak.py")]
     assert sum(int(r["live_bytes"]) for r in rows) >= LEAK_COUNT * LEAK_SIZE  # type: ignore[call-overload]
@@ -223,7 +206,7 @@ def test_frames_read_safely_in_every_situation(tmp_path: Path, name: str) -> Non
     target runs to its end, every site is at its own line, nothing is lost."""
     out = tmp_path / "stress.db"
     result = run_rsprof("run", "-q", "-i", "200ms", "-o", str(out), "--",
-                        str(_python(name)), str(STRESS))
+                        str(python_binary(name)), str(STRESS))
     assert result.returncode == 0, result.stderr
     assert "target exited with code 0" in result.stderr
     rows = [r for r in top_json(out, "heap", "-g", "lines")
@@ -266,7 +249,7 @@ def test_allocation_without_the_gil_gets_no_python_frames(tmp_path: Path, name: 
     Python) native frames only, never the GIL holder's line; with the GIL, its own line."""
     out = tmp_path / "gil.db"
     result = run_rsprof("run", "-q", "-i", "200ms", "-o", str(out), "--",
-                        str(_python(name)), str(GIL))
+                        str(python_binary(name)), str(GIL))
     assert result.returncode == 0, result.stderr
     rows = top_json(out, "heap", "-g", "lines")
 

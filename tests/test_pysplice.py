@@ -14,10 +14,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import TARGETS, assert_share, profile_meta, record_pid, run_rsprof, top_json
+from conftest import (
+    TARGETS,
+    assert_share,
+    profile_meta,
+    python_binary,
+    record_pid,
+    run_rsprof,
+    top_json,
+)
 
 SCRIPT = TARGETS / "pysplit.py"
-PYENV = Path.home() / ".pyenv/versions"
 SOURCE = SCRIPT.read_text().splitlines()
 
 
@@ -32,22 +39,6 @@ CALLS = {"heavy": _line_of("heavy()", MAIN_DEF), "light": _line_of("light()", MA
 MODULE_CALL = _line_of("main(seconds)", _line_of("__main__"))
 
 
-def _pythons() -> dict[str, Path | None]:
-    found: dict[str, Path | None] = {"debian-3.11": Path("/usr/bin/python3.11")}
-    for minor in ("3.12", "3.13"):
-        installs = sorted(PYENV.glob(f"{minor}.*/bin/python{minor}"))
-        found[f"pyenv-{minor}"] = installs[-1] if installs else None
-    return found
-
-
-PYTHONS = _pythons()
-
-
-def _python(name: str) -> Path:
-    binary = PYTHONS[name]
-    if binary is None or not binary.exists():
-        pytest.skip(f"{name} is not installed")
-    return binary
 
 
 Frame = tuple[str, str, int]  # function, file, line
@@ -85,7 +76,7 @@ def _run_split(python: Path, out: Path, *extra: str) -> Path:
 
 @pytest.fixture(scope="module")
 def debian_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run_split(_python("debian-3.11"), tmp_path_factory.mktemp("pysplice") / "p.db")
+    return _run_split(python_binary("debian-3.11"), tmp_path_factory.mktemp("pysplice") / "p.db")
 
 
 def _check_split(profile: Path) -> None:
@@ -127,7 +118,7 @@ def test_run_splits_python_frames_debian_311(debian_profile: Path) -> None:
 @pytest.mark.parametrize("name", ["pyenv-3.12", "pyenv-3.13"])
 def test_run_splits_python_frames_pyenv(name: str, tmp_path: Path) -> None:
     """The same on pyenv's 3.12 and 3.13 (libpython shared; 3.13's own debug offsets)."""
-    profile = _run_split(_python(name), tmp_path / "p.db")
+    profile = _run_split(python_binary(name), tmp_path / "p.db")
     _check_split(profile)
     assert profile_meta(profile)["python_runtimes"].startswith(name.split("-")[1])
 
@@ -177,7 +168,7 @@ def test_exports_carry_python_names(debian_profile: Path, tmp_path: Path) -> Non
 
 def test_python_off_keeps_native_stacks(tmp_path: Path) -> None:
     """--python=off: the interpreter's own frames, no Python ones, no Python meta."""
-    profile = _run_split(_python("debian-3.11"), tmp_path / "off.db", "--python=off")
+    profile = _run_split(python_binary("debian-3.11"), tmp_path / "off.db", "--python=off")
     stacks = _stacks(profile)
     assert not any(_python_part(frames) for _, _, frames in stacks)
     evaluating = sum(count for count, _, frames in stacks
@@ -190,7 +181,7 @@ def test_python_off_keeps_native_stacks(tmp_path: Path) -> None:
 def test_attach_reads_each_threads_frames(tmp_path: Path) -> None:
     """`rsprof -p` on two Python threads: each thread's samples carry its own function
     (spin -> heavy on one, spin -> light on the other)."""
-    proc = subprocess.Popen([str(_python("debian-3.11")), str(SCRIPT), "30", "threads"],
+    proc = subprocess.Popen([str(python_binary("debian-3.11")), str(SCRIPT), "30", "threads"],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -245,7 +236,7 @@ def test_forked_child_has_its_own_python_frames(tmp_path: Path) -> None:
     script = TARGETS / "pyfork.py"
     out = tmp_path / "fork.db"
     result = run_rsprof("run", "-q", "--cpu-freq", "499", "-o", str(out), "--",
-                        str(_python("debian-3.11")), str(script), "1.5", timeout=120)
+                        str(python_binary("debian-3.11")), str(script), "1.5", timeout=120)
     assert result.returncode == 0, result.stderr
     conn = sqlite3.connect(f"file:{out}?mode=ro", uri=True)
     pids = [pid for (pid,) in conn.execute("SELECT DISTINCT pid FROM processes ORDER BY id")]
