@@ -43,6 +43,9 @@ class HeapTracker:
         self.dropped: str | None = None
         self._last_taken = False
         self.resolver = resolver
+        # The sampler's image of the process that made the ring (set by the recorder;
+        # None when the process was gone before the ring was attached).
+        self.image: int | None = None
         self._native_to_stored: dict[int, int] = {}
         self._site_of_stack: dict[int, int] = {}
         self.sample_bytes = 0

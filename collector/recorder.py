@@ -424,8 +424,18 @@ class Recorder:
         image = self._images.get(self._image_of_pid.get(pid, 1))
         tracker = HeapTracker.attach(pid, image.resolver if image else self.resolver, self.warn,
                                      python=lambda: self._heap_python(pid))
-        if tracker is not None:
-            self._heaps[ring] = tracker
+        if tracker is None:
+            return
+        # The image that made the ring: its fork or exec record is in the perf ring by now
+        # (the kernel writes it before the new image runs), drained here. Its stacks are
+        # resolved with that image's mappings, never those of the image before an exec
+        # (the main thread may not have taken the exec record yet).
+        self.sampler.poll(0)
+        tracker.image = next(
+            (live_image for live_pid, live_image in self.sampler.images() if live_pid == pid),
+            None,
+        )
+        self._heaps[ring] = tracker
 
     def _heap_python(self, pid: int) -> PyFrameReader | None:
         """The frame reader that decodes the Python frames of pid's allocations: the one its
@@ -487,7 +497,12 @@ class Recorder:
         )
         for ring, heap in list(self._heaps.items()):
             pid = ring[0]
-            current = self._images.get(self._image_of_pid.get(pid, 0))
+            if heap.image is None:  # gone before it was attached: its last image
+                current = self._images.get(self._image_of_pid.get(pid, 0))
+            else:
+                current = self._images.get(heap.image)
+                if current is None and not final:
+                    continue  # attached after this batch was taken: the next one has it
             if current is not None:
                 heap.resolver = current.resolver
             done = heap.fill_checkpoint(checkpoint)

@@ -861,6 +861,27 @@ static uint32_t read_flags(HeapReaderObject *r) {
     return flags;
 }
 
+/* Has everything the writer committed been read?  Called after the header flags were
+ * loaded: the shim marks its ring exited after its last event, so the write position
+ * loaded now covers every event before the mark.  A writer that can write no more (its
+ * process is gone or exec'd) may have left a record reserved but never committed: nothing
+ * past it will ever be readable, so the ring counts as read.  Same guard as read_flags. */
+static bool read_to_end(HeapReaderObject *r, bool writer_gone) {
+    if (r->error != RERR_NONE || !ring_size_ok(r)) return true;
+    sigjmp_buf jb;
+    if (sigsetjmp(jb, 1) != 0) {
+        set_error(r, RERR_TRUNCATED, r->read_pos, "the ring file was truncated (SIGBUS)");
+        return true;
+    }
+    t_bus_jmp = &jb;
+    uint64_t w = __atomic_load_n(&r->hdr->write_pos, __ATOMIC_ACQUIRE);
+    bool done = r->read_pos >= w ||
+                (writer_gone &&
+                 __atomic_load_n(&r->data[(r->read_pos >> 3) & r->mask], __ATOMIC_ACQUIRE) == 0);
+    t_bus_jmp = NULL;
+    return done;
+}
+
 /* ------------------------------------------------------------------ helpers */
 
 
@@ -1288,7 +1309,11 @@ static PyObject *build_take(HeapReaderObject *r) {
     /* Exited: the shim said so, or the process is gone (killed: no chance to say so). */
     bool gone = r->start_time != 0 ? heapring_start_time(r->pid) != r->start_time
                                    : !pid_alive(r->pid);
-    bool exited = (flags & RSPROF_HEAP_HF_EXITED) || gone;
+    /* Only once its last events are read: a checkpoint that came while the process waited
+     * at exit for the drain used to close the ring with them unread (a short child lost
+     * its last 30-60 ms of allocations). */
+    bool exited = ((flags & RSPROF_HEAP_HF_EXITED) || gone) &&
+                  read_to_end(r, gone || (flags & RSPROF_HEAP_HF_EXECED));
     PyObject *vals[HB_NFIELDS] = {
         PyLong_FromUnsignedLongLong(r->events),
         PyLong_FromUnsignedLongLong(lost - r->lost_seen),
@@ -1298,7 +1323,7 @@ static PyObject *build_take(HeapReaderObject *r) {
         units(r, r->live_bytes),
         units(r, r->live_blocks),
         PyBool_FromLong(exited),
-        PyBool_FromLong((flags & RSPROF_HEAP_HF_EXECED) != 0),
+        PyBool_FromLong(exited && (flags & RSPROF_HEAP_HF_EXECED) != 0),
         PyLong_FromUnsignedLongLong(r->sample_bytes),
         PyLong_FromUnsignedLongLong(r->dropped),
         Py_NewRef(thread_rows),
