@@ -10,7 +10,7 @@ from rsprof.collector.frames import FrameResolver
 from rsprof.storage.callsite import call_site
 from rsprof.storage.writer import Checkpoint, HeapDelta
 
-from rsprof._native import HeapReader, PyFrameReader
+from rsprof._native import HeapBatch, HeapReader, PyFrameReader
 
 # Finds the PyFrameReader of the tracked process (the same one whose function ids the CPU
 # samples carry), None when it has no supported CPython or Python frames are off; raises
@@ -144,17 +144,22 @@ class HeapTracker:
         except (OSError, ValueError):
             pass
 
-    def fill_checkpoint(self, checkpoint: Checkpoint) -> bool:
-        """Adds what the ring delivered since the last call to the checkpoint (several
-        processes' trackers may fill one). True when the ring is done: the process exited,
-        or exec'd (its new image, if it has the shim, makes a new ring)."""
+    def take(self) -> HeapBatch | None:
+        """What the ring delivered since the last take; None once a dropped ring's last
+        batch was taken."""
         with self._lock:
             if self._last_taken:
-                return False
+                return None
             # Everything read before a corrupt record is valid: taken once more, then
             # nothing from this ring.
             self._last_taken = self.dropped is not None
-            batch = self.reader.take()
+            return self.reader.take()
+
+    def fill_checkpoint(self, checkpoint: Checkpoint, batch: HeapBatch) -> bool:
+        """Adds a batch from take() to the checkpoint (several processes' trackers may
+        fill one), its new stacks resolved with `resolver` as it is now. True when the ring
+        is done: the process exited, or exec'd (its new image, if it has the shim, makes a
+        new ring)."""
         self.sample_bytes = batch.sample_bytes
         self.mode = "sampled" if self.sample_bytes else "full"
         if self.python_reader is not None:

@@ -450,6 +450,13 @@ class Recorder:
 
     def _checkpoint(self, final: bool = False) -> bool:
         """Writes one checkpoint; returns True when the target has exited."""
+        # The heap first, then the perf records: a heap stack may run through a library
+        # dlopen'd or a process exec'd a moment ago, and their MMAP, FORK and EXEC records
+        # were written to the perf ring before the allocation was, so polling it now brings
+        # every one of them into this batch. (Taken the other way round, allocations read
+        # after the take lost their frames in a just-loaded _asyncio module as [truncated].)
+        heap_batches = [(ring, heap, heap.take()) for ring, heap in list(self._heaps.items())]
+        self.sampler.poll(0)
         batch = self.sampler.take()
         names = dict(batch.comms)
         # A fork copies its parent's mappings, those the parent mapped in this batch too
@@ -495,17 +502,18 @@ class Recorder:
             thread_pids=self._thread_pids,
             exited_threads=batch.exited_threads,
         )
-        for ring, heap in list(self._heaps.items()):
+        for ring, heap, heap_batch in heap_batches:
+            if heap_batch is None:
+                continue  # a dropped ring, its last batch already written
             pid = ring[0]
-            if heap.image is None:  # gone before it was attached: its last image
+            # The image that made the ring (else, gone before it was attached, the pid's
+            # last one): after an exec, the old ring's stacks keep the old mappings.
+            current = self._images.get(heap.image if heap.image is not None else -1)
+            if current is None:
                 current = self._images.get(self._image_of_pid.get(pid, 0))
-            else:
-                current = self._images.get(heap.image)
-                if current is None and not final:
-                    continue  # attached after this batch was taken: the next one has it
             if current is not None:
                 heap.resolver = current.resolver
-            done = heap.fill_checkpoint(checkpoint)
+            done = heap.fill_checkpoint(checkpoint, heap_batch)
             stats = heap.python_stats()
             if stats is not None:
                 self._heap_py_stats[ring] = stats
