@@ -72,6 +72,7 @@ class Run:
     cpu_s: float = 0.0  # the target's user + system CPU time (load inflates it less than wall)
     stacks: int = 0  # distinct allocation stacks the reader saw
     depth: float = 0.0  # their mean depth (frames)
+    repeated: int = 0  # allocations sent as a repeat of their thread's stack (ALLOC_AGAIN)
 
 
 @dataclass
@@ -179,6 +180,7 @@ def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
             time.sleep(0.005)
     events += reader.poll()
     batch = reader.take()
+    repeated = getattr(reader, "repeated", 0)  # builds before ALLOC_AGAIN: none
     reader.close()
     out = proc.stdout.read()
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -188,7 +190,7 @@ def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
     depth = sum(len(ips) for _, ips in batch.new_stacks) / stacks if stacks else 0.0
     return Run(loop_time(out), time.perf_counter() - t0, events, batch.lost, busy,
                user_s=usage.ru_utime, cpu_s=usage.ru_utime + usage.ru_stime, stacks=stacks,
-               depth=depth)
+               depth=depth, repeated=repeated)
 
 
 def run_rsprof(argv: list[str], tmp: Path, env: dict[str, str] | None = None) -> Run:
@@ -272,7 +274,8 @@ def report(target: Target, size: str, modes: list[Mode], repeat: int) -> None:
     print(f"{target.name} ({size}), median of {repeat} (heaptrack: 1 run); plain loop "
           f"{base_loop:.3f} s, wall {base_wall:.3f} s, user {base_user:.3f} s")
     print(f"{'mode':18s} {'loop s':>8s} {'wall s':>8s} {'x plain':>8s} {'events':>11s} "
-          f"{'lost':>9s} {'reader s':>9s} {'stacks':>7s} {'depth':>6s} {'cpu x':>6s}")
+          f"{'lost':>9s} {'reader s':>9s} {'stacks':>7s} {'depth':>6s} {'cpu x':>6s} "
+          f"{'repeats':>9s}")
     for mode in modes:
         loop, wall = mode.median("loop_s"), mode.median("wall_s")
         if mode.name in WALL_MODES:
@@ -286,9 +289,11 @@ def report(target: Target, size: str, modes: list[Mode], repeat: int) -> None:
         stacks = str(int(mode.median("stacks"))) if events else "-"
         depth = f"{mode.median('depth'):.1f}" if events else "-"
         cpu = f"{mode.median('cpu_s') / base_cpu:.2f}" if events else "-"
+        repeats = str(int(mode.median("repeated"))) if events else "-"
         print(f"{mode.name:18s} {loop:8.3f} {wall:8.3f} {ratio:8.2f} "
               f"{events if events else '-':>11} {lost if events else '-':>9} "
-              f"{f'{busy:.3f}' if busy else '-':>9} {stacks:>7} {depth:>6} {cpu:>6}")
+              f"{f'{busy:.3f}' if busy else '-':>9} {stacks:>7} {depth:>6} {cpu:>6} "
+              f"{repeats:>9}")
 
 
 def main() -> int:

@@ -454,6 +454,58 @@ static void ts_free(thread_sites *t) {
     memset(t, 0, sizeof *t);
 }
 
+/* ------------------------------------------------------------------ ways */
+
+/* The stack each thread's memo ways hold (docs/heap-ring.md, "Ways"): open addressing by
+ * tid, with the last thread's entry remembered (an allocating thread writes runs of
+ * records).  Entries are never removed: a new thread with a reused tid names its ways
+ * before it repeats them. */
+#define MAX_WAY_THREADS (1u << 20)
+typedef struct {
+    uint32_t tid; /* 0: empty */
+    uint32_t stack1[RSPROF_HEAP_MAX_WAYS]; /* stack id + 1; 0: not named */
+} way_entry;
+typedef struct {
+    way_entry *entries;
+    size_t cap, count, last;
+} way_table;
+
+/* The ways of `tid`; NULL when the thread named none (create: out of memory, or over the
+ * bound: its ways are then forgotten, and their repeats dropped and counted). */
+static uint32_t *ways_of(way_table *t, uint32_t tid, bool create) {
+    if (tid == 0) return NULL;
+    if (t->cap && t->entries[t->last].tid == tid) return t->entries[t->last].stack1;
+    if (t->cap == 0 || (create && (t->count + 1) * 2 > t->cap)) {
+        if (!create) return NULL;
+        size_t cap = t->cap ? t->cap * 2 : 64;
+        if (t->count >= MAX_WAY_THREADS) return NULL;
+        way_entry *e = calloc(cap, sizeof *e);
+        if (e == NULL) return NULL;
+        for (size_t i = 0; i < t->cap; i++) {
+            if (t->entries[i].tid == 0) continue;
+            size_t j = (t->entries[i].tid * 0x9E3779B1u) & (cap - 1);
+            while (e[j].tid != 0) j = (j + 1) & (cap - 1);
+            e[j] = t->entries[i];
+        }
+        free(t->entries);
+        t->entries = e;
+        t->cap = cap;
+        t->last = 0;
+    }
+    size_t j = (tid * 0x9E3779B1u) & (t->cap - 1);
+    for (;; j = (j + 1) & (t->cap - 1)) {
+        if (t->entries[j].tid == tid) break;
+        if (t->entries[j].tid == 0) {
+            if (!create) return NULL;
+            t->entries[j].tid = tid;
+            t->count++;
+            break;
+        }
+    }
+    t->last = j;
+    return t->entries[j].stack1;
+}
+
 /* ------------------------------------------------------------------ reader object */
 
 #define PY_MEMO 16384
@@ -485,6 +537,8 @@ typedef struct {
     live_map live;
     stack_table stacks;
     thread_sites by_thread;
+    way_table ways;
+    uint64_t again;           /* ALLOC_AGAIN records read (totals since attach) */
     uint32_t *dirty;
     size_t ndirty, dirty_cap;
     uint32_t reported_stacks; /* stacks with id < this were returned by take() */
@@ -641,32 +695,17 @@ static int decode_python(HeapReaderObject *r, uint32_t id, unsigned native) {
     return RERR_NONE;
 }
 
-static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, uint32_t tid,
-                    const uint64_t *ips, unsigned depth, unsigned native) {
-    int64_t b, c;
-    if (addr == 0 || !weigh(r, size, &b, &c)) return RERR_CORRUPT; /* malloc never records NULL */
-    bool created;
-    int64_t id = stacks_intern(&r->stacks, ips, depth, native, r->reported_stacks,
-                               r->reported_ips,
-                               &created);
-    if (id == -1) return RERR_NOMEM;
-    if (id == -2) { /* over a bound: dropped, counted */
-        r->dropped++;
-        return RERR_NONE;
-    }
-    /* A new stack with Python frames is decoded now, while its code objects most likely
-     * still exist (also when a first try ran out of memory: ann_depth is still 0). */
-    (void)created;
-    if (depth > native && r->stacks.info[id].ann_depth == 0) {
-        int e = decode_python(r, (uint32_t)id, native);
-        if (e != RERR_NONE) return e;
-    }
-    /* Looked up before the block is inserted: running out of memory here leaves the record
-     * for a later poll with nothing charged yet. */
-    if (ts_get(&r->by_thread, (uint32_t)id, tid) == NULL) return RERR_NOMEM;
+/* Charges an allocation of b bytes / c blocks (weighed) at addr, by thread tid, to a
+ * stack.  Looks the thread's entry up before the block is inserted: running out of memory
+ * here leaves the record for a later poll with nothing charged yet. */
+static int charge_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, int64_t b,
+                        int64_t c, uint32_t tid, uint32_t id) {
+    thread_site *ts = ts_get(&r->by_thread, id, tid);
+    if (ts == NULL) return RERR_NOMEM;
+    size_t ts_index = (size_t)(ts - r->by_thread.entries);
     bool had_old;
     live_entry old;
-    int put = live_put(&r->live, addr, size, (uint32_t)id, tid, &had_old, &old);
+    int put = live_put(&r->live, addr, size, id, tid, &had_old, &old);
     if (put == 0) return RERR_NOMEM;
     if (put < 0) {
         r->dropped++;
@@ -678,14 +717,54 @@ static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, uint32_t 
         int e = charge_free(r, &old);
         if (e != RERR_NONE) return e;
     }
-    thread_site *ts = ts_get(&r->by_thread, (uint32_t)id, tid); /* found: no allocation */
-    if (ts == NULL) return RERR_NOMEM;
+    ts = &r->by_thread.entries[ts_index]; /* charge_free may have moved the entries */
     stack_info *si = &r->stacks.info[id];
     if (!add_ck(&si->alloc_bytes, b) || !add_ck(&si->alloc_count, c) ||
         !add_ck(&ts->alloc_bytes, b) || !add_ck(&ts->alloc_count, c) ||
         !add_ck(&r->live_bytes, b) || !add_ck(&r->live_blocks, c))
         return RERR_CORRUPT;
-    return mark_dirty(r, (uint32_t)id) ? RERR_NONE : RERR_NOMEM;
+    return mark_dirty(r, id) ? RERR_NONE : RERR_NOMEM;
+}
+
+/* An ALLOC record; way (1 .. RSPROF_HEAP_MAX_WAYS, 0: none) is the memo way of thread tid
+ * that now holds this stack. */
+static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, uint32_t tid,
+                    const uint64_t *ips, unsigned depth, unsigned native, unsigned way) {
+    int64_t b, c;
+    if (addr == 0 || !weigh(r, size, &b, &c)) return RERR_CORRUPT; /* malloc never records NULL */
+    bool created;
+    int64_t id = stacks_intern(&r->stacks, ips, depth, native, r->reported_stacks,
+                               r->reported_ips, &created);
+    if (id == -1) return RERR_NOMEM;
+    uint32_t *ways = way ? ways_of(&r->ways, tid, true) : NULL;
+    if (ways != NULL) ways[way - 1] = id >= 0 ? (uint32_t)id + 1 : 0; /* 0: repeats dropped */
+    if (id == -2) { /* over a bound: dropped, counted */
+        r->dropped++;
+        return RERR_NONE;
+    }
+    /* A new stack with Python frames is decoded now, while its code objects most likely
+     * still exist (also when a first try ran out of memory: ann_depth is still 0). */
+    (void)created;
+    if (depth > native && r->stacks.info[id].ann_depth == 0) {
+        int e = decode_python(r, (uint32_t)id, native);
+        if (e != RERR_NONE) return e;
+    }
+    return charge_alloc(r, addr, size, b, c, tid, (uint32_t)id);
+}
+
+/* An ALLOC_AGAIN record: the stack of thread tid's way (1 .. RSPROF_HEAP_MAX_WAYS). */
+static int on_again(HeapReaderObject *r, uint64_t addr, uint64_t size, uint32_t tid,
+                    unsigned way) {
+    int64_t b, c;
+    if (addr == 0 || !weigh(r, size, &b, &c)) return RERR_CORRUPT;
+    const uint32_t *ways = ways_of(&r->ways, tid, false);
+    if (ways == NULL || ways[way - 1] == 0) { /* named to a reader before us, or dropped */
+        r->dropped++;
+        return RERR_NONE;
+    }
+    int e = charge_alloc(r, addr, size, b, c, tid, ways[way - 1] - 1);
+    if (e == RERR_NONE) r->again++;
+    return e;
 }
 
 static int on_free(HeapReaderObject *r, uint64_t addr) {
@@ -767,7 +846,21 @@ static uint64_t drain_records(HeapReaderObject *r) {
                     r->py_undecoded++;
                 }
             }
-            err = on_alloc(r, addr, size, RSPROF_HEAP_HEAD_TID(head), ips, key, depth);
+            unsigned way = RSPROF_HEAP_HEAD_WAY(head);
+            if (way > RSPROF_HEAP_MAX_WAYS ||
+                (way && (RSPROF_HEAP_HEAD_FLAGS(head) & RSPROF_HEAP_RF_PYTHON))) {
+                set_error(r, RERR_CORRUPT, pos, "bad way");
+                break;
+            }
+            err = on_alloc(r, addr, size, RSPROF_HEAP_HEAD_TID(head), ips, key, depth, way);
+        } else if (kind == RSPROF_HEAP_REC_ALLOC_AGAIN) {
+            unsigned way = RSPROF_HEAP_HEAD_WAY(head);
+            if (way == 0 || way > RSPROF_HEAP_MAX_WAYS) {
+                set_error(r, RERR_CORRUPT, pos, "bad way");
+                break;
+            }
+            words = RSPROF_HEAP_AGAIN_WORDS;
+            err = on_again(r, d[(i + 1) & m], d[(i + 2) & m], RSPROF_HEAP_HEAD_TID(head), way);
         } else {
             set_error(r, RERR_CORRUPT, pos, "bad record kind");
             break;
@@ -929,6 +1022,8 @@ static void release_mapping(HeapReaderObject *r) {
     free(slots);
     stacks_free(&r->stacks);
     ts_free(&r->by_thread);
+    free(r->ways.entries);
+    memset(&r->ways, 0, sizeof r->ways);
     free(r->dirty);
     r->dirty = NULL;
     r->ndirty = r->dirty_cap = 0;
@@ -1051,6 +1146,8 @@ static int do_attach(HeapReaderObject *r, int pid) {
             if (__atomic_compare_exchange_n(&hdr->reader_pid, &cur, me, 0, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE)) {
                 read_pos = __atomic_load_n(&hdr->read_pos, __ATOMIC_ACQUIRE);
+                /* The shim's threads name their ways again to us (docs/heap-ring.md). */
+                __atomic_add_fetch(&hdr->reader_epoch, 1, __ATOMIC_ACQ_REL);
                 read_ok = 1;
                 break;
             }
@@ -1452,6 +1549,9 @@ static PyObject *HeapReader_get_ring_bytes(HeapReaderObject *r, void *c) {
 static PyObject *HeapReader_get_sample_bytes(HeapReaderObject *r, void *c) {
     return PyLong_FromUnsignedLongLong(r->sample_bytes);
 }
+static PyObject *HeapReader_get_repeated(HeapReaderObject *r, void *c) {
+    return PyLong_FromUnsignedLongLong(r->again);
+}
 static PyObject *HeapReader_get_closed(HeapReaderObject *r, void *c) {
     return PyBool_FromLong(r->closed);
 }
@@ -1486,6 +1586,9 @@ static PyGetSetDef HeapReader_getset[] = {
     {"ring_bytes", (getter)HeapReader_get_ring_bytes, NULL, "data area size in bytes", NULL},
     {"sample_bytes", (getter)HeapReader_get_sample_bytes, NULL, "0 = full capture", NULL},
     {"closed", (getter)HeapReader_get_closed, NULL, "close() was called", NULL},
+    {"repeated", (getter)HeapReader_get_repeated, NULL,
+     "allocations read as a repeat of a stack the same thread sent before (ALLOC_AGAIN)",
+     NULL},
     {"python_wanted", (getter)HeapReader_get_python_wanted, NULL,
      "an allocation with Python frames waits for set_python()", NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -32,7 +32,16 @@
  *           the code object later, and only if it still carries the same tag.
  *
  *   FREE records are 2 words (16 bytes); ALLOC records 3 + depth words (+ 1 + 2 n with
- *   Python frames).
+ *   Python frames); ALLOC_AGAIN records 3 words.
+ *
+ * Ways (the shim's memo of each thread's last walks): an ALLOC record without Python frames
+ * may name a way w (RSPROF_HEAP_HEAD_WAY(head) = w + 1): "this stack is now way w of
+ * thread tid".  A later ALLOC_AGAIN record of the same thread with way w (head, address,
+ * size: no stack) is an allocation with that same stack.  Records of one thread are in
+ * program order in the ring, so the naming record always comes first.  A new reader bumps
+ * reader_epoch when it attaches: the shim then names its ways again, since records the
+ * previous reader consumed are gone (an ALLOC_AGAIN written in that moment, whose way the
+ * new reader never saw, is dropped and counted by it).
  *
  * Protocol (multi-producer, single consumer, lossy):
  *   writer: CAS write_pos from w to w + len as long as w + len - read_pos <= ring_size,
@@ -57,7 +66,7 @@
 #include <stdint.h>
 
 #define RSPROF_HEAP_MAGIC 0x3150414548505352ULL /* "RSPHEAP1", little-endian */
-#define RSPROF_HEAP_VERSION 2u /* 2: Python frames in ALLOC records */
+#define RSPROF_HEAP_VERSION 3u /* 2: Python frames in ALLOC records; 3: ways, ALLOC_AGAIN */
 #define RSPROF_HEAP_HEADER_SIZE 4096u
 #define RSPROF_HEAP_MAX_DEPTH 64u
 /* shm_open() name prefix; the file is /dev/shm/rsprof-heap.<pid>. */
@@ -74,7 +83,10 @@
 enum {
     RSPROF_HEAP_REC_ALLOC = 1,
     RSPROF_HEAP_REC_FREE = 2,
+    RSPROF_HEAP_REC_ALLOC_AGAIN = 3, /* an allocation with the stack of a named way */
 };
+/* Ways a thread may name (RSPROF_HEAP_HEAD_WAY is 1 .. this, 0 for none). */
+#define RSPROF_HEAP_MAX_WAYS 8u
 
 /* Record flags (commit word bits 16-31): informational, the reader needs none of them. */
 enum {
@@ -84,7 +96,10 @@ enum {
     RSPROF_HEAP_RF_TRUNCATED = 1u << 3, /* the stack had more frames than max_depth */
     RSPROF_HEAP_RF_FAILED_REALLOC = 1u << 4, /* realloc failed: old block re-announced */
     RSPROF_HEAP_RF_PYTHON = 1u << 5,    /* Python frames follow the return addresses */
+    /* bits 12-15: the way (+ 1) an ALLOC record names or an ALLOC_AGAIN record repeats;
+     * the reader needs these */
 };
+#define RSPROF_HEAP_RF_WAY(way) ((unsigned)((way) + 1) << 12)
 
 /* Header flags (rsprof_heap_header.flags). */
 enum {
@@ -106,6 +121,8 @@ enum {
 #define RSPROF_HEAP_HEAD_DEPTH(h) ((unsigned)(((h) >> 8) & 0xffu))
 #define RSPROF_HEAP_HEAD_FLAGS(h) ((unsigned)(((h) >> 16) & 0xffffu))
 #define RSPROF_HEAP_HEAD_TID(h) ((uint32_t)((h) >> 32))
+#define RSPROF_HEAP_HEAD_WAY(h) ((unsigned)(((h) >> 28) & 0xfu)) /* way + 1; 0: none */
+#define RSPROF_HEAP_AGAIN_WORDS 3u
 #define RSPROF_HEAP_FREE_WORDS 2u
 #define RSPROF_HEAP_ALLOC_WORDS(depth) (3u + (unsigned)(depth))
 #define RSPROF_HEAP_PY_WORDS(n) (1u + 2u * (unsigned)(n))
@@ -147,7 +164,9 @@ struct rsprof_heap_header {
     int32_t reader_pid;    /* pid of the attached reader, 0 if none (reader CASes it) */
     uint64_t lost_events;  /* events dropped because the ring was full (atomic add) */
     uint64_t lost_bytes;   /* their size in ring bytes */
-    uint8_t pad1[64 - 24];
+    uint32_t reader_epoch; /* bumped by every reader that attaches (see "Ways") */
+    uint32_t reserved1;
+    uint8_t pad1[64 - 32];
 
     /* 192: the writers' reservation cursor (CAS). */
     uint64_t write_pos;
@@ -162,6 +181,7 @@ struct rsprof_heap_header {
 #define RSPROF_HEAP_OFF_READER_PID 132u
 #define RSPROF_HEAP_OFF_LOST_EVENTS 136u
 #define RSPROF_HEAP_OFF_LOST_BYTES 144u
+#define RSPROF_HEAP_OFF_READER_EPOCH 152u
 #define RSPROF_HEAP_OFF_WRITE_POS 192u
 #define RSPROF_HEAP_OFF_READ_POS 256u
 
@@ -182,6 +202,8 @@ _Static_assert(offsetof(struct rsprof_heap_header, reader_pid) == RSPROF_HEAP_OF
 _Static_assert(offsetof(struct rsprof_heap_header, lost_events) == RSPROF_HEAP_OFF_LOST_EVENTS,
                "layout");
 _Static_assert(offsetof(struct rsprof_heap_header, lost_bytes) == RSPROF_HEAP_OFF_LOST_BYTES,
+               "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, reader_epoch) == RSPROF_HEAP_OFF_READER_EPOCH,
                "layout");
 _Static_assert(offsetof(struct rsprof_heap_header, write_pos) == RSPROF_HEAP_OFF_WRITE_POS,
                "layout");

@@ -149,7 +149,9 @@ class HeapBatch(tuple[object, ...]):
     def sample_bytes(self) -> int: ...
     @property
     def dropped(self) -> int:
-        """allocations the reader dropped because a bound was reached (a flood)"""
+        """allocations the reader dropped because a bound was reached (a flood), or that
+        repeat a stack named to a reader before this one (ALLOC_AGAIN in the moment of a
+        re-attach)"""
     @property
     def thread_sites(self) -> list[tuple[int, int, int, int, int, int]]:
         """(stack_id, tid, alloc_bytes, alloc_count, free_bytes, free_count): `sites` split
@@ -171,6 +173,9 @@ class HeapReader:
     def sample_bytes(self) -> int: ...
     @property
     def closed(self) -> bool: ...
+    @property
+    def repeated(self) -> int:
+        """Allocations read as a repeat of a stack their thread sent before."""
     @property
     def python_wanted(self) -> bool: ...
     def set_python(self, reader: PyFrameReader | None, /) -> None: ...

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(not SHIM.exists(), reason="heap shim not built")
 
 # native/heapring.h
 MAGIC = 0x3150414548505352
-VERSION = 2  # native/heapring.h RSPROF_HEAP_VERSION
+VERSION = 3  # native/heapring.h RSPROF_HEAP_VERSION
 HEADER_SIZE = 4096
 FLAGS_OFFSET = 128  # RSPROF_HEAP_OFF_FLAGS
 FLAG_EXITED = 1  # RSPROF_HEAP_HF_EXITED
@@ -96,7 +96,7 @@ class Totals:
         self.sites: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         # (stack_id, allocating tid) -> the same four sums (HeapBatch.thread_sites)
         self.threads: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-        self.events = self.lost = self.unknown_frees = 0
+        self.events = self.lost = self.unknown_frees = self.dropped = 0
         self.live_bytes = self.live_blocks = 0
         self.exited = self.execed = False
         self.sample_bytes = 0
@@ -121,6 +121,7 @@ class Totals:
         self.events += batch.events
         self.lost += batch.lost
         self.unknown_frees += batch.unknown_frees
+        self.dropped += batch.dropped
         self.live_bytes = batch.live_bytes
         self.live_blocks = batch.live_blocks
         self.exited = batch.exited
@@ -279,6 +280,30 @@ def test_sites_exact_and_ring_lifecycle(target_binary, flags, targets) -> None:
     reader.close()
     with pytest.raises(ValueError):
         reader.poll()
+
+
+def test_repeated_stacks_exact_across_readers(target_binary, flags, targets) -> None:
+    """A thread sends a stack it sent before as 3 words (ALLOC_AGAIN, naming the memo way
+    that holds it): counts stay exact. A reader attached after another one closed knows
+    none of the ways named to the first: the shim names them again, nothing is dropped."""
+    binary = target_binary("heap_sites.c")
+    ticks = 5000
+    t = start(targets, [str(binary), str(ticks), str(flags), "2"], flags)
+    pid = int(t.expect("ready")[0])
+    symbols = Symbols(binary, pid)
+    for round_flag in ("go", "go2"):
+        reader = attach(pid)
+        totals = Totals()
+        t.signal(round_flag)
+        drain_until(reader, totals, t, "done")
+        fn = totals.by_function(symbols)
+        assert fn["leak_site"] == [ticks * 1000, ticks, 0, 0]
+        assert fn["churn_site"] == [ticks * 777, ticks, ticks * 777, ticks]
+        assert totals.lost == 0 and totals.dropped == 0 and totals.unknown_frees == 0
+        # every allocation of the loop but each site's first (and any memo way evicted)
+        assert reader.repeated >= 2 * ticks - 20, reader.repeated
+        reader.close()
+    assert t.finish() == 0
 
 
 def test_allocator_entry_points(target_binary, flags, targets) -> None:

@@ -199,7 +199,7 @@ stat = open("/proc/self/stat").read(); start = int(stat[stat.rindex(")") + 2:].s
 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
 try:
     os.ftruncate(fd, size)
-    hdr = struct.pack("<QIIQiIQQQI", MAGIC, 2, 4096, ring, pid, os.geteuid(), start, 0, 0, 64)
+    hdr = struct.pack("<QIIQiIQQQI", MAGIC, 3, 4096, ring, pid, os.geteuid(), start, 0, 0, 64)
     os.pwrite(fd, hdr, 0)
     run = threading.Event(); stop = False
     def toggle():
@@ -248,10 +248,10 @@ def test_truncation_race_never_sigbus(tmp_path: Path) -> None:
     assert counts["sigbus"] + counts["fstat"] > 0, counts
 
 
-@pytest.mark.parametrize("mode", ["truncate", "kind", "depth", "lost", "size", "random"])
+@pytest.mark.parametrize("mode", ["truncate", "kind", "depth", "way", "lost", "size", "random"])
 def test_corrupt_ring_drops_heap_keeps_cpu(mode: str, tmp_path: Path) -> None:
     """The target truncates its ring (SIGBUS for a reader that touched it), or commits a bad
-    kind, depth, lost counter, size or random words: one warning, heap data from then on
+    kind, depth, way, lost counter, size or random words: one warning, heap data from then on
     dropped, the CPU recording goes on to the target's exit and the file is finished."""
     out = tmp_path / f"{mode}.db"
     result, _ = run_abuse(out, mode, 1.2)

@@ -113,6 +113,12 @@ static TLS int t_bounds_known;   /* t_stack_lo/hi set (possibly to "unknown": 0,
 static TLS uint64_t t_read_pos;  /* last read_pos seen: it only grows, so stale is safe */
 static TLS int64_t t_countdown;  /* sampled mode: bytes left until the next sample */
 static TLS uint64_t t_rng;       /* xorshift64* state, 0 = not seeded */
+/* Ways (docs/heap-ring.md): bit w set once an ALLOC record named the stack now in memo way
+ * w to the reader of epoch t_epoch; then that stack is sent again as 3 words. */
+_Static_assert(SHIMCFI_WAYS <= RSPROF_HEAP_MAX_WAYS, "a way must fit its record field");
+static TLS unsigned t_named_ways;
+static TLS uint32_t t_epoch;
+static TLS int t_recording;      /* > 0: inside record_alloc (a signal may nest another) */
 
 /* ------------------------------------------------------------------ small helpers */
 
@@ -736,7 +742,8 @@ static NOINLINE unsigned scan_gap(uint64_t *ips, unsigned n, uintptr_t fp, uintp
  * the whole 16-byte frame record lies inside this thread's stack; anything else (code
  * without frame pointers leaves arbitrary values in rbp) ends the walk.  A frame
  * outside the known stack (signal alternate stack, coroutine stack) yields 1 frame. */
-static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *flags) {
+static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *flags, int *way,
+                                      int *hit) {
     const uintptr_t lo = t_stack_lo, hi = t_stack_hi;
     const unsigned max = g_max_depth;
     unsigned n = 0;
@@ -746,7 +753,8 @@ static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *fla
         /* The wrapper's frame record gives the caller's registers at the call: its stack
          * pointer just above the return address, its rbp saved by our prologue. */
         int truncated = 0;
-        n = shimcfi_walk(ips, n, max, fp + 16, ((const uintptr_t *)fp)[0], lo, hi, &truncated);
+        n = shimcfi_walk(ips, n, max, fp + 16, ((const uintptr_t *)fp)[0], lo, hi, &truncated,
+                         way, hit);
         if (truncated) *flags |= RSPROF_HEAP_RF_TRUNCATED;
         return n;
     }
@@ -817,12 +825,40 @@ static ALWAYS_INLINE int reserve(struct rsprof_heap_header *h, uint64_t len, uin
     }
 }
 
+/* An allocation whose stack this thread already named as way w: 3 words. */
+static ALWAYS_INLINE int record_again(struct rsprof_heap_header *h, void *p, size_t n,
+                                      unsigned flags, int way) {
+    uint64_t pos;
+    if (!reserve(h, RSPROF_HEAP_AGAIN_WORDS * 8, &pos)) return 0;
+    uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
+    d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
+    d[(i + 2) & m] = (uint64_t)n;
+    __atomic_store_n(&d[i & m],
+                     RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_ALLOC_AGAIN, 0,
+                                      flags | RSPROF_HEAP_RF_WAY(way), t_tid),
+                     __ATOMIC_RELEASE);
+    return 1;
+}
+
 static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp) {
     struct rsprof_heap_header *h = ring();
     if (UNLIKELY(h == NULL)) return 0;
     if (UNLIKELY(t_tid == 0)) thread_init();
     uint64_t ips[RSPROF_HEAP_MAX_DEPTH];
-    unsigned depth = capture(ips, fp, &flags);
+    /* A signal handler allocating while this thread is between its walk and its record
+     * must not rewrite a way the record is about to repeat: nested, no ways at all. */
+    int way = -1, hit = 0;
+    int outer = t_recording++ == 0;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    unsigned depth = capture(ips, fp, &flags, outer ? &way : NULL, &hit);
+    if (way >= 0) {
+        uint32_t epoch = __atomic_load_n(&h->reader_epoch, __ATOMIC_RELAXED);
+        if (UNLIKELY(epoch != t_epoch)) { /* a new reader: it knows none of our ways */
+            t_epoch = epoch;
+            t_named_ways = 0;
+        }
+        if (!hit) t_named_ways &= ~(1u << way); /* the way holds another stack now */
+    }
     /* Python frames: only in a CPython (g_py, decided once at init), so other programs
      * pay one predictable branch. Guarded: the thread-state getter may allocate TLS. */
     uint64_t py[2 * RSPROF_HEAP_MAX_PY_FRAMES];
@@ -833,20 +869,35 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
         t_guard--;
         if (npy) flags |= RSPROF_HEAP_RF_PYTHON;
     }
-    uint64_t words = RSPROF_HEAP_ALLOC_WORDS(depth) + (npy ? RSPROF_HEAP_PY_WORDS(npy) : 0);
-    uint64_t pos;
-    if (!reserve(h, words * 8, &pos)) return 0;
-    uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
-    d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
-    d[(i + 2) & m] = (uint64_t)n;
-    for (unsigned k = 0; k < depth; k++) d[(i + 3 + k) & m] = ips[k];
-    if (npy) {
-        d[(i + 3 + depth) & m] = npy;
-        for (unsigned k = 0; k < 2 * npy; k++) d[(i + 4 + depth + k) & m] = py[k];
+    int ok;
+    if (npy == 0 && way >= 0 && (t_named_ways >> way & 1)) {
+        ok = record_again(h, p, n, flags, way);
+    } else {
+        /* Python frames differ from call to call under the same native stack: those
+         * records always carry their whole stack, and name no way. */
+        if (npy == 0 && way >= 0) flags |= RSPROF_HEAP_RF_WAY(way);
+        uint64_t words = RSPROF_HEAP_ALLOC_WORDS(depth) + (npy ? RSPROF_HEAP_PY_WORDS(npy) : 0);
+        uint64_t pos;
+        ok = reserve(h, words * 8, &pos);
+        if (ok) {
+            uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
+            d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
+            d[(i + 2) & m] = (uint64_t)n;
+            for (unsigned k = 0; k < depth; k++) d[(i + 3 + k) & m] = ips[k];
+            if (npy) {
+                d[(i + 3 + depth) & m] = npy;
+                for (unsigned k = 0; k < 2 * npy; k++) d[(i + 4 + depth + k) & m] = py[k];
+            }
+            __atomic_store_n(&d[i & m],
+                             RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_ALLOC, depth, flags, t_tid),
+                             __ATOMIC_RELEASE);
+            /* Named only if the record made it into the ring (not lost to a full one). */
+            if (npy == 0 && way >= 0) t_named_ways |= 1u << way;
+        }
     }
-    __atomic_store_n(&d[i & m], RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_ALLOC, depth, flags, t_tid),
-                     __ATOMIC_RELEASE);
-    return 1;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    t_recording--;
+    return ok;
 }
 
 static NOINLINE void record_free(void *p, unsigned flags) {
@@ -1000,6 +1051,8 @@ static void atfork_child(void) {
     g_unlinked = 0;
     g_ring_lock = 0;
     t_read_pos = 0;
+    t_named_ways = 0; /* named to the parent's reader, in the parent's ring */
+    t_recording = 0;
     /* The forking thread is the child's only thread, on the same stack: new tid, same
      * bounds (if it never recorded, thread_init runs on its first event as usual). */
     if (t_tid != 0) t_tid = (uint32_t)syscall(SYS_gettid);

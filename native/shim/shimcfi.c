@@ -327,7 +327,7 @@ static inline int stack_ok(uintptr_t a, uintptr_t lo, uintptr_t hi) {
  * often reached by a few paths (GCC duplicates calls when it unrolls or tail-duplicates).
  * The first read of a walk is the return address of its second frame, so a way of another
  * path is rejected at its first word. */
-#define MEMO_WAYS 4
+#define MEMO_WAYS SHIMCFI_WAYS
 #define MEMO_READS 64
 #define MEMO_OUT 48
 typedef struct {
@@ -459,10 +459,12 @@ static inline int memo_matches(const walk_memo *m, uint64_t generation, uintptr_
 }
 
 unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
-                      uintptr_t lo, uintptr_t hi, int *truncated) {
+                      uintptr_t lo, uintptr_t hi, int *truncated, int *way, int *hit) {
     /* A signal handler that allocates while this thread is in here walks on its own,
      * leaving the memo alone. */
-    if (UNLIKELY(t_walking) || n != 1) return walk(NULL, ips, n, max, sp, bp, lo, hi, truncated);
+    if (way != NULL) *way = -1, *hit = 0;
+    if (UNLIKELY(t_walking) || n != 1 || way == NULL)
+        return walk(NULL, ips, n, max, sp, bp, lo, hi, truncated);
     t_walking = 1;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     uint64_t generation = __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
@@ -473,10 +475,13 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
             memcpy(ips + 1, m->out, (size_t)m->n_out * sizeof *ips);
             *truncated |= m->truncated;
             got = 1 + m->n_out;
+            *way = (int)w;
+            *hit = 1;
             goto out;
         }
     }
-    walk_memo *m = &t_memo[t_memo_next++ % MEMO_WAYS];
+    unsigned w = t_memo_next++ % MEMO_WAYS;
+    walk_memo *m = &t_memo[w];
     m->generation = 0; /* invalid while it is rewritten */
     m->sp = sp;
     m->n_reads = 0;
@@ -493,6 +498,7 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
         m->truncated = trunc;
         memcpy(m->out, ips + 1, (size_t)(got - 1) * sizeof *ips);
         m->generation = generation;
+        *way = (int)w;
     }
 out:
     __atomic_signal_fence(__ATOMIC_SEQ_CST);

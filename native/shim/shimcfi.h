@@ -24,9 +24,16 @@ void shimcfi_flush(void);
  * address into the frame to unwind next, sp the value of the stack pointer in that frame
  * right after the call returned, bp its frame pointer register.  Every stack read lies in
  * [lo, hi).  Appends return addresses (an interrupted pc after a signal frame as pc + 1)
- * up to max entries; sets *truncated when frames remained.  Returns the new count. */
+ * up to max entries; sets *truncated when frames remained.  Returns the new count.
+ *
+ * The thread's last SHIMCFI_WAYS walks are memoized (exactly: see shimcfi.c).  With `way`
+ * NULL the memo is neither used nor touched (a walk nested in another one's recording).
+ * Otherwise *way receives the memo way that now holds this walk's stack (-1: none) and
+ * *hit whether it was already there (1) or has just been written (0): a caller that has
+ * told its reader "way w of this thread is stack S" may say "way w again" after a hit. */
+#define SHIMCFI_WAYS 4
 unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
-                      uintptr_t lo, uintptr_t hi, int *truncated);
+                      uintptr_t lo, uintptr_t hi, int *truncated, int *way, int *hit);
 
 /* Counters for RSPROF_HEAP_DEBUG and the tests: rules computed (cache misses), rules that
  * did not fit the cache window, frames walked by the frame-pointer fallback. */

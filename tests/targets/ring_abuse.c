@@ -8,6 +8,7 @@
  *   depth     commit an ALLOC record of depth 200
  *   lost      set the lost-event counter to 2^63
  *   size      commit an ALLOC record of 2^63 bytes
+ *   way       commit an ALLOC_AGAIN record naming way 12 (there are at most 8)
  *   random    commit records of random words (seed 11)
  *   flood     write ALLOC records with random stacks and addresses as fast as the ring
  *             takes them, for the rest of the run
@@ -121,6 +122,13 @@ int main(int argc, char **argv) {
     } else if (strcmp(mode, "depth") == 0) {
         int64_t p = reserve(3 + 64);
         if (p >= 0) commit((uint64_t)p, head_of(1, 200));
+    } else if (strcmp(mode, "way") == 0) {
+        int64_t p = reserve(3);
+        if (p >= 0) {
+            put((uint64_t)p, 1, 0x7f0000001000ull);
+            put((uint64_t)p, 2, 64);
+            commit((uint64_t)p, head_of(3, 0) | (uint64_t)12 << 28);
+        }
     } else if (strcmp(mode, "lost") == 0) {
         __atomic_store_n(hdr64(OFF_LOST), 1ull << 63, __ATOMIC_RELEASE);
     } else if (strcmp(mode, "size") == 0) {
