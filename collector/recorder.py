@@ -30,11 +30,12 @@ from rsprof.collector.symbols import Symbolizer
 from rsprof.storage.writer import Checkpoint, ProfileWriter
 
 from rsprof import __version__
-from rsprof._native import PerfMmap, PerfSampler, PyFrameReader
+from rsprof._native import HeapReader, PerfMmap, PerfSampler, PyFrameReader
 
 # The heap ring's header (native/heapring.h, RSPROF_HEAP_HEADER_SIZE): a smaller file is a
 # ring the shim has created but not sized yet.
 _HEAP_HEADER_BYTES = 4096
+_HEAP_RING_PREFIX = "rsprof-heap."  # /dev/shm/rsprof-heap.<pid> (native/heapring.h)
 
 
 @dataclass(slots=True)
@@ -136,6 +137,8 @@ class Recorder:
         self._thread_pids: dict[int, int] = {}
         self._unnamed_images: dict[int, str] = {}  # exec'd images known by comm only
         self._finished_rings: set[tuple[int, int]] = set()  # (pid, inode) read to the end
+        self._other_rings: set[tuple[int, int]] = set()  # (pid, inode) not of this session
+        self._exited_pids: set[int] = set()  # EXIT records taken by checkpoints
         self._heap_mode: tuple[str, int] | None = None  # (mode, sample bytes) once known
         self._thread_names: dict[int, str | None] = {}
         self._exited: set[int] = set()
@@ -391,6 +394,7 @@ class Recorder:
                     # that lives 100 ms must have its ring read before it exits.
                     for pid in (self.target.pid, *self.sampler.processes()):
                         self._attach_heap(pid)
+                    self._attach_session_rings()
                 for heap in list(self._heaps.values()):
                     heap.drain()
                 # Notice the target's exit within one poll, not at the next checkpoint: a
@@ -406,8 +410,39 @@ class Recorder:
         self._drain_stop.set()
         drain.join()
         self.sampler.poll(0)
+        if self.options.heap:
+            self._attach_session_rings()
         for heap in list(self._heaps.values()):
             heap.drain()
+
+    def _attach_session_rings(self) -> None:
+        """Attaches the rings that processes of this `rsprof run` session left behind:
+        a child that exits before the drain has seen it (`ls` in a shell script lives 1 ms)
+        keeps its unread ring at its name for us (native/shim/heapshim.c, finish_ring).
+        One directory read per poll; each new name's header is read once."""
+        if self.child is None or not self.options.follow:
+            return
+        try:
+            entries = list(os.scandir("/dev/shm"))
+        except OSError:
+            return
+        for entry in entries:
+            if not entry.name.startswith(_HEAP_RING_PREFIX):
+                continue
+            pid_text = entry.name[len(_HEAP_RING_PREFIX):]
+            if not pid_text.isdigit():
+                continue
+            try:
+                ring = (int(pid_text), entry.inode())
+            except OSError:
+                continue
+            if ring in self._heaps or ring in self._finished_rings or ring in self._other_rings:
+                continue
+            session = HeapReader.session_of(ring[0])
+            if session == os.getpid():
+                self._attach_heap(ring[0])
+            elif session >= 0:
+                self._other_rings.add(ring)  # another session's, or none's: never ours
 
     def _attach_heap(self, pid: int) -> None:
         """Attaches to pid's heap ring, unless it is one already read to its end (an exec'd
@@ -437,6 +472,13 @@ class Recorder:
         )
         self._heaps[ring] = tracker
 
+    def _heap_image_known(self, pid: int, heap: HeapTracker, final: bool) -> bool:
+        """Whether a checkpoint may take the ring's stacks now. A ring attached after its
+        process had exited has no image of its own: its stacks resolve with the pid's last
+        image, known once a checkpoint has taken the process's EXIT record (drained before
+        the ring was attached: so, at the latest, from the next checkpoint on)."""
+        return heap.image is not None or pid in self._exited_pids or final
+
     def _heap_python(self, pid: int) -> PyFrameReader | None:
         """The frame reader that decodes the Python frames of pid's allocations: the one its
         CPU samples use (their function ids must agree), looked for now if the drain loop
@@ -455,7 +497,8 @@ class Recorder:
         # were written to the perf ring before the allocation was, so polling it now brings
         # every one of them into this batch. (Taken the other way round, allocations read
         # after the take lost their frames in a just-loaded _asyncio module as [truncated].)
-        heap_batches = [(ring, heap, heap.take()) for ring, heap in list(self._heaps.items())]
+        heap_batches = [(ring, heap, heap.take()) for ring, heap in list(self._heaps.items())
+                        if self._heap_image_known(ring[0], heap, final)]
         self.sampler.poll(0)
         batch = self.sampler.take()
         names = dict(batch.comms)
@@ -524,6 +567,7 @@ class Recorder:
                 heap.close()
                 del self._heaps[ring]
                 self._finished_rings.add(ring)
+                _remove_left_ring(ring)
         if self._heap_py_stats:
             rings = self._heap_py_stats.values()
             heap_meta = {f"heap_python_{key}": sum(stats[key] for stats in rings)
@@ -630,6 +674,7 @@ class Recorder:
         self, kind: str, image: int, pid: int, ppid: int, parent_image: int, name: str | None
     ) -> None:
         if kind == "exit":
+            self._exited_pids.add(pid)
             exited = self._images.get(image)
             if exited is not None:
                 self.writer.update_process(exited.row_id, exited=True)
@@ -671,6 +716,18 @@ class Recorder:
         if self.child is not None and self.child.poll() is None:
             return True
         return any(process.is_alive(pid) for pid in self.sampler.processes())
+
+
+def _remove_left_ring(ring: tuple[int, int]) -> None:
+    """Removes a ring read to its end whose process left it at its name for us (it exited
+    before it was attached); the name of a live process's ring, or of a newer ring, stays."""
+    pid, inode = ring
+    path = f"/dev/shm/{_HEAP_RING_PREFIX}{pid}"
+    try:
+        if os.lstat(path).st_ino == inode and not process.is_alive(pid):
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _log2_quantile(histogram: list[int], q: float) -> int:

@@ -1515,6 +1515,13 @@ static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
                 if (hc.pidns == 0 || my_ns == 0 || hc.pidns == my_ns) {
                     uint64_t now = heapring_start_time((int)pid);
                     stale = hc.start_time != 0 ? now != hc.start_time : !pid_alive((int)pid);
+                    /* Left at exit for the recorder of another live session: its to read
+                     * (unless that pid now names a process younger than the ring's). */
+                    if (hc.version == RSPROF_HEAP_VERSION && hc.session_pid > 0 &&
+                        hc.session_pid != (int32_t)getpid()) {
+                        uint64_t session = heapring_start_time(hc.session_pid);
+                        if (session != 0 && session <= hc.start_time) stale = false;
+                    }
                 }
             } else {
                 /* No valid header (scribbled, or a ring still being created: magic is
@@ -1538,6 +1545,30 @@ static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
     }
     closedir(dir);
     return removed;
+}
+
+/* session_of(pid) -> int: the session (rsprof pid) named in the header of pid's ring, 0
+ * for none, -1 when there is no valid ring of ours at the name (yet: the magic is stored
+ * last).  Opened as sweep_stale does: never a FIFO's open that blocks, never a symlink
+ * followed. */
+static PyObject *HeapReader_session_of(PyObject *cls, PyObject *args) {
+    int pid;
+    if (!PyArg_ParseTuple(args, "i:session_of", &pid)) return NULL;
+    char path[64];
+    snprintf(path, sizeof path, "%s%d", RSPROF_HEAP_PATH_PREFIX, pid);
+    int session = -1;
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd >= 0) {
+        struct stat st;
+        struct rsprof_heap_header hc;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+            pread(fd, &hc, sizeof hc, 0) == (ssize_t)sizeof hc &&
+            hc.magic == RSPROF_HEAP_MAGIC && hc.version == RSPROF_HEAP_VERSION &&
+            hc.pid == pid)
+            session = hc.session_pid > 0 ? hc.session_pid : 0;
+        close(fd);
+    }
+    return PyLong_FromLong(session);
 }
 
 static PyObject *HeapReader_get_pid(HeapReaderObject *r, void *c) {
@@ -1569,6 +1600,9 @@ static PyMethodDef HeapReader_methods[] = {
     {"close", (PyCFunction)HeapReader_close, METH_NOARGS, "close(): unmap the ring."},
     {"sweep_stale", (PyCFunction)HeapReader_sweep_stale, METH_NOARGS | METH_STATIC,
      "sweep_stale() -> list[int]: remove rings of dead processes; returns their pids."},
+    {"session_of", (PyCFunction)HeapReader_session_of, METH_VARARGS | METH_STATIC,
+     "session_of(pid) -> int: the rsprof session (pid) named by pid's ring, 0 if none, -1 "
+     "if there is no valid ring at the name."},
     {"set_python", (PyCFunction)HeapReader_set_python, METH_O,
      "set_python(reader) -> None: decode the Python frames of allocations with `reader` (a "
      "PyFrameReader of the target); None: keep their native stacks only."},

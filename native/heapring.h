@@ -165,7 +165,9 @@ struct rsprof_heap_header {
     uint64_t lost_events;  /* events dropped because the ring was full (atomic add) */
     uint64_t lost_bytes;   /* their size in ring bytes */
     uint32_t reader_epoch; /* bumped by every reader that attaches (see "Ways") */
-    uint32_t reserved1;
+    int32_t session_pid;   /* the rsprof whose `run` started this process tree (its shim's
+                              RSPROF_HEAP_WAIT_PPID), 0 if none: that recorder reads every
+                              ring of its session, one left behind at exit included */
     uint8_t pad1[64 - 32];
 
     /* 192: the writers' reservation cursor (CAS). */
@@ -182,6 +184,7 @@ struct rsprof_heap_header {
 #define RSPROF_HEAP_OFF_LOST_EVENTS 136u
 #define RSPROF_HEAP_OFF_LOST_BYTES 144u
 #define RSPROF_HEAP_OFF_READER_EPOCH 152u
+#define RSPROF_HEAP_OFF_SESSION_PID 156u
 #define RSPROF_HEAP_OFF_WRITE_POS 192u
 #define RSPROF_HEAP_OFF_READ_POS 256u
 
@@ -204,6 +207,8 @@ _Static_assert(offsetof(struct rsprof_heap_header, lost_events) == RSPROF_HEAP_O
 _Static_assert(offsetof(struct rsprof_heap_header, lost_bytes) == RSPROF_HEAP_OFF_LOST_BYTES,
                "layout");
 _Static_assert(offsetof(struct rsprof_heap_header, reader_epoch) == RSPROF_HEAP_OFF_READER_EPOCH,
+               "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, session_pid) == RSPROF_HEAP_OFF_SESSION_PID,
                "layout");
 _Static_assert(offsetof(struct rsprof_heap_header, write_pos) == RSPROF_HEAP_OFF_WRITE_POS,
                "layout");

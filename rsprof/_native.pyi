@@ -165,6 +165,10 @@ class HeapReader:
     def attach(cls, pid: int, /) -> HeapReader: ...
     @staticmethod
     def sweep_stale() -> list[int]: ...
+    @staticmethod
+    def session_of(pid: int, /) -> int:
+        """The rsprof session (its pid) named by pid's ring, 0 if none, -1 if there is no
+        valid ring at the name (yet)."""
     @property
     def pid(self) -> int: ...
     @property

@@ -152,6 +152,28 @@ def test_attach_with_follow_sees_new_children(tmp_path: Path) -> None:
     assert "alpha_spin" not in {n for (n,) in db.execute("SELECT function FROM cpu_functions")}
 
 
+def test_heap_of_children_gone_before_the_drain_saw_them(tmp_path: Path) -> None:
+    # Eight children that each leak 3 x 4000 B and exit within a millisecond or two: most
+    # are gone before the drain has seen them (before, their rings went with them, and
+    # a shell script's `ls` showed no heap at all). Each leaves its unread ring for us.
+    leaky = build_target("leaky.c")
+    out = tmp_path / "short.db"
+    script = "; ".join([f"{leaky} 3 0 0 > /dev/null"] * 8) + "; true"
+    result = run_rsprof("run", "-q", "-o", str(out), "--", "sh", "-c", script)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(run_rsprof("top", "heap", str(out), "--json", "-n", "0").stdout)
+    assert {r["function"]: r for r in rows}["leak_site"]["live_bytes"] == 8 * 3 * 4000
+    pids = {pid for pid, _, _, command, _ in _processes(out) if command.startswith(str(leaky))}
+    assert len(pids) == 8, _processes(out)
+    for pid in pids:
+        mine = json.loads(run_rsprof("top", "heap", str(out), "--json", "-n", "0",
+                                     "--pid", str(pid)).stdout)
+        assert {r["function"]: r for r in mine}["leak_site"]["live_bytes"] == 3 * 4000, pid
+    # Read, then removed: nothing of this session is left in /dev/shm.
+    assert not [p for p in Path("/dev/shm").glob("rsprof-heap.*")
+                if p.name.removeprefix("rsprof-heap.") in {str(pid) for pid in pids}]
+
+
 def test_heap_split_by_process(tmp_path: Path) -> None:
     # Two children leak 20 and 10 ticks of 4000 B at leak_site: together 30, each its own.
     leaky = build_target("leaky.c")

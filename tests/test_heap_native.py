@@ -820,19 +820,48 @@ def _exit_marked(pid: int) -> bool:
 
 def test_exit_never_waits_for_a_reader_that_is_not_there(target_binary, flags, targets) -> None:
     """Without a reader attached, a process that rsprof did not start itself (its parent is
-    not RSPROF_HEAP_WAIT_PPID: a descendant of the target) exits at once."""
+    not RSPROF_HEAP_WAIT_PPID: a descendant of the target) exits at once. While that rsprof
+    lives, the unread ring stays at its name for it to read; once read, it may go."""
     binary = target_binary("heap_sites.c")
-    t = start(
-        targets,
-        [str(binary), "100", str(flags)],
-        flags,
-        env=shim_env(RSPROF_HEAP_EXIT_WAIT_MS="5000", RSPROF_HEAP_WAIT_PPID="1"),
-    )
+    session = subprocess.Popen(["sleep", "60"])  # stands for the rsprof of the session
+    try:
+        t = start(
+            targets,
+            [str(binary), "100", str(flags)],
+            flags,
+            env=shim_env(RSPROF_HEAP_EXIT_WAIT_MS="5000", RSPROF_HEAP_WAIT_PPID=str(session.pid)),
+        )
+        pid = int(t.expect("ready")[0])
+        t.signal("go")
+        assert t.expect("done") == []
+        started = time.monotonic()
+        t.signal("exit")
+        assert t.proc.wait(timeout=10) == 0
+        assert time.monotonic() - started < 2.5
+        assert HeapReader.session_of(pid) == session.pid  # left for the session's recorder
+        assert pid not in HeapReader.sweep_stale()  # not stale while its session lives
+        reader = HeapReader.attach(pid)
+        totals = Totals()
+        reader.poll()
+        totals.add(reader.take())
+        assert totals.exited
+        assert [1000 * 100, 100, 0, 0] in totals.sites.values()  # leak_site's stack, whole
+        reader.close()
+    finally:
+        session.kill()
+        session.wait()
+    assert pid in HeapReader.sweep_stale()  # its session gone: stale
+
+
+def test_exit_unlinks_a_read_ring(target_binary, flags, targets) -> None:
+    """A ring whose events were all read, or whose session is gone, goes with its process."""
+    binary = target_binary("heap_sites.c")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    t = start(targets, [str(binary), "100", str(flags)], flags,
+              env=shim_env(RSPROF_HEAP_WAIT_PPID=str(dead.pid)))
     pid = int(t.expect("ready")[0])
     t.signal("go")
     assert t.expect("done") == []
-    started = time.monotonic()
-    t.signal("exit")
-    assert t.proc.wait(timeout=10) == 0
-    assert time.monotonic() - started < 2.5
+    assert t.finish() == 0
     assert not ring_path(pid).exists()

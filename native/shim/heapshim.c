@@ -446,6 +446,7 @@ static void create_ring(void) {
     h->sample_bytes = g_sample_bytes;
     h->max_depth = g_max_depth;
     h->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    h->session_pid = g_wait_ppid <= INT32_MAX ? (int32_t)g_wait_ppid : 0;
     h->flags = (g_sample_bytes ? RSPROF_HEAP_HF_SAMPLED : 0) | (g_py ? RSPROF_HEAP_HF_PYTHON : 0);
     __atomic_store_n(&h->magic, RSPROF_HEAP_MAGIC, __ATOMIC_RELEASE); /* header complete */
 
@@ -1005,6 +1006,15 @@ static void finish_ring(void) {
         memcpy(p, c, sizeof c - 1), p += sizeof c - 1, p += fmt_u64(p, st.fp_frames);
         shim_log(line);
     }
+    /* Events nobody has read, in a process of an `rsprof run` session whose recorder is
+     * alive: the ring stays at its name for that recorder, which reads it and removes it
+     * (a short child, `ls` in a shell script, is often gone before the recorder has seen
+     * it, and unlinking took its events with it). No wait: the process exits at once. */
+    if (!reader_alive(h) && g_wait_ppid != 0 && g_wait_ppid <= INT32_MAX &&
+        kill((pid_t)g_wait_ppid, 0) == 0 &&
+        __atomic_load_n(&h->read_pos, __ATOMIC_ACQUIRE) <
+            __atomic_load_n(&h->write_pos, __ATOMIC_ACQUIRE))
+        return;
     char name[64];
     shm_name(name, g_ring_pid);
     shm_unlink(name);
