@@ -106,6 +106,7 @@ def build_libunwind_shim(tmp: Path) -> Path | None:
     result = subprocess.run(
         ["gcc", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-omit-frame-pointer",
          "-pthread", f"-I{REPO / 'native'}", str(REPO / "native/shim/heapshim.c"),
+         str(REPO / "native/shim/shimpy.c"),  # the shim's Python frames, as in the real one
          str(REPO / "bench/shim_libunwind.c"), "-lunwind", "-ldl", "-lpthread", "-lrt",
          "-o", str(out)],
         capture_output=True, text=True,

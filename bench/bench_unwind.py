@@ -158,6 +158,10 @@ def drain_cost(cmd: list[str], stack_bytes: int) -> tuple[float, int]:
     from rsprof._native import PerfSampler
 
     target = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Popen returns once the exec has closed its close-on-exec pipe, before the exec is
+    # done; events opened on the task in that moment never sample (seen: frame-pointer runs,
+    # whose sampler opens faster than a CFI one, had 0 samples). Attach once it runs.
+    time.sleep(0.05)
     ring = 128 if stack_bytes == 0 else 2048
     sampler = PerfSampler(target.pid, 999, ring, stack_bytes=stack_bytes)
     for tid in os.listdir(f"/proc/{target.pid}/task"):
