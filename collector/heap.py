@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from rsprof.collector.frames import FrameResolver
 from rsprof.storage.callsite import call_site
@@ -19,6 +20,27 @@ PythonLookup = Callable[[], PyFrameReader | None]
 # How long allocations with Python frames wait for their process's frame reader before
 # they are kept with native stacks only (the ring buffers them meanwhile).
 PYTHON_WAIT_S = 2.0
+
+
+@dataclass
+class HeapParts:
+    """What the heap trackers add up for one checkpoint (mutable while they fill it; the
+    checkpoint gets it once they are done)."""
+
+    heap: dict[int, HeapDelta] = field(default_factory=dict)  # stack_id -> delta
+    sites: dict[int, int] = field(default_factory=dict)  # stack_id -> site location_id
+    by_pid: dict[int, dict[int, HeapDelta]] = field(default_factory=dict)
+    by_tid: dict[tuple[int, int], dict[int, HeapDelta]] = field(default_factory=dict)
+    events: int = 0
+    lost: int = 0
+
+    def into(self, checkpoint: Checkpoint) -> None:
+        checkpoint.heap = self.heap
+        checkpoint.heap_sites = self.sites
+        checkpoint.heap_by_pid = {pid: deltas for pid, deltas in self.by_pid.items() if deltas}
+        checkpoint.heap_by_tid = self.by_tid
+        checkpoint.heap_events = self.events
+        checkpoint.heap_lost_events = self.lost
 
 
 class PythonNotYet(Exception):
@@ -155,11 +177,11 @@ class HeapTracker:
             self._last_taken = self.dropped is not None
             return self.reader.take()
 
-    def fill_checkpoint(self, checkpoint: Checkpoint, batch: HeapBatch) -> bool:
-        """Adds a batch from take() to the checkpoint (several processes' trackers may
-        fill one), its new stacks resolved with `resolver` as it is now. True when the ring
-        is done: the process exited, or exec'd (its new image, if it has the shim, makes a
-        new ring)."""
+    def fill(self, parts: HeapParts, batch: HeapBatch) -> bool:
+        """Adds a batch from take() to what one checkpoint collects from all the trackers,
+        its new stacks resolved with `resolver` as it is now. True when the ring is done:
+        the process exited, or exec'd (its new image, if it has the shim, makes a new
+        ring)."""
         self.sample_bytes = batch.sample_bytes
         self.mode = "sampled" if self.sample_bytes else "full"
         if self.python_reader is not None:
@@ -169,44 +191,26 @@ class HeapTracker:
         self._native_to_stored.update(stored)
         for stack_id in stored.values():
             self._site_of_stack.setdefault(stack_id, self._site_location(stack_id))
-        heap = dict(checkpoint.heap)
-        own: dict[int, HeapDelta] = {}  # this process's part, kept apart for --pid
+        # Added to what the checkpoint has already (an exec'd process's old and new rings
+        # may both be read in one interval), in place: a shell script's hundred children
+        # are a hundred trackers in one checkpoint.
         pid = self.reader.pid
+        mine = parts.by_pid.setdefault(pid, {})
         for native_id, alloc_bytes, alloc_count, free_bytes, free_count in batch.sites:
             stack_id = self._native_to_stored[native_id]
             change = HeapDelta(alloc_bytes, alloc_count, free_bytes, free_count)
-            heap.setdefault(stack_id, HeapDelta()).add(change)
-            own.setdefault(stack_id, HeapDelta()).add(change)
-        checkpoint.heap = heap
-        # Added to what (pid, tid) already has in the checkpoint (an exec'd process's old
-        # and new rings may both be read in one interval); fresh objects, never mutated
-        # ones another tracker put there.
-        by_tid: dict[tuple[int, int], dict[int, HeapDelta]] = {
-            key: {sid: HeapDelta(d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count)
-                  for sid, d in deltas.items()}
-            for key, deltas in checkpoint.heap_by_tid.items()
-        }
+            parts.heap.setdefault(stack_id, HeapDelta()).add(change)
+            mine.setdefault(stack_id, HeapDelta()).add(change)
+            parts.sites[stack_id] = self._site_of_stack[stack_id]
         for native_id, tid, alloc_bytes, alloc_count, free_bytes, free_count in (
             batch.thread_sites
         ):
             stack_id = self._native_to_stored[native_id]
-            by_tid.setdefault((pid, tid), {}).setdefault(stack_id, HeapDelta()).add(
+            parts.by_tid.setdefault((pid, tid), {}).setdefault(stack_id, HeapDelta()).add(
                 HeapDelta(alloc_bytes, alloc_count, free_bytes, free_count))
-        checkpoint.heap_by_tid = by_tid
-        if own:
-            # Added to what this pid already has in the checkpoint: an exec'd process's old
-            # and new rings may both be read in one interval.
-            mine = dict(checkpoint.heap_by_pid.get(self.reader.pid, {}))
-            for stack_id, delta in own.items():
-                mine.setdefault(stack_id, HeapDelta()).add(delta)
-            checkpoint.heap_by_pid = {**checkpoint.heap_by_pid, self.reader.pid: mine}
-        checkpoint.heap_sites = {
-            **checkpoint.heap_sites,
-            **{sid: self._site_of_stack[sid] for sid in heap if sid in self._site_of_stack},
-        }
-        checkpoint.heap_events += batch.events
+        parts.events += batch.events
         # Lost by the shim (ring full) or dropped by the reader's bounds (a flood).
-        checkpoint.heap_lost_events += batch.lost + batch.dropped
+        parts.lost += batch.lost + batch.dropped
         return bool(batch.exited or batch.execed)
 
     def _site_location(self, stack_id: int) -> int:

@@ -22,7 +22,7 @@ import psutil
 from rsprof.collector import process
 from rsprof.collector.errors import PERMISSION_HINT, PermissionDenied, ProcessNotFound
 from rsprof.collector.frames import FrameResolver
-from rsprof.collector.heap import HeapTracker, PythonNotYet
+from rsprof.collector.heap import HeapParts, HeapTracker, PythonNotYet
 from rsprof.collector.maps import Mapping, read_executable_maps
 from rsprof.collector.process import Target
 from rsprof.collector.pyframes import PythonImages, find_runtime, program_runs_python
@@ -461,6 +461,12 @@ class Recorder:
                                      python=lambda: self._heap_python(pid))
         if tracker is None:
             return
+        # The name may have moved on to a newer ring since the lstat (an exec): the ring is
+        # the one the reader opened.
+        ring = (pid, tracker.reader.inode)
+        if ring in self._finished_rings:
+            tracker.close()
+            return
         # The image that made the ring: its fork or exec record is in the perf ring by now
         # (the kernel writes it before the new image runs), drained here. Its stacks are
         # resolved with that image's mappings, never those of the image before an exec
@@ -487,6 +493,8 @@ class Recorder:
             return None
         images = [image for live_pid, image in self.sampler.images() if live_pid == pid]
         if not images:
+            if not process.is_alive(pid):
+                return None  # gone (a ring it left behind): its code objects went with it
             raise PythonNotYet(pid)  # its fork or exec record is not drained yet
         return self._python.reader_for(pid, max(images))
 
@@ -545,6 +553,7 @@ class Recorder:
             thread_pids=self._thread_pids,
             exited_threads=batch.exited_threads,
         )
+        heap_parts = HeapParts()
         for ring, heap, heap_batch in heap_batches:
             if heap_batch is None:
                 continue  # a dropped ring, its last batch already written
@@ -556,7 +565,7 @@ class Recorder:
                 current = self._images.get(self._image_of_pid.get(pid, 0))
             if current is not None:
                 heap.resolver = current.resolver
-            done = heap.fill_checkpoint(checkpoint, heap_batch)
+            done = heap.fill(heap_parts, heap_batch)
             stats = heap.python_stats()
             if stats is not None:
                 self._heap_py_stats[ring] = stats
@@ -568,6 +577,7 @@ class Recorder:
                 del self._heaps[ring]
                 self._finished_rings.add(ring)
                 _remove_left_ring(ring)
+        heap_parts.into(checkpoint)
         if self._heap_py_stats:
             rings = self._heap_py_stats.values()
             heap_meta = {f"heap_python_{key}": sum(stats[key] for stats in rings)

@@ -538,6 +538,7 @@ typedef struct {
     stack_table stacks;
     thread_sites by_thread;
     way_table ways;
+    uint64_t inode;           /* of the ring file attached (the name may move on) */
     uint64_t again;           /* ALLOC_AGAIN records read (totals since attach) */
     uint32_t *dirty;
     size_t ndirty, dirty_cap;
@@ -1168,6 +1169,7 @@ static int do_attach(HeapReaderObject *r, int pid) {
         return -1;
     }
     r->fd = fd; /* kept: drain() fstats it before touching the mapping */
+    r->inode = (uint64_t)st.st_ino;
     r->hdr = hdr;
     r->data = (uint64_t *)((char *)base + RSPROF_HEAP_HEADER_SIZE);
     r->map_len = len;
@@ -1580,6 +1582,9 @@ static PyObject *HeapReader_get_ring_bytes(HeapReaderObject *r, void *c) {
 static PyObject *HeapReader_get_sample_bytes(HeapReaderObject *r, void *c) {
     return PyLong_FromUnsignedLongLong(r->sample_bytes);
 }
+static PyObject *HeapReader_get_inode(HeapReaderObject *r, void *c) {
+    return PyLong_FromUnsignedLongLong(r->inode);
+}
 static PyObject *HeapReader_get_repeated(HeapReaderObject *r, void *c) {
     return PyLong_FromUnsignedLongLong(r->again);
 }
@@ -1620,6 +1625,8 @@ static PyGetSetDef HeapReader_getset[] = {
     {"ring_bytes", (getter)HeapReader_get_ring_bytes, NULL, "data area size in bytes", NULL},
     {"sample_bytes", (getter)HeapReader_get_sample_bytes, NULL, "0 = full capture", NULL},
     {"closed", (getter)HeapReader_get_closed, NULL, "close() was called", NULL},
+    {"inode", (getter)HeapReader_get_inode, NULL,
+     "inode of the ring file attached (another process may own the name by now)", NULL},
     {"repeated", (getter)HeapReader_get_repeated, NULL,
      "allocations read as a repeat of a stack the same thread sent before (ALLOC_AGAIN)",
      NULL},

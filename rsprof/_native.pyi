@@ -178,6 +178,9 @@ class HeapReader:
     @property
     def closed(self) -> bool: ...
     @property
+    def inode(self) -> int:
+        """Inode of the ring file attached (another ring may hold the name by now)."""
+    @property
     def repeated(self) -> int:
         """Allocations read as a repeat of a stack their thread sent before."""
     @property
