@@ -194,11 +194,14 @@ class FrameResolver:
         the file being compressed). The stack ends at the last justified frame and gets a
         `[truncated]` root, so shares stay honest and no junk name is ever reported."""
         self._perfmap_fresh = False
-        if any(address not in (KERNEL_ADDRESS, TRUNCATED_ADDRESS)
-               and self.space.find(address) is None for _, ips in stacks for address in ips):
-            self._add_missed_mappings()
         split = [(native_id, *split_python(ips)) for native_id, ips in stacks]
-        stacks = [(native_id, self._justified(ips)) for native_id, ips, _ in split]
+        # Each distinct address looked up once (a shell script's stacks are 40 frames deep
+        # and share most of them: 1.66 M lookups for 43 k stacks were 2.3 s of 9 s).
+        unmapped = self._unmapped({address for _, ips, _ in split for address in ips})
+        if unmapped - {KERNEL_ADDRESS, TRUNCATED_ADDRESS}:
+            self._add_missed_mappings()
+            unmapped = self._unmapped(unmapped)
+        stacks = [(native_id, self._justified(ips, unmapped)) for native_id, ips, _ in split]
         python = {native_id: frames for native_id, _, frames in split if frames}
         needed = {
             (address, position > 0)
@@ -293,9 +296,12 @@ class FrameResolver:
                 continue
             self._resolve_in_mapping(mapping, keys)
 
-    def _justified(self, ips: Sequence[int]) -> Sequence[int]:
+    def _unmapped(self, addresses: set[int]) -> set[int]:
+        return {address for address in addresses if self.space.find(address) is None}
+
+    def _justified(self, ips: Sequence[int], unmapped: set[int]) -> Sequence[int]:
         for position in range(1, len(ips)):
-            if self.space.find(ips[position]) is None:
+            if ips[position] in unmapped:
                 return (*ips[:position], TRUNCATED_ADDRESS)
         return ips
 
