@@ -33,6 +33,10 @@ KERNEL_FUNCTION = "[kernel]"
 # The CPython evaluator: each of its native frames ran a group of Python frames, which take
 # its place in a stack (collector.pyframes.splice_plan).
 EVAL_FUNCTION = "_PyEval_EvalFrameDefault"
+# The interpreter's start-up (it imports encodings, io and site through importlib's Python
+# code before the program's first line runs).
+STARTUP_FUNCTIONS = frozenset({"Py_InitializeFromConfig", "Py_InitializeEx", "Py_Initialize",
+                               "_Py_InitializeMain", "pymain_init"})
 # Python frames are stored as frames of their source file (its `modules` row) at a
 # pseudo-address: PYTHON_ADDRESS_BASE (storage.callsite, which picks heap call sites by
 # it) and 48 bits of a hash of the function and line, so the same Python line is one frame
@@ -81,6 +85,7 @@ class FrameResolver:
         self._py_frames: dict[tuple[int, int], int] = {}
         self._py_frame_ids: set[int] = set()
         self._eval_frames: dict[int, bool] = {}
+        self._startup_frames: dict[int, bool] = {}
         # Stacks whose Python frames could not be paired with the evaluator frames (a cut
         # native stack, or a read across a call): kept native only, counted.
         self.python_unpaired = 0
@@ -186,8 +191,11 @@ class FrameResolver:
 
     # -- stacks --------------------------------------------------------------------------
 
-    def resolve_stacks(self, stacks: Sequence[tuple[int, Sequence[int]]]) -> dict[int, int]:
-        """Maps native stack ids (from a C reader) to stored stack ids.
+    def resolve_stacks(self, stacks: Sequence[tuple[int, Sequence[int]]],
+                       python_read_late: bool = True) -> dict[int, int]:
+        """Maps native stack ids (from a C reader) to stored stack ids. python_read_late:
+        the stacks' Python frames were read after the native ones were taken (CPU samples,
+        read at drain time), not with them (the heap shim's own reads).
 
         A caller address outside every executable mapping is no function: a frame-pointer
         walk through code built without frame pointers read garbage there (seen: bytes of
@@ -216,19 +224,27 @@ class FrameResolver:
                 self._frame_ids[(address, position > 0)] for position, address in enumerate(ips)
             )
             if native_id in python:
-                frames = self._splice(frames, python[native_id])
+                frames = self._splice(frames, python[native_id], python_read_late)
             stack_id = resolved[native_id] = self.writer.stack_id(frames)
             self.stack_frames[stack_id] = frames
         return resolved
 
     # -- Python frames ---------------------------------------------------------------------
 
-    def _splice(self, native: tuple[int, ...],
-                python: list[tuple[int, int, bool]]) -> tuple[int, ...]:
+    def _splice(self, native: tuple[int, ...], python: list[tuple[int, int, bool]],
+                read_late: bool) -> tuple[int, ...]:
         """The native stack with each evaluator frame replaced by the Python frames it ran;
-        the native stack itself when they do not pair up (never a guess)."""
+        the native stack itself when they do not pair up (never a guess).
+
+        A CPU sample taken while the interpreter starts keeps its native frames: its Python
+        frames were read at drain time, and start-up's imports hand over to the program's
+        own within milliseconds, in importlib frames of the same shape, so a late read can
+        pair up and be wrong (seen once under load: encodings' import at start-up charged
+        to the script's `<module>` at its own import line)."""
         plan = splice_plan([self._is_eval(frame) for frame in native],
                            [entry for _, _, entry in python])
+        if read_late and plan is not None and any(map(self._in_startup, native)):
+            plan = None
         if plan is None or self.python is None:
             self.python_unpaired += 1
             return native
@@ -246,6 +262,14 @@ class FrameResolver:
             _, chain = self.frame_info.get(frame_id, ("", ()))
             found = self._eval_frames[frame_id] = any(
                 location.function == EVAL_FUNCTION for location in chain)
+        return found
+
+    def _in_startup(self, frame_id: int) -> bool:
+        found = self._startup_frames.get(frame_id)
+        if found is None:
+            _, chain = self.frame_info.get(frame_id, ("", ()))
+            found = self._startup_frames[frame_id] = any(
+                location.function in STARTUP_FUNCTIONS for location in chain)
         return found
 
     def _python_frame(self, function: int, line: int) -> int:
