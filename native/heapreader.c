@@ -1487,6 +1487,24 @@ static PyObject *HeapReader_exit(HeapReaderObject *r, PyObject *args) {
 /* Removes rings left behind by processes that died without exiting normally (SIGKILL,
  * crash): regular files we own, with a valid header, in our pid namespace, whose process
  * is gone (or whose pid now belongs to a process with another start time). */
+/* Reads the header of the ring file `name` (relative to dir, or a path with AT_FDCWD) as
+ * every look at someone else's /dev/shm name must: O_NONBLOCK, so a FIFO planted there does
+ * not hang us in open(); O_NOFOLLOW, so a symlink is never followed (ELOOP); and only a
+ * regular file we own counts (FIFOs, directories, devices, other users' files do not).
+ * -1: no such file of ours; 0: ours, *st set, but no valid header naming pid (scribbled,
+ * or a ring still being created: magic is stored last); 1: *st and *hc set. */
+static int ring_header_at(int dir, const char *name, long pid, struct stat *st,
+                          struct rsprof_heap_header *hc) {
+    int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int got = -1;
+    if (fstat(fd, st) == 0 && S_ISREG(st->st_mode) && st->st_uid == geteuid())
+        got = pread(fd, hc, sizeof *hc, 0) == (ssize_t)sizeof *hc &&
+              hc->magic == RSPROF_HEAP_MAGIC && hc->pid == (int32_t)pid;
+    close(fd);
+    return got;
+}
+
 static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
     PyObject *removed = PyList_New(0);
     if (removed == NULL) return NULL;
@@ -1501,39 +1519,29 @@ static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
         char *end;
         long pid = strtol(de->d_name + plen, &end, 10);
         if (*end != 0 || pid <= 0 || pid > INT32_MAX) continue;
-        /* O_NONBLOCK: a FIFO planted under a ring's name must not hang us in open();
-         * O_NOFOLLOW: a symlink is never followed (open fails with ELOOP: skipped). */
-        int fd = openat(dirfd(dir), de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-        if (fd < 0) continue;
+        /* Anything that is not a regular file of ours is skipped silently. */
         struct stat st;
         struct rsprof_heap_header hc;
+        int got = ring_header_at(dirfd(dir), de->d_name, pid, &st, &hc);
         bool stale = false;
-        /* Only regular files we own are ours to judge; FIFOs, directories, devices and other
-         * users' files are skipped silently. */
-        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid()) {
-            bool header = pread(fd, &hc, sizeof hc, 0) == (ssize_t)sizeof hc &&
-                          hc.magic == RSPROF_HEAP_MAGIC && hc.pid == (int32_t)pid;
-            if (header) {
-                if (hc.pidns == 0 || my_ns == 0 || hc.pidns == my_ns) {
-                    uint64_t now = heapring_start_time((int)pid);
-                    stale = hc.start_time != 0 ? now != hc.start_time : !pid_alive((int)pid);
-                    /* Left at exit for the recorder of another live session: its to read
-                     * (unless that pid now names a process younger than the ring's). */
-                    if (hc.version == RSPROF_HEAP_VERSION && hc.session_pid > 0 &&
-                        hc.session_pid != (int32_t)getpid()) {
-                        uint64_t session = heapring_start_time(hc.session_pid);
-                        if (session != 0 && session <= hc.start_time) stale = false;
-                    }
+        if (got == 1) {
+            if (hc.pidns == 0 || my_ns == 0 || hc.pidns == my_ns) {
+                uint64_t now = heapring_start_time((int)pid);
+                stale = hc.start_time != 0 ? now != hc.start_time : !pid_alive((int)pid);
+                /* Left at exit for the recorder of another live session: its to read
+                 * (unless that pid now names a process younger than the ring's). */
+                if (hc.version == RSPROF_HEAP_VERSION && hc.session_pid > 0 &&
+                    hc.session_pid != (int32_t)getpid()) {
+                    uint64_t session = heapring_start_time(hc.session_pid);
+                    if (session != 0 && session <= hc.start_time) stale = false;
                 }
-            } else {
-                /* No valid header (scribbled, or a ring still being created: magic is
-                 * stored last).  Swept only when the pid in its name is dead and the file
-                 * has not been written for a while (mtime), so a ring being created right now
-                 * (in this or another pid namespace) is never taken. */
-                stale = !pid_alive((int)pid) && time(NULL) - st.st_mtime > SCRIBBLED_RING_AGE_S;
             }
+        } else if (got == 0) {
+            /* No valid header.  Swept only when the pid in its name is dead and the file
+             * has not been written for a while (mtime), so a ring being created right now
+             * (in this or another pid namespace) is never taken. */
+            stale = !pid_alive((int)pid) && time(NULL) - st.st_mtime > SCRIBBLED_RING_AGE_S;
         }
-        close(fd);
         if (stale && unlinkat(dirfd(dir), de->d_name, 0) == 0) {
             PyObject *v = PyLong_FromLong(pid);
             if (v == NULL || PyList_Append(removed, v) < 0) {
@@ -1551,26 +1559,17 @@ static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
 
 /* session_of(pid) -> int: the session (rsprof pid) named in the header of pid's ring, 0
  * for none, -1 when there is no valid ring of ours at the name (yet: the magic is stored
- * last).  Opened as sweep_stale does: never a FIFO's open that blocks, never a symlink
- * followed. */
+ * last). */
 static PyObject *HeapReader_session_of(PyObject *cls, PyObject *args) {
     int pid;
     if (!PyArg_ParseTuple(args, "i:session_of", &pid)) return NULL;
     char path[64];
     snprintf(path, sizeof path, "%s%d", RSPROF_HEAP_PATH_PREFIX, pid);
-    int session = -1;
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd >= 0) {
-        struct stat st;
-        struct rsprof_heap_header hc;
-        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
-            pread(fd, &hc, sizeof hc, 0) == (ssize_t)sizeof hc &&
-            hc.magic == RSPROF_HEAP_MAGIC && hc.version == RSPROF_HEAP_VERSION &&
-            hc.pid == pid)
-            session = hc.session_pid > 0 ? hc.session_pid : 0;
-        close(fd);
-    }
-    return PyLong_FromLong(session);
+    struct stat st;
+    struct rsprof_heap_header hc;
+    if (ring_header_at(AT_FDCWD, path, pid, &st, &hc) != 1 || hc.version != RSPROF_HEAP_VERSION)
+        return PyLong_FromLong(-1);
+    return PyLong_FromLong(hc.session_pid > 0 ? hc.session_pid : 0);
 }
 
 static PyObject *HeapReader_get_pid(HeapReaderObject *r, void *c) {

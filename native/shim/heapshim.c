@@ -461,7 +461,7 @@ static void create_ring(void) {
     h->sample_bytes = g_sample_bytes;
     h->max_depth = g_max_depth;
     h->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    h->session_pid = g_wait_ppid <= INT32_MAX ? (int32_t)g_wait_ppid : 0;
+    h->session_pid = (int32_t)g_wait_ppid;
     h->flags = (g_sample_bytes ? RSPROF_HEAP_HF_SAMPLED : 0) | (g_py ? RSPROF_HEAP_HF_PYTHON : 0);
     __atomic_store_n(&h->magic, RSPROF_HEAP_MAGIC, __ATOMIC_RELEASE); /* header complete */
 
@@ -913,13 +913,14 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
         t_guard--;
         if (npy) flags |= RSPROF_HEAP_RF_PYTHON;
     }
+    /* Python frames differ from call to call under the same native stack: those records
+     * always carry their whole stack, and name no way. */
+    int by_way = npy == 0 && way >= 0;
     int ok;
-    if (npy == 0 && way >= 0 && (t_named_ways >> way & 1)) {
+    if (by_way && (t_named_ways >> way & 1)) {
         ok = record_again(h, p, n, flags, way);
     } else {
-        /* Python frames differ from call to call under the same native stack: those
-         * records always carry their whole stack, and name no way. */
-        if (npy == 0 && way >= 0) flags |= RSPROF_HEAP_RF_WAY(way);
+        if (by_way) flags |= RSPROF_HEAP_RF_WAY(way);
         uint64_t words = RSPROF_HEAP_ALLOC_WORDS(depth) + (npy ? RSPROF_HEAP_PY_WORDS(npy) : 0);
         uint64_t pos;
         ok = reserve(h, words * 8, &pos);
@@ -936,7 +937,7 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
                              RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_ALLOC, depth, flags, t_tid),
                              __ATOMIC_RELEASE);
             /* Named only if the record made it into the ring (not lost to a full one). */
-            if (npy == 0 && way >= 0) t_named_ways |= 1u << way;
+            if (by_way) t_named_ways |= 1u << way;
         }
     }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -1053,8 +1054,7 @@ static void finish_ring(void) {
      * alive: the ring stays at its name for that recorder, which reads it and removes it
      * (a short child, `ls` in a shell script, is often gone before the recorder has seen
      * it, and unlinking took its events with it). No wait: the process exits at once. */
-    if (!reader_alive(h) && g_wait_ppid != 0 && g_wait_ppid <= INT32_MAX &&
-        kill((pid_t)g_wait_ppid, 0) == 0 &&
+    if (!reader_alive(h) && g_wait_ppid != 0 && kill((pid_t)g_wait_ppid, 0) == 0 &&
         __atomic_load_n(&h->read_pos, __ATOMIC_ACQUIRE) <
             __atomic_load_n(&h->write_pos, __ATOMIC_ACQUIRE))
         return;
@@ -1190,6 +1190,7 @@ static void read_config(void) {
     g_exit_wait_ms = (unsigned)env_u64("RSPROF_HEAP_EXIT_WAIT_MS", 0);
     if (g_exit_wait_ms > 60000) g_exit_wait_ms = 60000;
     g_wait_ppid = env_u64("RSPROF_HEAP_WAIT_PPID", 0);
+    if (g_wait_ppid > INT32_MAX) g_wait_ppid = 0; /* no pid: as if unset */
     /* RSPROF_HEAP_UNWIND=fp: frame pointers only (the benchmark's baseline, and a way out
      * should CFI ever misbehave in a target). */
     const char *unwind = getenv("RSPROF_HEAP_UNWIND");
