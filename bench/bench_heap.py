@@ -230,28 +230,23 @@ def bench(target: Target, size: str, args: argparse.Namespace, tmp: Path,
         names = ["plain"] + [n for n in names if n in args.modes.split(",") and n != "plain"]
     modes = [Mode(n) for n in names]
     no_env = {k: v for k, v in os.environ.items() if not k.startswith("RSPROF_HEAP_")}
+    # The shim's environment per unwinder: with a reader draining (the mode's name) and
+    # with nobody reading ("noreader-" + name; plain "noreader" is CFI's).
+    unwinders = {"cfi": shim_env(), "fp": shim_env(RSPROF_HEAP_UNWIND="fp")}
+    if libunwind is not None:
+        unwinders["libunwind"] = shim_env(libunwind)
     run_plain(argv)  # warm caches, page in the binary
     for i in range(args.repeat):
         for mode in modes:  # interleaved, so a noisy neighbour hurts every mode alike
             name = mode.name
             if name == "plain":
                 r = run_plain(argv)
-            elif name == "cfi":
-                r = run_with_reader(argv, shim_env())
-            elif name == "fp":
-                r = run_with_reader(argv, shim_env(RSPROF_HEAP_UNWIND="fp"))
-            elif name == "libunwind":
-                assert libunwind is not None
-                r = run_with_reader(argv, shim_env(libunwind))
+            elif name in unwinders:
+                r = run_with_reader(argv, unwinders[name])
             elif name == "sampled":
                 r = run_with_reader(argv, shim_env(RSPROF_HEAP_SAMPLE_BYTES=str(args.sample_bytes)))
-            elif name == "noreader":
-                r = run_plain(argv, shim_env())
-            elif name == "noreader-fp":
-                r = run_plain(argv, shim_env(RSPROF_HEAP_UNWIND="fp"))
-            elif name == "noreader-libunwind":
-                assert libunwind is not None
-                r = run_plain(argv, shim_env(libunwind))
+            elif name.startswith("noreader"):
+                r = run_plain(argv, unwinders[name.removeprefix("noreader").lstrip("-") or "cfi"])
             elif name == "run":
                 r = run_rsprof(argv, tmp, no_env)
             elif name == "run-fp":

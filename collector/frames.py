@@ -32,7 +32,7 @@ KERNEL_ADDRESS = 1
 KERNEL_FUNCTION = "[kernel]"
 # The CPython evaluator: each of its native frames ran a group of Python frames, which take
 # its place in a stack (collector.pyframes.splice_plan).
-EVAL_FUNCTION = "_PyEval_EvalFrameDefault"
+EVAL_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault"})
 # The interpreter's start-up (it imports encodings, io and site through importlib's Python
 # code before the program's first line runs).
 STARTUP_FUNCTIONS = frozenset({"Py_InitializeFromConfig", "Py_InitializeEx", "Py_Initialize",
@@ -257,19 +257,19 @@ class FrameResolver:
         return frame_id in self._py_frame_ids
 
     def _is_eval(self, frame_id: int) -> bool:
-        found = self._eval_frames.get(frame_id)
-        if found is None:
-            _, chain = self.frame_info.get(frame_id, ("", ()))
-            found = self._eval_frames[frame_id] = any(
-                location.function == EVAL_FUNCTION for location in chain)
-        return found
+        return self._runs_one_of(frame_id, EVAL_FUNCTIONS, self._eval_frames)
 
     def _in_startup(self, frame_id: int) -> bool:
-        found = self._startup_frames.get(frame_id)
+        return self._runs_one_of(frame_id, STARTUP_FUNCTIONS, self._startup_frames)
+
+    def _runs_one_of(self, frame_id: int, functions: frozenset[str],
+                     memo: dict[int, bool]) -> bool:
+        """Whether the frame (or a function inlined in it) is one of `functions`; memoized
+        per frame."""
+        found = memo.get(frame_id)
         if found is None:
             _, chain = self.frame_info.get(frame_id, ("", ()))
-            found = self._startup_frames[frame_id] = any(
-                location.function in STARTUP_FUNCTIONS for location in chain)
+            found = memo[frame_id] = any(location.function in functions for location in chain)
         return found
 
     def _python_frame(self, function: int, line: int) -> int:

@@ -38,6 +38,10 @@ _HEAP_HEADER_BYTES = 4096
 _HEAP_RING_PREFIX = "rsprof-heap."  # /dev/shm/rsprof-heap.<pid> (native/heapring.h)
 
 
+def _heap_ring_path(pid: int) -> str:
+    return f"/dev/shm/{_HEAP_RING_PREFIX}{pid}"
+
+
 @dataclass(slots=True)
 class RecordOptions:
     freq_hz: int = 99
@@ -448,7 +452,7 @@ class Recorder:
         """Attaches to pid's heap ring, unless it is one already read to its end (an exec'd
         or exited process's ring stays at its name until the next image replaces it)."""
         try:
-            info = os.lstat(f"/dev/shm/rsprof-heap.{pid}")
+            info = os.lstat(_heap_ring_path(pid))
         except OSError:
             return
         if stat.S_ISREG(info.st_mode) and info.st_size < _HEAP_HEADER_BYTES:
@@ -732,7 +736,7 @@ def _remove_left_ring(ring: tuple[int, int]) -> None:
     """Removes a ring read to its end whose process left it at its name for us (it exited
     before it was attached); the name of a live process's ring, or of a newer ring, stays."""
     pid, inode = ring
-    path = f"/dev/shm/{_HEAP_RING_PREFIX}{pid}"
+    path = _heap_ring_path(pid)
     try:
         if os.lstat(path).st_ino == inode and not process.is_alive(pid):
             os.unlink(path)
