@@ -4,6 +4,7 @@ synthetic stacks, then real programs under `rsprof run` against the same under `
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -217,9 +218,13 @@ def test_heap_tracking_sits_under_the_allocator_the_worker_called(
         if not name.startswith("churn-"):
             continue
         rows = {row["function"]: row for row in top_json(profile, "cpu", "--tid", str(tid))}
-        # the thread's whole life is under its start routine, as without the shim
-        assert rows["start"]["total_pct"] >= 99.0, rows["start"]
-        assert rows["churn_worker"]["total_pct"] >= 95.0, rows["churn_worker"]
+        samples = rows["start_thread"]["total"]  # every sample of the thread
+        # Its whole life is under its start routine, as without the shim, and its worker's
+        # Total is ~100 % with the shim's work inside it (a sample or two may fall in the
+        # thread's start: pthread_getattr_np, pthread_setname_np).
+        assert rows["start"]["total"] >= samples - 2, (rows["start"], samples)
+        assert rows["churn_worker"]["total"] >= 0.95 * samples - 2, (rows["churn_worker"],
+                                                                      samples)
         assert rows[HEAP_TRACKING_FUNCTION]["self"] > 0
     peek = run_rsprof("peek", str(profile), r"^\[rsprof heap tracking\]$").stdout
     assert "malloc" in peek and "free" in peek, peek
@@ -241,7 +246,7 @@ def test_the_summary_and_meta_give_the_heap_tracking_share(churn_run: tuple[Path
 def test_diff_against_an_attached_profile_reports_no_shim_function(
         churn_run: tuple[Path, str], tmp_path: Path) -> None:
     run_profile, _ = churn_run
-    proc = start_target(build_target("shim_churn.c"), "3")
+    proc = start_target(build_target("shim_churn.c"), "60")  # killed once recorded
     try:
         attached = tmp_path / "attached.db"
         result = record_pid(proc.pid, attached)
@@ -252,6 +257,8 @@ def test_diff_against_an_attached_profile_reports_no_shim_function(
     diff = run_rsprof("diff", str(attached), str(run_profile), "--kind", "cpu", "-n", "0")
     assert diff.returncode == 0, diff.stderr
     assert "thread_trampoline" not in diff.stdout
-    assert "churn_worker" in diff.stdout or "start" in diff.stdout
+    assert "churn_worker" in diff.stdout
     assert not [name for name in shim_internal_names() if f" {name}" in diff.stdout]
     assert HEAP_TRACKING_FUNCTION in diff.stdout
+    # the program's calls into the shim, by their public names, hold the new cost
+    assert re.search(r" malloc +new", diff.stdout) and re.search(r" free +new", diff.stdout)
