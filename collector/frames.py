@@ -16,6 +16,7 @@ from pathlib import Path
 from rsprof.collector.maps import AddressSpace, Mapping, read_executable_maps
 from rsprof.collector.perfmap import JitSymbol, PerfMap, is_anonymous, process_start_time
 from rsprof.collector.pyframes import splice_plan, split_python
+from rsprof.collector.shimframes import ShimFrames
 from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.callsite import PYTHON_ADDRESS_BASE
 from rsprof.storage.writer import LocationKey, ProfileWriter
@@ -90,6 +91,10 @@ class FrameResolver:
         # native stack, or a read across a call): kept native only, counted.
         self.python_unpaired = 0
         self.python_spliced = 0
+        # rsprof's heap shim taken out of the stacks (collector/shimframes.py), and the
+        # stored stacks whose leaf is its `[rsprof heap tracking]` frame.
+        self.shim = ShimFrames(self.frame_info, self._named_frame, self._host_path)
+        self.heap_tracking_stacks: set[int] = set()
 
     def for_new_image(self, pid: int, *, forked: bool) -> FrameResolver:
         """The resolver of another process image: a forked child (`forked`) starts with its
@@ -101,6 +106,8 @@ class FrameResolver:
         other.frame_info = self.frame_info
         other.stack_frames = self.stack_frames
         other._py_frame_ids = self._py_frame_ids  # frame ids are global
+        other.shim = self.shim
+        other.heap_tracking_stacks = self.heap_tracking_stacks
         other.on_warning = self.on_warning
         if forked:
             other._parent_perfmap = self._perfmap
@@ -225,7 +232,10 @@ class FrameResolver:
             )
             if native_id in python:
                 frames = self._splice(frames, python[native_id], python_read_late)
+            frames = self.shim.rewrite(frames)
             stack_id = resolved[native_id] = self.writer.stack_id(frames)
+            if frames and frames[0] == self.shim.tracking_frame:
+                self.heap_tracking_stacks.add(stack_id)
             self.stack_frames[stack_id] = frames
         return resolved
 
@@ -333,7 +343,8 @@ class FrameResolver:
         return self._named_frame(TRUNCATED_ADDRESS, TRUNCATED_FUNCTION)
 
     def _named_frame(self, address: int, name: str) -> int:
-        """A pseudo-frame ([truncated], [kernel]) at an address that is never code."""
+        """A pseudo-frame ([truncated], [kernel], [rsprof heap tracking]) at an address that
+        is never code."""
         location = LocationKey(name, "", 0, None)
         frame_id = self.writer.frame_id(address, None, None, [location])
         self.frame_info[frame_id] = ("", (location,))

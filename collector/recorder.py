@@ -93,6 +93,15 @@ class RecordResult:
     heap_mode: str
     truncated_samples: int = 0
     kernel_sampled: bool = True
+    # CPU samples charged to `[rsprof heap tracking]` (the heap shim's own work) and the
+    # samples counted with them (collector/shimframes.py).
+    heap_tracking_samples: int = 0
+    counted_samples: int = 0
+
+
+def heap_tracking_share(result: RecordResult) -> float:
+    """The share of CPU samples spent in the heap shim's own work, 0..1."""
+    return result.heap_tracking_samples / result.counted_samples if result.counted_samples else 0
 
 
 def _unwind_label(options: RecordOptions) -> str:
@@ -170,6 +179,7 @@ class Recorder:
         # Heap stacks with Python frames per ring (HeapReader.python_stats), for meta.
         self._heap_py_stats: dict[tuple[int, int], dict[str, int]] = {}
         self._heap_python_meta: dict[str, int] = {}
+        self._heap_tracking_meta: dict[str, float] = {}
 
     @property
     def sampler(self) -> PerfSampler:
@@ -604,11 +614,28 @@ class Recorder:
         totals.lost_samples += batch.lost
         if self._python is not None and self._python.runtimes:
             self._write_python_meta()
+        self._count_heap_tracking(cpu)
         if batch.truncated:
             totals.truncated_samples += batch.truncated
             # counted in the profile, so `top` can say how many stacks are incomplete
             self.writer.set_meta({"truncated_samples": totals.truncated_samples})
         return not self._target_alive()
+
+    def _count_heap_tracking(self, cpu: dict[tuple[int, int], int]) -> None:
+        """Adds the checkpoint's samples in the heap shim's own work to the totals, and
+        their share to meta while heap tracking is on (docs/schema.md `heap_tracking_*`)."""
+        totals = self._totals
+        tracking = self.resolver.heap_tracking_stacks
+        totals.heap_tracking_samples += sum(
+            count for (stack_id, _), count in cpu.items() if stack_id in tracking)
+        totals.counted_samples += sum(cpu.values())
+        if self._heap_mode is None and not totals.heap_tracking_samples:
+            return
+        meta = {"heap_tracking_samples": totals.heap_tracking_samples,
+                "heap_tracking_pct": round(100 * heap_tracking_share(totals), 1)}
+        if meta != self._heap_tracking_meta:
+            self._heap_tracking_meta = meta
+            self.writer.set_meta(meta)
 
     def _add_mmaps(self, mmaps: list[PerfMmap]) -> None:
         for mmap in mmaps:

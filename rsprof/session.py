@@ -21,7 +21,7 @@ from types import FrameType
 from rsprof.collector.errors import CollectorError
 from rsprof.collector.heap import HeapTracker
 from rsprof.collector.process import Target, target_from_pid
-from rsprof.collector.recorder import Recorder, RecordOptions, RecordResult
+from rsprof.collector.recorder import Recorder, RecordOptions, RecordResult, heap_tracking_share
 from rsprof.storage.errors import StorageFullError
 from rsprof.storage.writer import ProfileWriter
 
@@ -254,6 +254,21 @@ def target_for_child(child: subprocess.Popen[bytes], argv: Sequence[str]) -> Tar
     return Target(pid=child.pid, name=Path(argv[0]).name[:15], exe=exe, cmdline=" ".join(argv))
 
 
+# Above this share of CPU samples in the heap shim's own work, the summary says how to lower it.
+HEAP_TRACKING_HINT_PCT = 10.0
+
+
+def heap_tracking_note(r: RecordResult) -> str:
+    """The summary's words on what heap tracking cost the target (collector/shimframes.py
+    charges it to `[rsprof heap tracking]`)."""
+    pct = 100 * heap_tracking_share(r)
+    text = f"; heap tracking took {pct:.1f}% of CPU samples ([rsprof heap tracking])"
+    if pct > HEAP_TRACKING_HINT_PCT:
+        text += (": to lower it, sample allocations (--heap-sample BYTES, e.g. 65536)"
+                 " or turn heap tracking off (--no-heap)")
+    return text
+
+
 def describe(outcome: SessionOutcome) -> str:
     r = outcome.result
     lost = f", {r.lost_samples} lost" if r.lost_samples else ""
@@ -265,6 +280,8 @@ def describe(outcome: SessionOutcome) -> str:
     )
     if outcome.target_exit_code is not None:
         text += f"; target exited with code {outcome.target_exit_code}"
+    if r.heap_mode != "none" and r.counted_samples:
+        text += heap_tracking_note(r)
     if not r.kernel_sampled:
         text += ("; kernel time not sampled (needs root, CAP_PERFMON or"
                  " kernel.perf_event_paranoid <= 1)")

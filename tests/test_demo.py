@@ -22,3 +22,8 @@ def test_demo_headless_summary(tmp_path: Path) -> None:
     assert_share(hashes, checksum, 0.75, floor=0.07)
     threads = run_rsprof("query", str(tmp_path / "demo.db"), "SELECT name FROM threads")
     assert {"demo-hash", "demo-matrix"} <= set(threads.stdout.split())
+    # rsprof's own shim is in no stack: its pthread_create wrapper (thread_trampoline) was
+    # under every thread, 77 % Total on the first screen (collector/shimframes.py).
+    assert "thread_trampoline" not in result.stdout
+    assert "thread_trampoline" not in by_name
+    assert not [row for row in rows if "librsprof_heap" in row["module"]]
