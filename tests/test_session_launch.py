@@ -285,3 +285,30 @@ def test_disk_full_ends_the_target(tmp_path: Path) -> None:
         if target:
             _kill_if_alive(target)
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_an_internal_error_stops_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug that raises in the middle of a recording: one line, exit 1, the target stopped.
+    In-process (the CLI's own entry point), to plant the bug."""
+    from rsprof.collector.recorder import Recorder
+
+    from rsprof.cli import main
+
+    seen: list[int] = []
+    checkpoint = Recorder._checkpoint
+
+    def failing(self: Recorder, final: bool = False) -> bool:
+        seen.append(self.target.pid)
+        if len(seen) >= 2:
+            raise RuntimeError("planted")
+        return checkpoint(self, final)
+
+    monkeypatch.setattr(Recorder, "_checkpoint", failing)
+    monkeypatch.delenv("RSPROF_DEBUG", raising=False)
+    code = main(["run", "-q", "--no-heap", "-i", "100ms", "-o", str(tmp_path / "bug.db"), "--",
+                 str(build_target("split.c")), "60", "100000"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "internal error: RuntimeError: planted" in err
+    assert seen and _gone(seen[0], timeout=2), f"target {seen[0]} outlived the error"
