@@ -1,7 +1,8 @@
 """Build glue that pyproject.toml cannot express: the C extension, the LD_PRELOAD heap shim
-(a plain shared library with no Python in it) and the native demo program.
+(a plain shared library with no Python in it), the native demo program and the launcher
+of `rsprof run`.
 
-`pip install .` runs all three through setuptools' compiler; nobody runs make by hand.
+`pip install .` runs all four through setuptools' compiler; nobody runs make by hand.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ COMMON_CFLAGS = [
 
 
 class BuildNative(build_ext):
-    """Builds the extension as usual, then the shim and the demo binary next to it."""
+    """Builds the extension as usual, then the shim, the demo and the launcher next to it."""
 
     def run(self) -> None:
         super().run()
         self._build_shim()
         self._build_demo()
+        self._build_launcher()
 
     def _package_dir(self) -> Path:
         if self.inplace:
@@ -52,20 +54,27 @@ class BuildNative(build_ext):
         )
 
     def _build_demo(self) -> None:
+        self._build_program(
+            "demo", "rsprof-demo",
+            ["-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-pthread"],
+            ["-pthread"],
+        )
+
+    def _build_launcher(self) -> None:
+        """`rsprof run` starts its target through this (native/launch/launch.c)."""
+        self._build_program("launch", "rsprof-launch", [*COMMON_CFLAGS, "-std=gnu11"], [])
+
+    def _build_program(self, folder: str, name: str, cflags: list[str],
+                       ldflags: list[str]) -> None:
         out_dir = self._package_dir() / "bin"
         out_dir.mkdir(parents=True, exist_ok=True)
-        sources = sorted(str(p) for p in (NATIVE / "demo").glob("*.c"))
+        sources = sorted(str(p) for p in (NATIVE / folder).glob("*.c"))
         if not sources:
             return
-        objects = self.compiler.compile(
-            sources,
-            output_dir=self.build_temp,
-            extra_preargs=[
-                "-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-pthread",
-            ],
-        )
-        exe = out_dir / "rsprof-demo"
-        self.compiler.link_executable(objects, str(exe), extra_preargs=["-pthread"])
+        objects = self.compiler.compile(sources, output_dir=self.build_temp,
+                                        extra_preargs=cflags)
+        exe = out_dir / name
+        self.compiler.link_executable(objects, str(exe), extra_preargs=ldflags)
         os.chmod(exe, 0o755)
 
 

@@ -236,8 +236,8 @@ class Recorder:
             opened = self._open_sampler(tids)
         if opened == 0:
             raise ProcessNotFound(f"PID {pid} exited before it could be sampled")
-        # A launched child is still the waiting shell: its real mappings arrive as MMAP2
-        # records when it execs, and the shell's must not linger in the address space.
+        # A launched child is still the waiting launcher: its real mappings arrive as MMAP2
+        # records when it execs, and the launcher's must not linger in the address space.
         if self.child is None:
             try:
                 for mapping in read_executable_maps(pid):

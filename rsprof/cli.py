@@ -1,13 +1,13 @@
 """The `rsprof` command. Commands stay thin: they parse, call collector or storage, render.
 
 Exit codes (rsprof's): 0 ok, 1 error, 2 usage, 3 process not found, 4 permission,
-6 database. Every failure is one line on stderr, never a traceback.
+6 database; `rsprof run` otherwise ends with its target's status (_run_status). Every
+failure is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +27,7 @@ from rsprof.exit_codes import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
+    EXIT_OK,
     EXIT_PERMISSION,
     EXIT_USAGE,
 )
@@ -166,7 +167,7 @@ def _record(
     quiet: bool,
     append: bool,
     follow: bool | None,
-    child: subprocess.Popen[bytes] | None = None,
+    child: session.Launched | None = None,
 ) -> session.SessionOutcome:
     from rsprof import session
     from rsprof.collector.recorder import RecordOptions
@@ -193,10 +194,39 @@ def _record_launched(
                            python=options.get("python", "on") == "on")
     try:
         target = session.target_for_child(child, command)
-    except CollectorError:
+        return _record(target, child=child, **options)
+    finally:
+        # On every way out (an error, Ctrl-C while finalizing): the target never outlives
+        # rsprof. Already stopped on the usual ways, this does nothing then.
         session.stop_child(child)
-        raise
-    return _record(target, child=child, **options)
+
+
+class TargetStatus(Exception):
+    """`rsprof run` ends with this status (no message): see `_run_status`."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _run_status(outcome: session.SessionOutcome) -> int:
+    """`rsprof run`'s exit status (README, Exit codes), so `rsprof run -- ./tests && deploy`
+    deploys only after passing tests: the target's when it ended on its own (128 + N for
+    signal N, as shells say); 128 + N when signal N stopped rsprof (130 for Ctrl-C), whatever
+    the target did then; 1 when the TUI failed; 0 when rsprof stopped the target at the
+    duration or when the TUI was quit."""
+    from rsprof import session
+
+    reason = outcome.result.stop_reason
+    signum = session.stopping_signal(reason)
+    if signum is not None:
+        return 128 + signum
+    if reason.startswith("error"):
+        return EXIT_ERROR
+    code = outcome.target_exit_code
+    if code is not None and not outcome.target_stopped:
+        return 128 - code if code < 0 else code
+    return EXIT_OK
 
 
 def _check_frequency(freq: int) -> None:
@@ -223,7 +253,11 @@ def run(command: tuple[str, ...], heap_sample: int, no_heap: bool, **options: ob
 
     rsprof run [OPTIONS] -- CMD [ARGS]...
     """
-    _record_launched(command, heap=not no_heap, heap_sample_bytes=heap_sample, **options)
+    outcome = _record_launched(command, heap=not no_heap, heap_sample_bytes=heap_sample,
+                               **options)
+    status = _run_status(outcome)
+    if status:
+        raise TargetStatus(status)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -255,6 +289,9 @@ def demo(**options: object) -> None:
                 )
         click.echo(f"Reopen it with: rsprof view {outcome.path}\n"
                    f"Export it for pprof: rsprof export {outcome.path} -o cpu.pb.gz", err=True)
+    status = _run_status(outcome)
+    if status:
+        raise TargetStatus(status)
 
 
 @cli.command(context_settings=CONTEXT)
@@ -347,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         cli.main(args=argv, prog_name="rsprof", standalone_mode=False)
     except click.exceptions.Exit as done:
         return done.exit_code
+    except TargetStatus as done:  # `run`: the target's status, said by `describe` already
+        return done.status
     except click.UsageError as error:
         command = error.ctx.info_name if error.ctx and error.ctx.parent else ""
         hint = f"rsprof {command} --help" if command else "rsprof --help"

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from types import FrameType
 
+from rsprof import INHERITED_FDS
 from rsprof.collector.errors import CollectorError
 from rsprof.collector.heap import HeapTracker
 from rsprof.collector.process import Target, target_from_pid
@@ -39,68 +40,157 @@ def default_output(process_name: str) -> Path:
 class SessionOutcome:
     path: Path
     result: RecordResult
-    target_exit_code: int | None
+    target_exit_code: int | None  # Popen's: negative for a signal
+    target_stopped: bool = False  # rsprof ended the target (it had not exited on its own)
+
+
+class Launched(subprocess.Popen[bytes]):
+    """A target started by `launch`, held before its exec until `release`."""
+
+    release_fd: int | None
+    environment: list[bytes]  # the target's, entry by entry
+    stopped_by_rsprof: bool  # ended by `stop_child`, not on its own
+
+
+LAUNCHER_PATH = Path(__file__).parent / "bin" / "rsprof-launch"
+# How long a target has to exit after SIGTERM when rsprof stops it, before SIGKILL.
+STOP_GRACE_S = 5.0
 
 
 def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int,
-           python: bool = True) -> subprocess.Popen[bytes]:
+           python: bool = True) -> Launched:
     """Starts CMD held just before its exec, so sampling covers its first instruction.
 
-    A small bash (dash cannot name file descriptors above 9) waits on a pipe, then execs
-    CMD in the same process (perf events follow a thread across exec). LD_PRELOAD is
-    exported only for CMD, so the shell never creates a heap ring of its own under CMD's PID.
+    rsprof-launch (native/launch/launch.c) waits on a pipe, then execs CMD in the same
+    process (perf events follow a thread across exec) with the environment `release` sends:
+    the user's, byte for byte, and LD_PRELOAD only for CMD, so the launcher never creates a
+    heap ring of its own under CMD's PID. CMD gets the fds rsprof inherited and none of
+    rsprof's own, and dies with rsprof (PR_SET_PDEATHSIG, set by the launcher): so this runs
+    on the main thread, which lives as long as rsprof (the death signal follows the thread
+    that forked).
     """
     if not argv:
         raise CollectorError("no command given after --")
-    if shutil.which(argv[0]) is None:
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("launch() must run on the main thread (PR_SET_PDEATHSIG)")
+    if not LAUNCHER_PATH.exists():
+        raise CollectorError(f"the launcher is missing ({LAUNCHER_PATH}); reinstall rsprof")
+    environment = _target_environment(heap=heap and SHIM_PATH.exists(),
+                                      heap_sample_bytes=heap_sample_bytes, python=python)
+    search = _value(environment, b"PATH")
+    path = shutil.which(argv[0], path=os.defpath if search is None else os.fsdecode(search))
+    if path is None:
         raise CollectorError(f"{argv[0]}: command not found")
     read_fd, write_fd = os.pipe()
-    env = dict(os.environ)
-    preload = env.get("LD_PRELOAD", "")
-    if heap and SHIM_PATH.exists():
-        preload = f"{SHIM_PATH}:{preload}" if preload else str(SHIM_PATH)
-        if heap_sample_bytes:
-            env["RSPROF_HEAP_SAMPLE_BYTES"] = str(heap_sample_bytes)
-        # A target that exits within milliseconds waits (briefly) for us to attach and drain
-        # its ring; only CMD itself (its parent is us), not the programs it starts.
-        env.setdefault("RSPROF_HEAP_EXIT_WAIT_MS", "2000")
-        env["RSPROF_HEAP_WAIT_PPID"] = str(os.getpid())
-        if not python:  # --python=off: the shim need not read Python frames either
-            env["RSPROF_HEAP_PYTHON"] = "0"
-        # 64 MiB holds ~40 ms of a 20 M pairs/s allocation storm: with the drain thread also
-        # serving perf rings, the shim's 16 MiB default dropped ~2 % of such a storm.
-        env.setdefault("RSPROF_HEAP_RING_MB", "64")
-    env.pop("LD_PRELOAD", None)
-    env["RSPROF_LAUNCH_PRELOAD"] = preload
-    script = (
-        f"read -r _ <&{read_fd} || exit 127; exec {read_fd}<&-;"
-        ' if [ -n "$RSPROF_LAUNCH_PRELOAD" ]; then export LD_PRELOAD="$RSPROF_LAUNCH_PRELOAD"; fi;'
-        ' unset RSPROF_LAUNCH_PRELOAD; exec "$0" "$@"'
-    )
     try:
-        child = subprocess.Popen(["/bin/bash", "-c", script, *argv], env=env, pass_fds=(read_fd,))
+        child = Launched(
+            [str(LAUNCHER_PATH), str(read_fd), str(os.getpid()), path, *argv],
+            env={},  # the launcher's own; CMD's comes through the pipe
+            close_fds=True, pass_fds=(*_inherited_fds(), read_fd),
+        )
+    except BaseException:
+        os.close(write_fd)
+        raise
     finally:
         os.close(read_fd)
-    child.rsprof_release_fd = write_fd  # type: ignore[attr-defined]
+    child.release_fd = write_fd
+    child.environment = environment
+    child.stopped_by_rsprof = False
     return child
 
 
-def release(child: subprocess.Popen[bytes]) -> None:
-    fd = getattr(child, "rsprof_release_fd", None)
-    if fd is not None:
-        os.write(fd, b"go\n")
+def _inherited_fds() -> list[int]:
+    """The fds rsprof inherited (rsprof.INHERITED_FDS) that are still open and still
+    inheritable: still the user's, not a number rsprof closed and reused."""
+    fds = []
+    for fd in INHERITED_FDS:
+        try:
+            if os.get_inheritable(fd):
+                fds.append(fd)
+        except OSError:
+            pass
+    return fds
+
+
+def _user_environment() -> list[bytes]:
+    """The environment rsprof was started with, entry by entry and byte for byte: the
+    kernel's copy, not os.environ, into which Python's locale coercion writes
+    LC_CTYPE=C.UTF-8 under LANG=C (PEP 538), and which cannot hold an entry without "="."""
+    try:
+        with open("/proc/self/environ", "rb") as file:
+            block = file.read()
+    except OSError:
+        return [name + b"=" + value for name, value in os.environb.items()]
+    return block.split(b"\0")[:-1] if block else []
+
+
+def _name(entry: bytes) -> bytes:
+    return entry.split(b"=", 1)[0]
+
+
+def _value(entries: list[bytes], name: bytes) -> bytes | None:
+    """NAME's value as getenv(3) finds it: the first entry."""
+    return next((e[len(name) + 1:] for e in entries if _name(e) == name), None)
+
+
+def _target_environment(*, heap: bool, heap_sample_bytes: int, python: bool) -> list[bytes]:
+    """The user's environment, plus with the heap shim LD_PRELOAD and its RSPROF_* settings."""
+    entries = _user_environment()
+    if not heap:
+        return entries
+    preload = _value(entries, b"LD_PRELOAD")
+    shim = os.fsencode(SHIM_PATH)
+    settings = {b"LD_PRELOAD": shim + b":" + preload if preload else shim,
+                b"RSPROF_HEAP_WAIT_PPID": str(os.getpid()).encode()}
+    if heap_sample_bytes:
+        settings[b"RSPROF_HEAP_SAMPLE_BYTES"] = str(heap_sample_bytes).encode()
+    if not python:  # --python=off: the shim need not read Python frames either
+        settings[b"RSPROF_HEAP_PYTHON"] = b"0"
+    # Unless the user set them:
+    # A target that exits within milliseconds waits (briefly) for us to attach and drain
+    # its ring; only CMD itself (its parent is us, RSPROF_HEAP_WAIT_PPID), not the programs
+    # it starts.
+    # 64 MiB holds ~40 ms of a 20 M pairs/s allocation storm: with the drain thread also
+    # serving perf rings, the shim's 16 MiB default dropped ~2 % of such a storm.
+    defaults = {b"RSPROF_HEAP_EXIT_WAIT_MS": b"2000", b"RSPROF_HEAP_RING_MB": b"64"}
+    names = {_name(e) for e in entries}
+    kept = [e for e in entries if _name(e) not in settings]
+    added = {**{k: v for k, v in defaults.items() if k not in names}, **settings}
+    return kept + [name + b"=" + value for name, value in added.items()]
+
+
+def release(child: Launched) -> None:
+    """Lets the held target exec, with its environment."""
+    fd = child.release_fd
+    if fd is None:
+        return
+    child.release_fd = None
+    message = b"go\0" + b"".join(entry + b"\0" for entry in child.environment)
+    try:
+        view = memoryview(message)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass  # the launcher is gone (killed): the recorder sees the target exit
+    finally:
         os.close(fd)
-        child.rsprof_release_fd = None  # type: ignore[attr-defined]
 
 
-def stop_child(child: subprocess.Popen[bytes], grace_s: float = 5.0) -> int | None:
-    """Ends a launched target that outlived the recording; returns its exit status."""
-    release(child)
+def stop_child(child: Launched, grace_s: float = STOP_GRACE_S) -> int:
+    """Ends a launched target, if it still runs, and returns its exit status (Popen's:
+    negative for a signal). SIGTERM, then SIGKILL after `grace_s`, said on stderr. Safe to
+    call again: every way out of `rsprof run` calls it."""
+    if child.release_fd is not None:  # never released: the launcher exits without exec
+        os.close(child.release_fd)
+        child.release_fd = None
     if child.poll() is None:
+        child.stopped_by_rsprof = True
         child.terminate()
         try:
             child.wait(grace_s)
         except subprocess.TimeoutExpired:
+            _print_warning(f"the target (PID {child.pid}) did not exit {grace_s:g} s after"
+                           " SIGTERM: sent SIGKILL")
             child.kill()
             child.wait()
         # Ended by a signal, its shim had no chance to remove its heap ring (64 MiB in
@@ -116,7 +206,7 @@ def record(
     *,
     append: bool = False,
     quiet: bool = True,
-    child: subprocess.Popen[bytes] | None = None,
+    child: Launched | None = None,
 ) -> SessionOutcome:
     writer = ProfileWriter(output, append=append)
     recorder = Recorder(target, writer, options, child=child)
@@ -127,18 +217,15 @@ def record(
     tui = None if quiet else TuiProcess(output, recorder)
     try:
         result = _record(recorder, child, tui)
-    except StorageFullError:
-        _finish_quietly(writer, "error: disk full")
-        if tui is not None:
-            tui.close()
-        raise
     except BaseException as error:
-        if recorder.checkpoints_written == 0 and writer.created:
+        if child is not None:  # first: a launched target never outlives a failed recording
+            stop_child(child)
+        if isinstance(error, StorageFullError):
+            _finish_quietly(writer, "error: disk full")
+        elif recorder.checkpoints_written == 0 and writer.created:
             writer.abandon()  # failed before recording anything: leave no empty profile
         else:
             _finish_quietly(writer, f"error: {error}")
-        if child is not None:
-            stop_child(child)
         if tui is not None:
             tui.close()
         raise
@@ -155,7 +242,8 @@ def record(
         # The finished file is on screen ("target exited (exit code N)"): the TUI stays
         # until the user quits, unless the terminal or a signal ended the session.
         tui.close(wait=result.stop_reason not in ("hangup", "terminated"))
-    return SessionOutcome(output, result, exit_code)
+    return SessionOutcome(output, result, exit_code,
+                          child is not None and child.stopped_by_rsprof)
 
 
 def _print_warning(message: str) -> None:
@@ -220,8 +308,14 @@ _SIGNAL_REASONS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
                    signal.SIGHUP: "hangup"}
 
 
+def stopping_signal(stop_reason: str) -> int | None:
+    """The signal that stopped a recording with this reason, if one did."""
+    return next((int(sig) for sig, reason in _SIGNAL_REASONS.items() if reason == stop_reason),
+                None)
+
+
 def _record(
-    recorder: Recorder, child: subprocess.Popen[bytes] | None, tui: TuiProcess | None
+    recorder: Recorder, child: Launched | None, tui: TuiProcess | None
 ) -> RecordResult:
     """Runs the recorder in this thread until something stops it. Ctrl-C, SIGTERM and
     SIGHUP (the terminal closed) stop it the same way, so the file is always finalized."""
@@ -247,8 +341,8 @@ def _record(
             signal.signal(sig, handler)
 
 
-def target_for_child(child: subprocess.Popen[bytes], argv: Sequence[str]) -> Target:
-    """The launched child as a Target (until released it is the waiting shell)."""
+def target_for_child(child: Launched, argv: Sequence[str]) -> Target:
+    """The launched child as a Target (until released it is the waiting launcher)."""
     target_from_pid(child.pid)  # validates that it is still there
     exe = shutil.which(argv[0]) or argv[0]
     return Target(pid=child.pid, name=Path(argv[0]).name[:15], exe=exe, cmdline=" ".join(argv))
@@ -278,11 +372,23 @@ def describe(outcome: SessionOutcome) -> str:
         f"rsprof: recorded {r.samples} samples{lost}{truncated} from {r.threads} threads in"
         f" {r.checkpoints} checkpoints to {outcome.path} (stopped: {r.stop_reason})"
     )
-    if outcome.target_exit_code is not None:
-        text += f"; target exited with code {outcome.target_exit_code}"
+    code = outcome.target_exit_code
+    if code is not None and outcome.target_stopped:
+        text += f"; target stopped by rsprof ({_signal_name(-code)})" if code < 0 else (
+            f"; target exited with code {code} when rsprof stopped it")
+    elif code is not None:
+        text += (f"; target killed by {_signal_name(-code)}" if code < 0
+                 else f"; target exited with code {code}")
     if r.heap_mode != "none" and r.counted_samples:
         text += heap_tracking_note(r)
     if not r.kernel_sampled:
         text += ("; kernel time not sampled (needs root, CAP_PERFMON or"
                  " kernel.perf_event_paranoid <= 1)")
     return text
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
