@@ -74,10 +74,12 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="bench-perfmap-"))
     binary = folder / "jit"
     subprocess.run(["gcc", "-O1", "-o", str(binary), str(TARGET)], check=True)
-    rsprof = [sys.executable, "-P", "-m", "rsprof"]
-    print(f"{args.entries} entries; rsprof {os.path.dirname(__import__('rsprof').__file__)}")
+    command = [sys.executable, "-P", "-m", "rsprof"]
+    import rsprof
+
+    print(f"{args.entries} entries; rsprof {os.path.dirname(rsprof.__file__ or '')}")
     for _ in range(args.runs):
-        peak, first, named = one_run(folder, binary, args.entries, rsprof)
+        peak, first, named = one_run(folder, binary, args.entries, command)
         print(f"peak RSS {peak:6.0f} MiB  first checkpoint {first:5.2f} s  jit_spin {named:.0%}")
     subprocess.run(["rm", "-rf", str(folder)], check=False)
 
