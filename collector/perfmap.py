@@ -15,6 +15,7 @@ read are bounded, so a hostile or runaway map costs a fixed amount of memory.
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import re
 import stat
@@ -90,26 +91,54 @@ def parse_line(line: bytes) -> JitSymbol | None:
     return parse_name(start, size, raw)
 
 
-def perf_map_path(pid: int) -> str:
-    """The target's `/tmp/perf-<pid>.map` as this process can open it: through
-    /proc/PID/root, with the pid the target knows itself by, when it runs in another mount
-    or pid namespace (a container); else the plain path, which outlives the target."""
-    try:
-        theirs = os.stat(f"/proc/{pid}/root/")
-        ours = os.stat("/")
-    except OSError:
-        return f"/tmp/perf-{pid}.map"
-    ns_pid = pid
+def namespace_pid(status: bytes) -> int | None:
+    """The pid a process knows itself by: the last (innermost) of /proc/PID/status's NSpid
+    line, None if there is none (kernels before 4.1)."""
+    for line in status.splitlines():
+        if line.startswith(b"NSpid:"):
+            try:
+                return int(line.split()[-1])
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def perf_map_location(pid: int) -> tuple[str, str]:
+    """Where the target's perf map is: (its root folder, the map's name in its /tmp).
+
+    Always through /proc/PID/root, with the pid the target knows itself by (NSpid): a
+    process in another mount namespace has a /tmp of its own even when its root is ours
+    (systemd's PrivateTmp, a container sharing the root), and one in a pid namespace
+    names the map after its own pid. The host's /tmp/perf-PID.map missed both."""
+    ns_pid = None
     try:
         with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status.read(1 << 16).splitlines():
-                if line.startswith(b"NSpid:"):
-                    ns_pid = int(line.split()[-1])
-    except (OSError, ValueError, IndexError):
+            ns_pid = namespace_pid(status.read(1 << 16))
+    except OSError:
         pass
-    if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino) and ns_pid == pid:
-        return f"/tmp/perf-{pid}.map"
-    return f"/proc/{pid}/root/tmp/perf-{ns_pid}.map"
+    return f"/proc/{pid}/root", f"perf-{pid if ns_pid is None else ns_pid}.map"
+
+
+def open_in_root(root: str, name: str) -> tuple[int, tuple[int, int]]:
+    """`<root>/tmp/<name>` opened for reading without leaving `root`: the folder is opened
+    first, and neither `tmp` nor the map may be a symbolic link (an absolute link inside
+    /proc/PID/root is resolved from our root, not the target's: root would read a file the
+    target points it at). Non-blocking, so a FIFO is seen as one, not waited on.
+    Returns the descriptor and the (device, inode) of that `tmp`; OSError (ELOOP or
+    ENOTDIR for a link) if it cannot be opened so."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        tmp_fd = os.open("tmp", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=root_fd)
+        try:
+            tmp = os.fstat(tmp_fd)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=tmp_fd)
+            return fd, (tmp.st_dev, tmp.st_ino)
+        finally:
+            os.close(tmp_fd)
+    finally:
+        os.close(root_fd)
 
 
 def process_start_time(pid: int) -> float | None:
@@ -143,9 +172,18 @@ class PerfMap:
     checkpoint came 23 s after the start on this busy machine."""
 
     def __init__(self, pid: int, path: str | None = None, uid: int | None = None,
-                 started: float | None = None) -> None:
+                 started: float | None = None, root: str | None = None,
+                 name: str | None = None) -> None:
+        """`path`: read that file (tests); else `<root>/tmp/<name>`: /proc/PID/root and
+        perf-<the pid the target knows itself by>.map unless given."""
         self.pid = pid
-        self.path = path or perf_map_path(pid)
+        self._location: tuple[str, str] | None = None
+        self._tmp_is_ours: bool | None = None  # the target's /tmp is this process's
+        if path is None:
+            found_root, found_name = perf_map_location(pid)
+            self._location = (root or found_root, name or found_name)
+            path = "/tmp/".join(self._location)
+        self.path = path
         self.uid = _owner_uid(pid) if uid is None else uid
         # A map last written before the process started is an earlier process's with the
         # same pid (/tmp keeps them): never this one's names.
@@ -199,10 +237,25 @@ class PerfMap:
 
     def _open(self) -> int | None:
         try:
-            return os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            if self._location is None:
+                return os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                               | os.O_CLOEXEC)
+            root, name = self._location
+            try:
+                fd, tmp = open_in_root(root, name)
+            except FileNotFoundError:
+                if os.path.exists(root) or self._tmp_is_ours is False:
+                    raise
+                # The process is gone (its last stacks are resolved after it exits): a
+                # /tmp that was ours still holds its map.
+                fd, tmp = open_in_root("/", name)
+            if self._tmp_is_ours is None:
+                ours = os.stat("/tmp")
+                self._tmp_is_ours = tmp == (ours.st_dev, ours.st_ino)
+            return fd
         except OSError as error:
-            if error.errno == 40:  # ELOOP: a symbolic link under the name
-                self.refused = f"{self.path} is a symbolic link"
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):  # a symbolic link on the way
+                self.refused = f"{self.path} is, or is in, a symbolic link"
             return None
 
     def refresh(self) -> bool:

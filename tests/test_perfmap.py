@@ -333,3 +333,83 @@ def test_two_million_entries_bounded_memory_named(tmp_path: Path) -> None:
     assert peak_mib < 250, peak_mib
     rows = top_json(out_db, "cpu")
     assert rows and rows[0]["function"] == "jit_spin", rows[:3]
+
+
+# ------------------------------------------------------------- where the map is (issue 20)
+
+
+def test_the_map_is_looked_up_in_the_targets_root_under_its_own_pid(tmp_path: Path) -> None:
+    assert perfmap.namespace_pid(b"Name:\tnode\nNSpid:\t4242\t17\t7\n") == 7
+    assert perfmap.namespace_pid(b"NSpid:\t4242\n") == 4242
+    assert perfmap.namespace_pid(b"Name:\tnode\n") is None
+    pid = os.getpid()
+    # Always through /proc/PID/root, even when that root is ours (PrivateTmp: same root,
+    # another /tmp).
+    assert perfmap.perf_map_location(pid) == (f"/proc/{pid}/root", f"perf-{pid}.map")
+    assert PerfMap(pid).path == f"/proc/{pid}/root/tmp/perf-{pid}.map"
+
+
+def test_no_symbolic_link_is_followed_out_of_the_targets_root(tmp_path: Path) -> None:
+    """A root whose /tmp, or whose map, is a link: refused (an absolute link there would be
+    resolved from rsprof's root, letting the target point root at any file)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "perf-1.map").write_text("1000 10 foreign\n")
+    honest = tmp_path / "honest"
+    (honest / "tmp").mkdir(parents=True)
+    (honest / "tmp" / "perf-1.map").write_text("1000 10 mine\n")
+    linked_tmp = tmp_path / "linked_tmp"
+    linked_tmp.mkdir()
+    (linked_tmp / "tmp").symlink_to(elsewhere)
+    linked_map = tmp_path / "linked_map"
+    (linked_map / "tmp").mkdir(parents=True)
+    (linked_map / "tmp" / "perf-1.map").symlink_to(elsewhere / "perf-1.map")
+    me = os.getpid()
+    perf_map = PerfMap(me, uid=os.geteuid(), root=str(honest), name="perf-1.map")
+    assert perf_map.refresh() and perf_map.lookup(0x1000).function == "mine"  # type: ignore[union-attr]
+    for root in (linked_tmp, linked_map):
+        perf_map = PerfMap(me, uid=os.geteuid(), root=str(root), name="perf-1.map")
+        assert not perf_map.refresh() and perf_map.lookup(0x1000) is None
+        assert perf_map.refused is not None and "symbolic link" in perf_map.refused
+
+
+def _namespaced_target(binary: Path, *unshare: str) -> tuple[subprocess.Popen[str], int]:
+    """The JIT target in new namespaces with a private tmpfs on /tmp (gone with them),
+    writing its map there under its own pid; returns it and its pid as we see it. The
+    binary is opened before the mount hides /tmp and executed through its descriptor."""
+    script = f"exec 3<{binary} && mount -t tmpfs tmpfs /tmp && exec /proc/self/fd/3 --map"
+    proc = subprocess.Popen(["unshare", *unshare, "sh", "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("ready"):
+        proc.kill()
+        proc.wait()
+        pytest.skip(f"namespaces unavailable here: {proc.stderr.read() if proc.stderr else ''}")
+    pid = proc.pid
+    if "--fork" in unshare:
+        pid = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+    return proc, pid
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare")
+@pytest.mark.parametrize("unshare", [("--mount",), ("--mount", "--pid", "--fork")],
+                         ids=["private-tmp", "pid-namespace"])
+def test_map_in_the_targets_own_tmp(tmp_path: Path, unshare: tuple[str, ...]) -> None:
+    """systemd's PrivateTmp (a mount namespace, the same root) and a container's pid
+    namespace: the map is the target's own, read through /proc/PID/root (before, with
+    PrivateTmp, the host's /tmp was searched and the code stayed unnamed)."""
+    binary = build_target("jit_anon.c")
+    proc, pid = _namespaced_target(binary, *unshare)
+    try:
+        assert not Path(f"/tmp/perf-{pid}.map").exists()  # not in our /tmp
+        out = tmp_path / "ns.db"
+        result = run_rsprof("-p", str(pid), "-q", "-d", "1500ms", "--cpu-freq", "499",
+                            "-o", str(out))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 0, result.stderr
+    rows = top_json(out, "cpu")
+    assert rows and rows[0]["function"] == "jit_spin", rows[:3]
