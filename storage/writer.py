@@ -160,11 +160,15 @@ class ProfileWriter:
         are unaffected). The descriptor is closed only after the connection: closing any
         descriptor of a file drops this process's POSIX locks on it."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            # O_NONBLOCK: a FIFO under the name must not hang the open.
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as error:
             if error.errno == errno.ELOOP:
                 raise ProfileError(_LINK_REFUSED.format(self.path)) from None
             raise ProfileError(f"cannot write {self.path}: {error.strerror or error}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ProfileError(f"cannot write {self.path}: not a regular file")
         self._hold_lock(fd)
 
     def _hold_lock(self, fd: int) -> None:

@@ -247,3 +247,10 @@ def test_query_follows_a_live_recording(tmp_path: Path) -> None:
         counts.append(int(result.stdout.split()[1]))
     writer.finish("duration")
     assert counts == [1, 2, 3]
+
+
+def test_append_to_a_fifo_is_refused_without_hanging(tmp_path: Path) -> None:
+    fifo = tmp_path / "out.db"
+    os.mkfifo(fifo)
+    with pytest.raises(ProfileError, match="not a regular file"):
+        ProfileWriter(fifo, append=True)
