@@ -388,6 +388,8 @@ class FrameResolver:
             self._perfmap.refresh()
             if self._perfmap.refused is not None and self.on_warning is not None:
                 self.on_warning(f"perf map ignored: {self._perfmap.refused}")
+            if self._perfmap.truncated is not None and self.on_warning is not None:
+                self.on_warning(f"perf map cut: {self._perfmap.truncated}")
             found = self._perfmap.lookup(address)
         if found is None and self._parent_perfmap is not None:
             found = self._parent_perfmap.lookup(address)

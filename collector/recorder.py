@@ -172,6 +172,7 @@ class Recorder:
         self._warnings_written = 0
         self._warn_lock = threading.Lock()
         symbolizer.on_warning = self.warn  # corrupt debug info: fewer symbols, said once
+        symbolizer.cancelled = self.stop_event.is_set  # a long debug-file read gives up
         self._unwind_note: str | None = None
         self.resolver.on_warning = self.warn  # a refused perf map (symlink, other owner)
         self._python: PythonImages | None = None

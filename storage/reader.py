@@ -24,8 +24,7 @@ def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
     if not stat.S_ISREG(st.st_mode):
         raise ProfileError(f"{file}: not a file")
     try:
-        conn = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)
-        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        conn, row = _open_untouched(file.resolve())
     except sqlite3.DatabaseError as error:
         raise ProfileError(f"{file}: not an rsprof profile ({error})") from error
     if row is None:
@@ -37,6 +36,42 @@ def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
             f"{file}: profile schema {row[0]} is not supported (this rsprof reads {SCHEMA_VERSION})"
         )
     return conn
+
+
+def _open_untouched(file: Path) -> tuple[sqlite3.Connection, tuple[object, ...] | None]:
+    """A read-only connection that modifies no file, and the profile's schema version.
+
+    mode=ro alone still writes a WAL-mode file's -shm index (read marks, the header it
+    rebuilds): readonly_shm=1 maps it read-only instead, and reads a live recording's or a
+    killed one's WAL all the same. A file in rollback mode (a finished profile) is read
+    by mode=ro without a write. A WAL-mode file without its -shm (readonly_shm would fail
+    there, after creating an empty -wal) is opened immutable=1, which ignores the WAL, so
+    only when the WAL holds nothing; a WAL with content and no index (someone deleted it)
+    is read by plain mode=ro, which recreates the -shm beside it, the only case that
+    writes anything, and never the profile or its WAL."""
+    uri = f"{file.as_uri()}?mode=ro"
+    if os.path.exists(f"{file}-shm"):
+        return _open_checked(f"{uri}&readonly_shm=1")
+    wal_mode = False
+    try:
+        with open(file, "rb") as header:
+            wal_mode = header.read(20)[18:20] == b"\x02\x02"  # file format versions
+        wal_size = os.stat(f"{file}-wal").st_size
+    except OSError:
+        wal_size = 0
+    if wal_mode and wal_size == 0:
+        return _open_checked(f"{uri}&immutable=1")
+    return _open_checked(uri)
+
+
+def _open_checked(uri: str) -> tuple[sqlite3.Connection, tuple[object, ...] | None]:
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    return conn, row
 
 
 @dataclass(frozen=True, slots=True)

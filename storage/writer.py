@@ -8,9 +8,11 @@ checkpoints.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +69,20 @@ class Checkpoint:
     target_rss_bytes: int | None = None
 
 
+_SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
+_LINK_REFUSED = "cannot write {}: it is a symbolic link; rsprof does not write through links"
+
+
+def _open_fds() -> set[int]:
+    """This process's descriptors, without the one used to list them (which is free again
+    afterwards, and the next open may get its number)."""
+    listing = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return {int(name) for name in os.listdir(listing)} - {listing}
+    finally:
+        os.close(listing)
+
+
 def _is_disk_full(error: sqlite3.Error) -> bool:
     text = str(error).lower()
     return "disk is full" in text or "disk i/o error" in text or "no space" in text
@@ -77,20 +93,25 @@ class ProfileWriter:
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = False) -> None:
         self.path = Path(path)
+        self._lock_fd: int | None = None
+        self.created = False
         try:
-            existed = self.path.exists()
+            info: os.stat_result | None = os.lstat(self.path)
+        except FileNotFoundError:
+            info = None
         except OSError as error:  # a name too long, a component that is not a folder
             raise ProfileError(f"cannot write {self.path}: {error.strerror or error}") from None
-        if existed and not append:
+        if info is not None and stat.S_ISLNK(info.st_mode):
+            raise ProfileError(_LINK_REFUSED.format(self.path))
+        if info is not None and not append:
             raise ProfileExists(f"{self.path} already exists")
-        self._lock_fd: int | None = None
-        self.created = not existed
         try:
-            if existed:
+            if info is None:
+                self._create()
+            else:
                 self._lock()  # before SQLite touches a file another recorder writes
-            self.conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            if not existed:
-                self._lock()
+            self._check_side_files()
+            self.conn = self._connect()
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             if append and self._has_tables():
@@ -114,15 +135,43 @@ class ProfileWriter:
 
     # -- setup ---------------------------------------------------------------------------
 
+    def _create(self) -> None:
+        """Creates the profile before SQLite sees it: O_EXCL never follows a symbolic link
+        (a dangling one planted under the name fails with EEXIST instead of creating its
+        target, which SQLite's own open would do), and nobody else's file is reused.
+        Mode 0644 minus the umask: what SQLite would have used, so `rsprof view` by
+        another user still works where the umask allows it."""
+        flags = os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except FileExistsError:
+            # Created (a link, most likely) between the lstat and here.
+            if os.path.islink(self.path):
+                raise ProfileError(_LINK_REFUSED.format(self.path)) from None
+            raise ProfileExists(f"{self.path} already exists") from None
+        except OSError as error:  # read-only file system, no such folder, no permission
+            raise ProfileError(f"cannot write {self.path}: {error.strerror or error}") from None
+        self.created = True
+        self._hold_lock(fd)
+
     def _lock(self) -> None:
         """One recorder per file: an exclusive flock on the profile for the writer's
         lifetime (flock locks are separate from SQLite's POSIX byte-range locks, so readers
         are unaffected). The descriptor is closed only after the connection: closing any
         descriptor of a file drops this process's POSIX locks on it."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            # O_NONBLOCK: a FIFO under the name must not hang the open.
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise ProfileError(_LINK_REFUSED.format(self.path)) from None
             raise ProfileError(f"cannot write {self.path}: {error.strerror or error}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ProfileError(f"cannot write {self.path}: not a regular file")
+        self._hold_lock(fd)
+
+    def _hold_lock(self, fd: int) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -135,6 +184,55 @@ class ProfileWriter:
             pass  # a file system without flock: no lock, as before
         self._lock_fd = fd
 
+    def _check_side_files(self) -> None:
+        """SQLite's -wal, -shm and -journal beside the profile. SQLite (3.40 here) opens
+        them with O_NOFOLLOW, so a link planted there makes a write fail with "unable to
+        open database file"; this says which file and why, before anything is written.
+        Beside a file just created, any of them is left from another file (a stale WAL
+        would be replayed into the new profile): refused too. Beside a profile being
+        appended to, regular ones are its own (a recorder killed with -9 leaves its WAL)."""
+        for suffix in _SIDE_SUFFIXES:
+            side = f"{self.path}{suffix}"
+            try:
+                info = os.lstat(side)
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                raise ProfileError(f"cannot write {self.path}: {side}: "
+                                   f"{error.strerror or error}") from None
+            if stat.S_ISLNK(info.st_mode):
+                raise ProfileError(
+                    f"cannot write {self.path}: {side} is a symbolic link; rsprof does not"
+                    " write through links (remove it or write elsewhere)")
+            if self.created or not stat.S_ISREG(info.st_mode):
+                raise ProfileError(
+                    f"cannot write {self.path}: {side} already exists and is not this"
+                    " profile's (remove it or write elsewhere)")
+
+    def _connect(self) -> sqlite3.Connection:
+        """SQLite opens the file by name: mode=rw so it never creates one (the file exists,
+        made by _create), and the descriptor it opened is checked to be the very file
+        locked above. A name swapped for a link to another file in between (a folder
+        others can write to) is refused before a byte is written."""
+        before = _open_fds()
+        uri = f"{self.path.absolute().as_uri()}?mode=rw"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        try:
+            assert self._lock_fd is not None
+            mine = os.fstat(self._lock_fd)
+            for fd in _open_fds() - before:
+                try:
+                    info = os.stat(f"/proc/self/fd/{fd}")
+                except OSError:
+                    continue
+                if (info.st_dev, info.st_ino) == (mine.st_dev, mine.st_ino):
+                    return conn
+            raise ProfileError(
+                f"cannot write {self.path}: the file was replaced while it was being opened")
+        except BaseException:
+            conn.close()
+            raise
+
     def _unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -142,7 +240,8 @@ class ProfileWriter:
 
     def abandon(self) -> None:
         """Gives the file up after a failure before anything was recorded: closes it and,
-        if this writer created it, removes it (no 0-byte or empty profile is left)."""
+        if this writer created it, removes it (no 0-byte or empty profile is left). unlink
+        never follows a link, so a planted one is removed, never its target."""
         conn = getattr(self, "conn", None)
         if conn is not None:
             try:
@@ -151,8 +250,13 @@ class ProfileWriter:
                 pass
         self._unlock()
         if self.created:
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            # Side files only if SQLite may have made them (the check above passed).
+            suffixes = ("", *_SIDE_SUFFIXES) if conn is not None else ("",)
+            for suffix in suffixes:
+                try:
+                    Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+                except OSError:
+                    pass  # a read-only file system: nothing was made there either
 
     def _has_tables(self) -> bool:
         row = self.conn.execute(
@@ -472,6 +576,11 @@ class ProfileWriter:
     def _storage_error(self, error: sqlite3.Error) -> Exception:
         if _is_disk_full(error):
             return StorageFullError(f"cannot write {self.path}: disk is full ({error})")
+        for suffix in _SIDE_SUFFIXES:  # planted after the check: SQLite refused to follow it
+            if os.path.islink(f"{self.path}{suffix}"):
+                return ProfileError(
+                    f"cannot write {self.path}: {self.path}{suffix} is a symbolic link;"
+                    " rsprof does not write through links")
         return ProfileError(f"cannot write {self.path}: {error}")
 
     def _execute(self, sql: str, params: Sequence[object] = ()) -> sqlite3.Cursor:

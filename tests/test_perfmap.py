@@ -3,14 +3,20 @@ JIT runtimes (node --perf-basic-prof, python3.12 -X perf) recorded through the C
 
 from __future__ import annotations
 
+import bisect
 import os
+import random
 import shutil
+import subprocess
+import sys
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_rsprof, top_json
-from rsprof.collector.perfmap import MAX_LINE, PerfMap, is_anonymous, parse_line
+from conftest import build_target, rsprof_env, run_rsprof, top_json
+from rsprof.collector import perfmap
+from rsprof.collector.perfmap import LOOK_BACK, MAX_LINE, PerfMap, is_anonymous, parse_line
 
 TARGETS = Path(__file__).parent / "targets"
 NODE = shutil.which("node") or "/usr/bin/node"
@@ -209,3 +215,201 @@ def test_jit_code_without_a_perf_map_is_an_address_frame_not_a_truncation(
     hottest = max(jit, key=lambda row: row["self"])
     traces = run_rsprof("traces", str(out), "--focus", hottest["function"], "-n", "1")
     assert "node::Start" in traces.stdout and "[truncated]" not in traces.stdout, traces.stdout
+
+
+def _model_lookup(model: dict[int, tuple[int, str]], address: int) -> str | None:
+    """The reading rules on a plain dict: the entries starting at or below the address,
+    newest start first, at most LOOK_BACK of them; the first that holds it."""
+    starts = sorted(model)
+    index = bisect.bisect_right(starts, address) - 1
+    for position in range(index, max(-1, index - LOOK_BACK), -1):
+        size, name = model[starts[position]]
+        if address < starts[position] + size:
+            return name
+    return None
+
+
+def test_compact_index_agrees_with_a_plain_model(tmp_path: Path) -> None:
+    """Batches of every size (one line, thousands), in no address order, with repeated
+    starts (the later line wins) and garbage lines, read as the file grows: every lookup
+    agrees with a dict of the same lines."""
+    rng = random.Random(7)
+    path, perf_map = _map(tmp_path, b"")
+    model: dict[int, tuple[int, str]] = {}
+    for batch in range(40):
+        text = []
+        for index in range(rng.choice([1, 3, 40, 3000])):
+            start = rng.randrange(0x1000, 0x41000, 0x10)
+            size = rng.randrange(1, 0x400)
+            name = f"f{batch}_{index}"
+            text.append(f"{start:x} {size:x} {name}\n")
+            model[start] = (size, name)
+            if rng.random() < 0.01:
+                text.append("not a line\n")
+        with path.open("ab") as out:
+            out.write("".join(text).encode())
+        perf_map.refresh()
+        assert len(perf_map) == len(model)
+        for _ in range(300):
+            address = rng.randrange(0x1000, 0x41400)
+            found = perf_map.lookup(address)
+            assert (found.function if found else None) == _model_lookup(model, address), (
+                batch, hex(address))
+
+
+def test_entries_and_bytes_are_bounded_with_a_warning(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(perfmap, "MAX_ENTRIES", 100)
+    path, perf_map = _map(tmp_path, "".join(f"{0x1000 + i * 0x10:x} 10 f{i}\n"
+                                            for i in range(150)))
+    perf_map.refresh()
+    assert len(perf_map) == 100
+    assert perf_map.truncated is not None and "first 100 entries" in perf_map.truncated
+    assert perf_map.lookup(0x1000 + 99 * 0x10).function == "f99"  # type: ignore[union-attr]
+    assert perf_map.lookup(0x1000 + 100 * 0x10) is None
+    with path.open("ab") as out:
+        out.write(b"9000 10 late\n")
+    perf_map.refresh()
+    assert len(perf_map) == 100 and perf_map.lookup(0x9000) is None
+    monkeypatch.setattr(perfmap, "MAX_ENTRIES", 2_000_000)
+    monkeypatch.setattr(perfmap, "MAX_BYTES", 1000)
+    _, perf_map = _map(tmp_path, "".join(f"{0x1000 + i * 0x10:x} 10 f{i}\n" for i in range(150)))
+    perf_map.refresh()
+    assert 0 < len(perf_map) < 150
+    assert perf_map.truncated is not None and "first 1000 of" in perf_map.truncated
+
+
+def test_entries_take_a_few_bytes_each(tmp_path: Path) -> None:
+    """Three 8-byte integers per entry, names read back from the file when looked up
+    (before: one Python object per entry, ~400 bytes; a 2 M-entry map took 1 GiB)."""
+    count = 200_000
+    _, perf_map = _map(tmp_path, "".join(
+        f"{0x100000 + i * 0x40:x} 40 JS:*someFunction{i} /srv/app/lib/file{i % 50}.js:{i}:7\n"
+        for i in range(count)))
+    tracemalloc.start()
+    try:
+        perf_map.refresh()
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(perf_map) == count
+    assert held < count * 40, held  # 24 bytes an entry, and the arrays' slack
+    assert peak < count * 40 + (16 << 20), peak  # plus one chunk's lines at a time
+    found = perf_map.lookup(0x100000 + 1234 * 0x40 + 5)
+    assert found is not None and (found.function, found.file, found.line) == (
+        "someFunction1234", "/srv/app/lib/file34.js", 1234)
+
+
+def test_two_million_entries_bounded_memory_named(tmp_path: Path) -> None:
+    """A real recording of JIT code whose perf map has 2 M entries and then some (184 MB):
+    rsprof's peak RSS stays low (was 1034 MiB here), the code is named, and the cut is
+    said. The map is written for the process this test started and removed after."""
+    binary = build_target("jit_anon.c")
+    target = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, text=True)
+    assert target.stdout is not None
+    _, pid, page = target.stdout.readline().split()
+    perf_map = Path(f"/tmp/perf-{pid}.map")
+    try:
+        with open(perf_map, "w") as out:
+            out.write(f"{int(page, 16):x} 6 jit_spin\n")
+            address = 0x7E0000000000
+            for i in range(perfmap.MAX_ENTRIES + 10):
+                out.write(f"{address:x} 40 JS:*someFunctionName{i}"
+                          f" /srv/app/node_modules/pkg/lib/file{i % 500}.js:{i % 9000}:7\n")
+                address += 0x40
+        out_db = tmp_path / "jit.db"
+        timing = tmp_path / "time.txt"
+        result = subprocess.run(
+            ["/usr/bin/time", "-f", "%M", "-o", str(timing), sys.executable, "-P", "-m",
+             "rsprof", "-p", pid, "-q", "-d", "3s", "-o", str(out_db)],
+            capture_output=True, text=True, env=rsprof_env(), timeout=300)
+    finally:
+        perf_map.unlink(missing_ok=True)
+        target.kill()
+        target.wait()
+    assert result.returncode == 0, result.stderr
+    assert "perf map cut" in result.stderr and "first 2000000 entries" in result.stderr
+    peak_mib = int(timing.read_text().split()[-1]) / 1024
+    assert peak_mib < 250, peak_mib
+    rows = top_json(out_db, "cpu")
+    assert rows and rows[0]["function"] == "jit_spin", rows[:3]
+
+
+# ------------------------------------------------------------- where the map is (issue 20)
+
+
+def test_the_map_is_looked_up_in_the_targets_root_under_its_own_pid(tmp_path: Path) -> None:
+    assert perfmap.namespace_pid(b"Name:\tnode\nNSpid:\t4242\t17\t7\n") == 7
+    assert perfmap.namespace_pid(b"NSpid:\t4242\n") == 4242
+    assert perfmap.namespace_pid(b"Name:\tnode\n") is None
+    pid = os.getpid()
+    # Always through /proc/PID/root, even when that root is ours (PrivateTmp: same root,
+    # another /tmp).
+    assert perfmap.perf_map_location(pid) == (f"/proc/{pid}/root", f"perf-{pid}.map")
+    assert PerfMap(pid).path == f"/proc/{pid}/root/tmp/perf-{pid}.map"
+
+
+def test_no_symbolic_link_is_followed_out_of_the_targets_root(tmp_path: Path) -> None:
+    """A root whose /tmp, or whose map, is a link: refused (an absolute link there would be
+    resolved from rsprof's root, letting the target point root at any file)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "perf-1.map").write_text("1000 10 foreign\n")
+    honest = tmp_path / "honest"
+    (honest / "tmp").mkdir(parents=True)
+    (honest / "tmp" / "perf-1.map").write_text("1000 10 mine\n")
+    linked_tmp = tmp_path / "linked_tmp"
+    linked_tmp.mkdir()
+    (linked_tmp / "tmp").symlink_to(elsewhere)
+    linked_map = tmp_path / "linked_map"
+    (linked_map / "tmp").mkdir(parents=True)
+    (linked_map / "tmp" / "perf-1.map").symlink_to(elsewhere / "perf-1.map")
+    me = os.getpid()
+    perf_map = PerfMap(me, uid=os.geteuid(), root=str(honest), name="perf-1.map")
+    assert perf_map.refresh() and perf_map.lookup(0x1000).function == "mine"  # type: ignore[union-attr]
+    for root in (linked_tmp, linked_map):
+        perf_map = PerfMap(me, uid=os.geteuid(), root=str(root), name="perf-1.map")
+        assert not perf_map.refresh() and perf_map.lookup(0x1000) is None
+        assert perf_map.refused is not None and "symbolic link" in perf_map.refused
+
+
+def _namespaced_target(binary: Path, *unshare: str) -> tuple[subprocess.Popen[str], int]:
+    """The JIT target in new namespaces with a private tmpfs on /tmp (gone with them),
+    writing its map there under its own pid; returns it and its pid as we see it. The
+    binary is opened before the mount hides /tmp and executed through its descriptor."""
+    script = f"exec 3<{binary} && mount -t tmpfs tmpfs /tmp && exec /proc/self/fd/3 --map"
+    proc = subprocess.Popen(["unshare", *unshare, "sh", "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("ready"):
+        proc.kill()
+        proc.wait()
+        pytest.skip(f"namespaces unavailable here: {proc.stderr.read() if proc.stderr else ''}")
+    pid = proc.pid
+    if "--fork" in unshare:
+        pid = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+    return proc, pid
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare")
+@pytest.mark.parametrize("unshare", [("--mount",), ("--mount", "--pid", "--fork")],
+                         ids=["private-tmp", "pid-namespace"])
+def test_map_in_the_targets_own_tmp(tmp_path: Path, unshare: tuple[str, ...]) -> None:
+    """systemd's PrivateTmp (a mount namespace, the same root) and a container's pid
+    namespace: the map is the target's own, read through /proc/PID/root (before, with
+    PrivateTmp, the host's /tmp was searched and the code stayed unnamed)."""
+    binary = build_target("jit_anon.c")
+    proc, pid = _namespaced_target(binary, *unshare)
+    try:
+        assert not Path(f"/tmp/perf-{pid}.map").exists()  # not in our /tmp
+        out = tmp_path / "ns.db"
+        result = run_rsprof("-p", str(pid), "-q", "-d", "1500ms", "--cpu-freq", "499",
+                            "-o", str(out))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 0, result.stderr
+    rows = top_json(out, "cpu")
+    assert rows and rows[0]["function"] == "jit_spin", rows[:3]

@@ -29,7 +29,7 @@ def child_env() -> dict[str, str]:
     (the installed ones in CI, the source tree with an in-place build locally)."""
     import rsprof
 
-    root = str(Path(rsprof.__file__ or "").resolve().parent.parent)
+    root = str(Path(rsprof.__file__ or "").absolute().parent.parent)
     return {**os.environ, "PYTHONPATH": root}
 
 
@@ -337,7 +337,8 @@ def test_cache_hit_skips_dwarf(target_binary: Callable[..., Path], tmp_path: Pat
     first = Symbolizer(cache_dir=tmp_path / "cache").module(str(binary))
     assert first is not None
     expected = first.symbolize(addrs)
-    assert (tmp_path / "cache" / "symbols" / f"{first.build_id}.db").is_file()
+    assert first.cache_path is not None and first.cache_path.is_file()
+    assert first.cache_path.name.startswith(f"{first.build_id}-")
 
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("DWARF or symbols parsed despite a warm cache")
@@ -380,7 +381,8 @@ def test_corrupt_cache_is_rebuilt(target_binary: Callable[..., Path], tmp_path: 
     module = Symbolizer(cache_dir=tmp_path / "cache", disk_cache=False).module(str(binary))
     assert module is not None
     expected = module.symbolize(addrs)
-    db = tmp_path / "cache" / "symbols" / f"{module.build_id}.db"
+    db = Symbolizer(cache_dir=tmp_path / "cache").module(str(binary)).cache_path  # type: ignore[union-attr]
+    assert db is not None
     db.parent.mkdir(parents=True)
     db.write_bytes(b"this is not a database" * 100)
     fresh = Symbolizer(cache_dir=tmp_path / "cache").module(str(binary))
@@ -413,8 +415,8 @@ def test_concurrent_writers(target_binary: Callable[..., Path], tmp_path: Path) 
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0]
     module = Symbolizer(cache_dir=tmp_path / "cache").module(str(binary))
     assert module is not None
-    db = tmp_path / "cache" / "symbols" / f"{module.build_id}.db"
-    with sqlite3.connect(db) as conn:
+    assert module.cache_path is not None
+    with sqlite3.connect(module.cache_path) as conn:
         assert conn.execute("SELECT count(*) FROM frames").fetchone()[0] == len(set(addrs))
     assert [as_tuples(c) for c in module.symbolize(addrs)] == addr2line(binary, addrs)
 

@@ -1,6 +1,7 @@
-"""On-disk cache of symbolized addresses, one SQLite file per build id.
+"""On-disk cache of symbolized addresses, one SQLite file per build id and file.
 
-Layout: <cache_dir>/symbols/<build_id>.db with
+Layout: <cache_dir>/symbols/<build_id>-<identity>.db (identity: symbolizer.cache_identity,
+so two files claiming one build id never share entries) with
     meta(key TEXT PRIMARY KEY, value TEXT)    -- 'format', 'source' (where DWARF came from)
     frames(vaddr INTEGER PRIMARY KEY, frames TEXT)  -- JSON [[function, file, line, system], ...]
 Only JSON is stored (nothing is unpickled or executed). WAL mode and a busy timeout let several

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import hashlib
 import os
 import stat
 import threading
@@ -25,13 +26,34 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "rsprof"
 
 
+def cache_identity(path: str, source: str) -> str | None:
+    """What the disk cache of one build id is also keyed by: the identity of the binary and
+    of the file its DWARF comes from (device, inode, size, mtime, ctime). A build id is
+    only a claim its file makes: a stripped and an unstripped copy share one, and anyone
+    can build a binary claiming a system library's. Keyed by build id alone, the first
+    one profiled named the other's code (a stripped binary hid its unstripped copy's
+    names; a crafted collision put a foreign name in a profile). Two files that exist
+    at once differ in inode; a file replaced in place differs in ctime, which no one can
+    set. None if the files cannot be stat'ed: no disk cache then."""
+    parts = []
+    for name in (path, source) if source and source != path else (path,):
+        try:
+            st = os.stat(name)
+        except OSError:
+            return None
+        parts.append(f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
 class Module:
     """One ELF file on disk. Symbol tables and DWARF are loaded only on a cache miss."""
 
     def __init__(self, path: str, elf: ElfFile, cache_dir: Path | None,
-                 debug_roots: Sequence[str], warn: Callable[[str], None] | None = None) -> None:
+                 debug_roots: Sequence[str], warn: Callable[[str], None] | None = None,
+                 cancelled: Callable[[], bool] | None = None) -> None:
         self.path = path
         self._warn = warn
+        self._cancelled = cancelled or (lambda: False)
         self._warned = False
         self.build_id: str | None = elf.build_id()
         self._elf = elf
@@ -45,12 +67,16 @@ class Module:
         self._dwarf: DwarfIndex | None = None
         self._dwarf_elf: ElfFile = elf  # the file the DWARF comes from (maybe a debug file)
         self._cache: FrameCache | None = None
+        self.cache_path: Path | None = None  # this file's disk cache (made on first use)
         if cache_dir is not None and self.build_id:
             # The cache is only valid for the DWARF source it was built from: a debug file
             # installed later must not be hidden by results made without it.
             source = path if elf.has_dwarf() else (
                 find_debug_file(path, elf, self._debug_roots) or "")
-            self._cache = FrameCache(cache_dir / "symbols" / f"{self.build_id}.db", source)
+            identity = cache_identity(path, source)
+            if identity is not None:
+                self.cache_path = cache_dir / "symbols" / f"{self.build_id}-{identity}.db"
+                self._cache = FrameCache(self.cache_path, source)
 
     def file_offset_to_vaddr(self, file_offset: int) -> int:
         return self._elf.file_offset_to_vaddr(file_offset)
@@ -93,7 +119,8 @@ class Module:
         self._dwarf_loaded = True
         source: ElfFile | None = self._elf
         if not self._elf.has_dwarf():
-            source = open_debug_file(self.path, self._elf, self._debug_roots)
+            source = open_debug_file(self.path, self._elf, self._debug_roots,
+                                     warn=self._warn, cancelled=self._cancelled)
         if source is None:
             return None
         try:
@@ -200,6 +227,8 @@ class Symbolizer:
         self._modules: dict[str, tuple[tuple[int, int, int, int], Module | None]] = {}
         # Told once per module whose symbols could not be read (the recorder's warn).
         self.on_warning: Callable[[str], None] | None = None
+        # True once the recording is asked to stop: long reads (a debug file's CRC) give up.
+        self.cancelled: Callable[[], bool] = lambda: False
 
     def _warn(self, message: str) -> None:
         if self.on_warning is not None:
@@ -221,7 +250,7 @@ class Symbolizer:
             module: Module | None
             try:
                 module = Module(path, ElfFile(path), self.cache_dir, self.debug_roots,
-                                self._warn)
+                                self._warn, lambda: self.cancelled())
             except (OSError, ValueError, ElfError):
                 module = None
             except Exception as error:  # e.g. struct.error on corrupt headers
