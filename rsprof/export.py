@@ -117,6 +117,7 @@ def _open_output(target: Path, *, binary: bool) -> Iterator[IO[bytes] | IO[str]]
             yield stream
             stream.flush()
         return
+    _refuse_foreign_link(target)
     try:
         st = os.stat(target)
     except FileNotFoundError:
@@ -150,6 +151,20 @@ def _open_output(target: Path, *, binary: bool) -> Iterator[IO[bytes] | IO[str]]
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+
+
+def _refuse_foreign_link(target: Path) -> None:
+    """A symbolic link at the output name is followed only when it is ours. Following one
+    that another user planted (in /tmp, say) would let them aim root's export at any file:
+    the rename below lands on the link's target, past the kernel's protected_symlinks."""
+    try:
+        link = os.lstat(target)
+    except OSError:
+        return  # no such name yet (or unreadable: the open below says so)
+    if stat.S_ISLNK(link.st_mode) and link.st_uid != os.geteuid():
+        raise ExportError(
+            f"cannot write {target}: it is a symbolic link owned by another user (uid"
+            f" {link.st_uid}); give the path it points to if that is meant")
 
 
 @contextlib.contextmanager
