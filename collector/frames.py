@@ -192,10 +192,14 @@ class FrameResolver:
     # -- stacks --------------------------------------------------------------------------
 
     def resolve_stacks(self, stacks: Sequence[tuple[int, Sequence[int]]],
-                       python_read_late: bool = True) -> dict[int, int]:
+                       python_read_late: bool = True,
+                       leaf_is_return: bool = False) -> dict[int, int]:
         """Maps native stack ids (from a C reader) to stored stack ids. python_read_late:
         the stacks' Python frames were read after the native ones were taken (CPU samples,
-        read at drain time), not with them (the heap shim's own reads).
+        read at drain time), not with them (the heap shim's own reads). leaf_is_return:
+        the first address is a return address too (a heap stack starts at the shim's return
+        into malloc's caller), not an interrupted instruction (a CPU sample's leaf), so it
+        is looked up at the call, as every caller is.
 
         A caller address outside every executable mapping is no function: a frame-pointer
         walk through code built without frame pointers read garbage there (seen: bytes of
@@ -211,17 +215,21 @@ class FrameResolver:
             unmapped = self._unmapped(unmapped)
         stacks = [(native_id, self._justified(ips, unmapped)) for native_id, ips, _ in split]
         python = {native_id: frames for native_id, _, frames in split if frames}
+        # A leaf is looked up at its address, a caller at its return address - 1 (the
+        # call): one address can be both, with different lines, so both are keys.
+        first = 0 if leaf_is_return else 1
         needed = {
-            (address, position > 0)
+            (address, position >= first)
             for _, ips in stacks
             for position, address in enumerate(ips)
-            if (address, position > 0) not in self._frame_ids
+            if (address, position >= first) not in self._frame_ids
         }
         self._resolve_frames(needed)
         resolved = {}
         for native_id, ips in stacks:
             frames = tuple(
-                self._frame_ids[(address, position > 0)] for position, address in enumerate(ips)
+                self._frame_ids[(address, position >= first)]
+                for position, address in enumerate(ips)
             )
             if native_id in python:
                 frames = self._splice(frames, python[native_id], python_read_late)

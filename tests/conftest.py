@@ -84,7 +84,9 @@ def _package_root() -> Path:
     """Where the `rsprof` under test lives (the installed copy, or the source tree)."""
     import rsprof
 
-    return Path(rsprof.__file__).resolve().parent.parent
+    # Not resolve(): a strict editable install is a tree of symbolic links into the source
+    # folders, and the source tree itself has no rsprof/storage.
+    return Path(rsprof.__file__).absolute().parent.parent
 
 
 def rsprof_env() -> dict[str, str]:
