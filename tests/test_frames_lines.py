@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from conftest import build_target, run_rsprof, top_json
-
 from rsprof.storage.writer import LocationKey, ProfileWriter
 
 pytestmark = pytest.mark.skipif(shutil.which("addr2line") is None,
