@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable, Sequence
@@ -18,6 +19,9 @@ from .dwarf import DwarfIndex, DwarfResult
 from .elf import ElfError, ElfFile
 from .model import SourceFrame
 from .symtab import SymbolTable
+
+# c++filt's suffix for GCC's clones of a function (`.constprop.0`, `.isra.0`, `.cold`).
+_CLONE = re.compile(r" \[clone [^\]]*\]")
 
 
 def default_cache_dir() -> Path:
@@ -170,6 +174,12 @@ class Module:
             system = linkage
             if linkage:
                 function = demangle(linkage)
+            elif outermost and symbol and symbol.startswith("_Z"):
+                # The out-of-line function's own mangled symbol names it as c++filt does
+                # where DWARF has no linkage name (GCC omits it for anything involving a
+                # local type: each lambda's `_Function_handler<...>::_M_invoke` is a
+                # different symbol, one DWARF name). Clones keep one name, as above.
+                function, system = _CLONE.sub("", demangle(symbol)), symbol
             elif name:
                 function = name
             elif outermost and symbol:
