@@ -89,6 +89,12 @@ def test_recorded_cxx_program_shows_qualified_names_and_separate_lambdas(
     lambdas = {n for n in names if LAMBDA.match(n) and n.endswith("::operator()")}
     assert len(lambdas) >= 2, sorted(names)  # the comparator and the spinning task
     assert any("(int, int)" in n for n in lambdas) and any("lambda()" in n for n in lambdas)
+    # The 80-column table shortens for display (std::sort<…>) and keeps a row per lambda.
+    table = run_rsprof("top", "cpu", str(out), "-n", "0")
+    assert table.returncode == 0, table.stderr
+    assert "std::sort<…>" in table.stdout and "shop::Basket::total " in table.stdout
+    for name in lambdas:
+        assert sum(name in line for line in table.stdout.splitlines()) == 1, name
 
 
 @pytest.mark.skipif(not native_available(), reason="rsprof._native is not built")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from rich.cells import cell_len, set_cell_size
 
@@ -115,3 +115,148 @@ def align_right(text: str, width: int) -> str:
     if cell_len(text) >= width:
         return fit_end(text, width)
     return " " * (width - cell_len(text)) + text
+
+
+# ---- function names for display ----------------------------------------------------------
+
+# Operator names whose characters are not brackets: `operator<`, `operator->*`, `operator()`.
+_OPERATOR_CHARS = "<>=-*()[]"
+
+
+def _scan(name: str) -> list[int]:
+    """The bracket depth before each character of a C++/Rust name, with the characters of
+    an `operator<`, `operator<<=`, `operator()` or `operator->` name at the depth around
+    them (they open and close nothing)."""
+    depths = [0] * len(name)
+    depth = 0
+    i = 0
+    while i < len(name):
+        if name.startswith("operator", i) and (i == 0 or not _is_ident(name[i - 1])):
+            end = i + len("operator")
+            j = end
+            while j < len(name) and name[j] in _OPERATOR_CHARS and j - end < 3:
+                j += 1
+            if name.startswith("()", end):
+                j = end + 2  # the call operator; a parameter list may follow
+            elif name.startswith("[]", end):
+                j = end + 2
+            elif j > end and name[j - 1] == "(":
+                j -= 1  # `operator<(...)`: the parenthesis opens its parameters
+            for k in range(i, j):
+                depths[k] = depth
+            i = j
+            continue
+        char = name[i]
+        if char in "<([{":
+            depths[i] = depth
+            depth += 1
+        elif char in ">)]}":
+            depth = max(depth - 1, 0)
+            depths[i] = depth
+        else:
+            depths[i] = depth
+        i += 1
+    return depths
+
+
+def _is_ident(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def _strip_parameters(name: str) -> str:
+    """`ns::f(int, char) const` -> `ns::f`; `operator()` stays itself."""
+    text = name
+    for qualifier in (" const", " volatile", " &&", " &", " noexcept"):
+        while text.endswith(qualifier):
+            text = text[: -len(qualifier)]
+    if not text.endswith(")"):
+        return name
+    depths = _scan(text)
+    close = len(text) - 1
+    open_at = next((i for i in range(close - 1, -1, -1)
+                    if text[i] == "(" and depths[i] == depths[close]), -1)
+    if open_at <= 0 or text[:open_at].endswith("operator"):
+        return name
+    return text[:open_at]
+
+
+def _drop_return_type(name: str) -> str:
+    """`void std::sort<…>` -> `std::sort<…>`; `operator delete` keeps its words."""
+    depths = _scan(name)
+    tokens: list[str] = []
+    start = 0
+    for i, char in enumerate(name):
+        if char == " " and depths[i] == 0:
+            tokens.append(name[start:i])
+            start = i + 1
+    tokens.append(name[start:])
+    if len(tokens) == 1:
+        return name
+    for k in range(len(tokens) - 1, -1, -1):
+        if tokens[k] == "operator" or tokens[k].endswith("::operator"):
+            return " ".join(tokens[k:])
+    return tokens[-1]
+
+
+def _collapse_templates(name: str) -> str:
+    """`std::sort<__normal_iterator<int*>, …>` -> `std::sort<…>` (a leading `<T as Trait>`
+    and Python's `<module>` are names, not argument lists)."""
+    depths = _scan(name)
+    out: list[str] = []
+    i = 0
+    while i < len(name):
+        char = name[i]
+        if (char == "<" and depths[i] == 0 and i > 0
+                and (_is_ident(name[i - 1]) or name[i - 1] in ">)")
+                and not name[max(0, i - 8):i].endswith("operator")):
+            close = next((j for j in range(i + 1, len(name))
+                          if name[j] == ">" and depths[j] == 0), -1)
+            if close < 0:
+                out.append(name[i:])
+                break
+            out.append("<…>")
+            i = close + 1
+            continue
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+def short_function(name: str) -> str:
+    """A function name as `go tool pprof` shows it: no parameter list, no return type,
+    template arguments as `<…>` (`std::sort<…>`, `shop::Basket::total`,
+    `main::{lambda(int, int)#2}::operator()`); a `@plt` or version suffix is kept. Display
+    only: a profile keys functions by their full names."""
+    if not name or name[0] == "[":
+        return name
+    base, at, suffix = name, "", ""
+    depths = _scan(name)
+    tail = name.rfind("@")
+    if tail > 0 and depths[tail] == 0:
+        base, at, suffix = name[:tail], "@", name[tail + 1:]
+        if base.endswith("@"):  # `memcpy@@GLIBC_2.14`
+            base, at = base[:-1], "@@"
+    bare = _strip_parameters(base)
+    # A return type comes before a C++ function's name only: `all samples` is a name.
+    if bare != base or "::" in bare:
+        bare = _drop_return_type(bare)
+    short = _collapse_templates(bare)
+    return f"{short}{at}{suffix}" if short else name
+
+
+def short_functions(names: Iterable[str]) -> dict[str, str]:
+    """Display names for names shown together: each shortened (short_function), except
+    that two different functions never look the same: where they would, they keep their
+    template arguments, and if that is not enough their full names."""
+    names = set(names)
+    shown = {name: short_function(name) for name in names}
+    for fallback in (lambda n: _drop_return_type(_strip_parameters(n)), lambda n: n):
+        seen: dict[str, set[str]] = {}
+        for name, text in shown.items():
+            seen.setdefault(text, set()).add(name)
+        clashing = [name for group in seen.values() if len(group) > 1 for name in group]
+        if not clashing:
+            break
+        for name in clashing:
+            shown[name] = fallback(name)
+    return shown
