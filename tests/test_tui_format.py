@@ -37,7 +37,8 @@ from rsprof.tui.format import short_function, short_functions
     ("<module>", "<module>"), ("[kernel]", "[kernel]"), ("[truncated]", "[truncated]"),
     ("<T as core::fmt::Display>::fmt", "<T as core::fmt::Display>::fmt"),
     ("alloc::vec::Vec<T,A>::push", "alloc::vec::Vec<…>::push"),
-    ("Class.method", "Class.method"), ("all samples", "all samples"), ("shop+0x2acf", "shop+0x2acf"), ("main", "main"),
+    ("Class.method", "Class.method"), ("all samples", "all samples"),
+    ("shop+0x2acf", "shop+0x2acf"), ("main", "main"),
 ])
 def test_short_function(full: str, shown: str) -> None:
     assert short_function(full) == shown
