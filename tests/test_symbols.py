@@ -468,12 +468,14 @@ def test_plt_stubs_named_as_objdump(binary: str, sym: Symbolizer) -> None:
 
 
 def test_plt_stub_named_in_a_recording(tmp_path: Path) -> None:
-    """A hot loop calling ffs() through its PLT stub: CPU samples in the stub are `ffs@plt`."""
+    """A hot loop calling ffs() and labs() through their PLT stubs: CPU samples in a stub are
+    `ffs@plt` or `labs@plt`."""
     binary = build_target("plt_calls.c", ("-fno-builtin",))
     out = tmp_path / "plt.db"
-    result = run_rsprof("run", "-q", "--cpu-freq", "999", "-o", str(out), "--", str(binary),
-                        "1.5", timeout=180)
+    result = run_rsprof("run", "-q", "--cpu-freq", "1999", "-o", str(out), "--", str(binary),
+                        "2", timeout=180)
     assert result.returncode == 0, result.stderr
     names = {str(row["function"]) for row in top_json(out, "cpu")}
-    assert "ffs@plt" in names, sorted(names)
+    # A stub is one jump: few samples land there on a busy machine, in one stub or the other.
+    assert {"ffs@plt", "labs@plt"} & names, sorted(names)
     assert not any(name.startswith(binary.name + "+0x") for name in names), sorted(names)

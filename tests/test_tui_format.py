@@ -26,6 +26,11 @@ from rsprof.tui.format import short_function, short_functions
      "<int*, int*>", "__gnu_cxx::__ops::_Iter_comp_iter<…>::operator()<…>"),
     ("bool operator<(Foo const&, Foo const&)", "operator<"),
     ("Foo::operator<<(int)", "Foo::operator<<"),
+    ("__gnu_cxx::__normal_iterator<int*, std::vector<int> >::difference_type __gnu_cxx::"
+     "operator-<int*, std::vector<int> >(__gnu_cxx::__normal_iterator<int*> const&)",
+     "__gnu_cxx::operator-<…>"),
+    ("bool std::operator< <int>(std::vector<int> const&)", "std::operator< <…>"),
+    ("auto operator<=>(A const&)", "operator<=>"),
     ("x::operator->() const", "x::operator->"),
     ("void* operator new(unsigned long)", "operator new"),
     ("foo::operator std::string() const", "foo::operator std::string"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 from rich.cells import cell_len, set_cell_size
@@ -119,32 +120,32 @@ def align_right(text: str, width: int) -> str:
 
 # ---- function names for display ----------------------------------------------------------
 
-# Operator names whose characters are not brackets: `operator<`, `operator->*`, `operator()`.
-_OPERATOR_CHARS = "<>=-*()[]"
+# C++ operator names, longest first: their `<`, `>`, `(`, `[` open and close nothing
+# (`operator<`, `operator->`, `operator()`), and `operator-<int>` is `operator-` with a
+# template argument list.
+_OPERATORS = sorted(("<=>", "<<=", ">>=", "->*", "()", "[]", "<<", ">>", "<=", ">=", "==",
+                     "!=", "&&", "||", "++", "--", "+=", "-=", "*=", "/=", "%=", "&=", "|=",
+                     "^=", "->", "<", ">", "+", "-", "*", "/", "%", "&", "|", "^", "~", "!",
+                     "=", ","), key=len, reverse=True)
+
+
+# A word of a name that is `operator`, `ns::operator<`: the name starts there.
+_OPERATOR_TOKEN = re.compile(r"(?:^|::)operator[^\w\s]*$")
 
 
 def _scan(name: str) -> list[int]:
     """The bracket depth before each character of a C++/Rust name, with the characters of
-    an `operator<`, `operator<<=`, `operator()` or `operator->` name at the depth around
-    them (they open and close nothing)."""
+    an operator's name (`operator<`, `operator()`) at the depth around them."""
     depths = [0] * len(name)
     depth = 0
     i = 0
     while i < len(name):
         if name.startswith("operator", i) and (i == 0 or not _is_ident(name[i - 1])):
             end = i + len("operator")
-            j = end
-            while j < len(name) and name[j] in _OPERATOR_CHARS and j - end < 3:
-                j += 1
-            if name.startswith("()", end):
-                j = end + 2  # the call operator; a parameter list may follow
-            elif name.startswith("[]", end):
-                j = end + 2
-            elif j > end and name[j - 1] == "(":
-                j -= 1  # `operator<(...)`: the parenthesis opens its parameters
-            for k in range(i, j):
+            symbol = next((op for op in _OPERATORS if name.startswith(op, end)), "")
+            for k in range(i, end + len(symbol)):
                 depths[k] = depth
-            i = j
+            i = end + len(symbol)
             continue
         char = name[i]
         if char in "<([{":
@@ -193,7 +194,7 @@ def _drop_return_type(name: str) -> str:
     if len(tokens) == 1:
         return name
     for k in range(len(tokens) - 1, -1, -1):
-        if tokens[k] == "operator" or tokens[k].endswith("::operator"):
+        if _OPERATOR_TOKEN.search(tokens[k]):
             return " ".join(tokens[k:])
     return tokens[-1]
 
@@ -206,9 +207,8 @@ def _collapse_templates(name: str) -> str:
     i = 0
     while i < len(name):
         char = name[i]
-        if (char == "<" and depths[i] == 0 and i > 0
-                and (_is_ident(name[i - 1]) or name[i - 1] in ">)")
-                and not name[max(0, i - 8):i].endswith("operator")):
+        opens = i + 1 < len(name) and depths[i + 1] == depths[i] + 1  # not `operator<`
+        if char == "<" and depths[i] == 0 and i > 0 and opens and name[i - 1] != ":":
             close = next((j for j in range(i + 1, len(name))
                           if name[j] == ">" and depths[j] == 0), -1)
             if close < 0:
