@@ -33,11 +33,15 @@ def _addr2line(binary: Path, vaddrs: list[int]) -> dict[int, tuple[str, int]]:
 
 def _frames_of_binary(profile: Path, binary: Path, table: str) -> set[tuple[int, bool, str, int]]:
     """(vaddr, is_leaf, file basename, line) of every frame of `binary` in the stacks of
-    `table`; the line is the innermost (depth 0) location's."""
+    `table`; the line is the innermost (depth 0) location's. A frame right under a
+    `[kernel]` leaf counts as a leaf: the binary makes no system call itself, so the kernel
+    interrupted it there (an interrupt, a fault) and the address is no return address."""
     db = sqlite3.connect(f"file:{profile}?mode=ro", uri=True)
     try:
         rows = db.execute(
-            "SELECT DISTINCT f.module_offset, sf.position = 0, l.file, l.line"
+            "SELECT DISTINCT f.module_offset, sf.position = 0 OR (sf.position = 1 AND"
+            "  (SELECT k.address FROM stack_frames ks JOIN frames k ON k.id = ks.frame_id"
+            "   WHERE ks.stack_id = sf.stack_id AND ks.position = 0) = 1), l.file, l.line"
             f" FROM {table} s JOIN stack_frames sf ON sf.stack_id = s.stack_id"
             " JOIN frames f ON f.id = sf.frame_id JOIN modules m ON m.id = f.module_id"
             " JOIN frame_locations fl ON fl.frame_id = f.id AND fl.inline_depth = 0"

@@ -59,6 +59,11 @@ class Module:
     def file_offset_to_vaddr(self, file_offset: int) -> int:
         return self._elf.file_offset_to_vaddr(file_offset)
 
+    def bytes_before(self, file_offset: int, count: int) -> bytes:
+        """The `count` bytes of the file just before `file_offset` (code before an address);
+        fewer at the start of the file."""
+        return bytes(self._elf.data[max(0, file_offset - count):file_offset])
+
     def symbolize(self, vaddrs: Sequence[int]) -> list[tuple[SourceFrame, ...]]:
         """Per address the inline chain, innermost first; never empty."""
         with self._lock:
