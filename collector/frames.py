@@ -31,6 +31,10 @@ TRUNCATED_FUNCTION = "[truncated]"
 # the program spent in system calls and faults, on top of the user stack that entered them.
 KERNEL_ADDRESS = 1
 KERNEL_FUNCTION = "[kernel]"
+# The instructions that enter the kernel from user code (syscall, int 0x80, sysenter): the
+# user address of a kernel sample that follows one is a return address, any other is the
+# interrupted instruction itself (an interrupt, a page fault).
+SYSCALL_INSTRUCTIONS = (b"\x0f\x05", b"\xcd\x80", b"\x0f\x34")
 # The CPython evaluator: each of its native frames ran a group of Python frames, which take
 # its place in a stack (collector.pyframes.splice_plan).
 EVAL_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault"})
@@ -86,6 +90,7 @@ class FrameResolver:
         self._py_frames: dict[tuple[int, int], int] = {}
         self._py_frame_ids: set[int] = set()
         self._eval_frames: dict[int, bool] = {}
+        self._after_syscall: dict[int, bool] = {}
         self._startup_frames: dict[int, bool] = {}
         # Stacks whose Python frames could not be paired with the evaluator frames (a cut
         # native stack, or a read across a call): kept native only, counted.
@@ -199,10 +204,14 @@ class FrameResolver:
     # -- stacks --------------------------------------------------------------------------
 
     def resolve_stacks(self, stacks: Sequence[tuple[int, Sequence[int]]],
-                       python_read_late: bool = True) -> dict[int, int]:
+                       python_read_late: bool = True,
+                       leaf_is_return: bool = False) -> dict[int, int]:
         """Maps native stack ids (from a C reader) to stored stack ids. python_read_late:
         the stacks' Python frames were read after the native ones were taken (CPU samples,
-        read at drain time), not with them (the heap shim's own reads).
+        read at drain time), not with them (the heap shim's own reads). leaf_is_return:
+        the first address is a return address too (a heap stack starts at the shim's return
+        into malloc's caller), not an interrupted instruction (a CPU sample's leaf), so it
+        is looked up at the call, as every caller is.
 
         A caller address outside every executable mapping is no function: a frame-pointer
         walk through code built without frame pointers read garbage there (seen: bytes of
@@ -218,18 +227,16 @@ class FrameResolver:
             unmapped = self._unmapped(unmapped)
         stacks = [(native_id, self._justified(ips, unmapped)) for native_id, ips, _ in split]
         python = {native_id: frames for native_id, _, frames in split if frames}
-        needed = {
-            (address, position > 0)
-            for _, ips in stacks
-            for position, address in enumerate(ips)
-            if (address, position > 0) not in self._frame_ids
-        }
-        self._resolve_frames(needed)
+        # A leaf is looked up at its address, a caller at its return address - 1 (the
+        # call): one address can be both, with different lines, so both are keys.
+        keys = [(native_id, [(address, self._is_return(ips, position, leaf_is_return))
+                             for position, address in enumerate(ips)])
+                for native_id, ips in stacks]
+        self._resolve_frames({key for _, stack in keys for key in stack
+                              if key not in self._frame_ids})
         resolved = {}
-        for native_id, ips in stacks:
-            frames = tuple(
-                self._frame_ids[(address, position > 0)] for position, address in enumerate(ips)
-            )
+        for native_id, stack in keys:
+            frames = tuple(self._frame_ids[key] for key in stack)
             if native_id in python:
                 frames = self._splice(frames, python[native_id], python_read_late)
             frames = self.shim.rewrite(frames)
@@ -238,6 +245,32 @@ class FrameResolver:
                 self.heap_tracking_stacks.add(stack_id)
             self.stack_frames[stack_id] = frames
         return resolved
+
+    def _is_return(self, ips: Sequence[int], position: int, leaf_is_return: bool) -> bool:
+        """Whether ips[position] is a return address (looked up at the call, - 1) rather
+        than an interrupted instruction (looked up as is)."""
+        if position == 0:
+            return leaf_is_return
+        if position == 1 and ips[0] == KERNEL_ADDRESS:
+            return self._follows_syscall(ips[1])
+        return True
+
+    def _follows_syscall(self, address: int) -> bool:
+        """The user address under a kernel sample is where the thread entered the kernel:
+        after its syscall instruction (a return address: the call is at - 1), or, for an
+        interrupt or a fault, the interrupted instruction itself, which - 1 could put in the
+        function before (seen: the first byte of a function named as the padding before it).
+        Code not readable from a file (JIT) keeps the return-address rule."""
+        found = self._after_syscall.get(address)
+        if found is None:
+            found = True
+            mapping = self.space.find(address)
+            module = self._open_module(mapping.path) if mapping is not None else None
+            if mapping is not None and module is not None:
+                offset = address - mapping.start + mapping.file_offset
+                found = module.bytes_before(offset, 2) in SYSCALL_INSTRUCTIONS
+            self._after_syscall[address] = found
+        return found
 
     # -- Python frames ---------------------------------------------------------------------
 

@@ -188,7 +188,9 @@ class HeapTracker:
             # Function ids in the stacks are this reader's: the resolver names them by it.
             self.resolver.python = self.python_reader
         # The shim read each allocation's Python frames then and there, under the GIL.
-        stored = self.resolver.resolve_stacks(batch.new_stacks, python_read_late=False)
+        # Its first address is the shim's return address into malloc's caller.
+        stored = self.resolver.resolve_stacks(batch.new_stacks, python_read_late=False,
+                                              leaf_is_return=True)
         self._native_to_stored.update(stored)
         for stack_id in stored.values():
             self._site_of_stack.setdefault(stack_id, self._site_location(stack_id))

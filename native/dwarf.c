@@ -14,7 +14,11 @@
  *        names: list[str | None], indexed by the DWARF file number.
  *   .inline_chains(unit, addrs: sorted list[int]) -> list[tuple[frame, ...]]
  *        per address, innermost scope first, ending with the DW_TAG_subprogram;
- *        frame = (name | None, linkage_name | None, call_file, call_line)
+ *        frame = (name | None, linkage_name | None, call_file, call_line, name_die | None)
+ *        name_die: the DIE the name came from (following abstract_origin/specification)
+ *   .die(offset) -> (tag, name, linkage, parent, type, origin, decl_line, decl_column,
+ *                    artificial, language, producer)   one DIE, for C++ qualified names
+ *   .children(offset) -> list[int]             its children's offsets
  *
  * Everything is bounds-checked: a corrupt file yields errors or empty results, never a crash.
  * Only little-endian files on a little-endian host (the Python side checks). */
@@ -262,6 +266,12 @@ typedef struct {
     uint32_t ranges_form;
     uint64_t ranges_val;
     const char *name, *comp_dir;
+    /* Every DIE of the unit in order, with its parent's offset and the index past its
+     * subtree: built on the first die()/children() call (C++ names from the DIE parents). */
+    uint64_t *tree_off, *tree_parent;
+    uint32_t *tree_end;
+    size_t ntree;
+    int tree_state; /* 0 not built, 1 built, -1 failed */
 } Unit;
 
 typedef struct {
@@ -287,7 +297,9 @@ enum { DW_AT_name = 0x03, DW_AT_stmt_list = 0x10, DW_AT_low_pc = 0x11, DW_AT_hig
        DW_AT_comp_dir = 0x1b, DW_AT_abstract_origin = 0x31, DW_AT_specification = 0x47,
        DW_AT_ranges = 0x55, DW_AT_call_file = 0x58, DW_AT_call_line = 0x59,
        DW_AT_linkage_name = 0x6e, DW_AT_str_offsets_base = 0x72, DW_AT_addr_base = 0x73,
-       DW_AT_rnglists_base = 0x74, DW_AT_MIPS_linkage_name = 0x2007,
+       DW_AT_rnglists_base = 0x74, DW_AT_MIPS_linkage_name = 0x2007, DW_AT_type = 0x49,
+       DW_AT_decl_line = 0x3b, DW_AT_decl_column = 0x39, DW_AT_artificial = 0x34,
+       DW_AT_language = 0x13, DW_AT_producer = 0x25,
        DW_AT_GNU_ranges_base = 0x2132, DW_AT_GNU_addr_base = 0x2133 };
 
 /* Reads one attribute value of the given form (DW_FORM_* numbers from DWARF 2-5 + GNU). */
@@ -571,6 +583,11 @@ static int read_ranges(DwarfReader *d, Unit *u, uint32_t form, uint64_t val, Ran
 
 static void reader_dealloc(DwarfReader *self) {
     if (self->units) {
+        for (size_t i = 0; i < self->nunits; i++) {
+            free(self->units[i].tree_off);
+            free(self->units[i].tree_parent);
+            free(self->units[i].tree_end);
+        }
         for (size_t i = 0; i < self->nunits; i++) {
             AbbrevTable *t = self->units[i].abbr;
             if (t == NULL) continue;
@@ -1094,8 +1111,10 @@ typedef struct {
 } Scope;
 
 /* Follows abstract_origin/specification until both names are known (or the chain ends). */
-static int resolve_names(DwarfReader *d, uint64_t die, const char **name, const char **linkage) {
+static int resolve_names(DwarfReader *d, uint64_t die, const char **name, const char **linkage,
+                         uint64_t *name_die) {
     *name = *linkage = NULL;
+    *name_die = UINT64_MAX;
     for (int hop = 0; hop < 16 && die != UINT64_MAX; hop++) {
         Unit *u = unit_for_offset(d, die);
         if (u == NULL || unit_abbrevs(d, u) < 0 || unit_top(d, u) < 0) return -1;
@@ -1109,7 +1128,10 @@ static int resolve_names(DwarfReader *d, uint64_t die, const char **name, const 
             if (read_form(&r, u, s->form, s->implicit_const, &v) < 0) return -1;
             switch (s->name) {
             case DW_AT_name:
-                if (!*name) *name = attr_str(d, u, &v);
+                if (!*name) {
+                    *name = attr_str(d, u, &v);
+                    if (*name) *name_die = die;
+                }
                 break;
             case DW_AT_linkage_name: case DW_AT_MIPS_linkage_name:
                 if (!*linkage) *linkage = attr_str(d, u, &v);
@@ -1130,7 +1152,7 @@ static PyObject *str_or_none(const char *s) {
     return decode_str(s);
 }
 
-/* Returns a new reference to the (name, linkage) pair of a DIE, memoized per call. */
+/* Returns a new reference to the (name, linkage, name_die) of a DIE, memoized per call. */
 static PyObject *scope_names(DwarfReader *d, uint64_t die, PyObject *memo) {
     PyObject *key = PyLong_FromUnsignedLongLong(die);
     if (!key) return NULL;
@@ -1145,11 +1167,16 @@ static PyObject *scope_names(DwarfReader *d, uint64_t die, PyObject *memo) {
         return NULL;
     }
     const char *name, *linkage;
-    resolve_names(d, die, &name, &linkage);
+    uint64_t name_die;
+    resolve_names(d, die, &name, &linkage, &name_die);
     PyObject *n = str_or_none(name), *l = n ? str_or_none(linkage) : NULL;
-    PyObject *pair = (n && l) ? PyTuple_Pack(2, n, l) : NULL;
+    PyObject *o = l ? (name_die == UINT64_MAX ? (Py_INCREF(Py_None), Py_None)
+                                              : PyLong_FromUnsignedLongLong(name_die))
+                    : NULL;
+    PyObject *pair = (n && l && o) ? PyTuple_Pack(3, n, l, o) : NULL;
     Py_XDECREF(n);
     Py_XDECREF(l);
+    Py_XDECREF(o);
     if (pair && PyDict_SetItem(memo, key, pair) < 0) Py_CLEAR(pair);
     Py_DECREF(key);
     return pair;
@@ -1290,10 +1317,11 @@ build:
         for (int k = 0; k < cnt; k++, s = scopes[s].parent) {
             PyObject *names = scope_names(self, scopes[s].die, memo);
             if (!names) goto fail;
-            PyObject *f = Py_BuildValue("(OOKK)", PyTuple_GET_ITEM(names, 0),
+            PyObject *f = Py_BuildValue("(OOKKO)", PyTuple_GET_ITEM(names, 0),
                                         PyTuple_GET_ITEM(names, 1),
                                         (unsigned long long)scopes[s].call_file,
-                                        (unsigned long long)scopes[s].call_line);
+                                        (unsigned long long)scopes[s].call_line,
+                                        PyTuple_GET_ITEM(names, 2));
             Py_DECREF(names);
             if (!f) goto fail;
             PyTuple_SET_ITEM(chain, k, f);
@@ -1311,6 +1339,177 @@ done:
     return result;
 }
 
+/* ---- single DIEs (qualified C++ names, collector/symbols/dwarf.py) ------------------------- */
+
+/* Every DIE of the unit with its parent and subtree end, in one walk. */
+static int unit_tree(DwarfReader *d, Unit *u) {
+    if (u->tree_state) return u->tree_state > 0 ? 0 : -1;
+    u->tree_state = -1;
+    if (unit_top(d, u) < 0) return -1;
+    size_t cap = 1024, n = 0;
+    uint64_t *offs = malloc(cap * sizeof *offs), *parents = malloc(cap * sizeof *parents);
+    uint32_t *ends = malloc(cap * sizeof *ends);
+    size_t open[MAX_DEPTH + 1];
+    int depth = 0;
+    if (!offs || !parents || !ends) goto fail;
+    Rd r = rd_at(d->sec[S_INFO], (size_t)u->end, u->die_off);
+    while (r.p < r.end && !r.err) {
+        uint64_t die = (uint64_t)(r.p - d->sec[S_INFO]);
+        uint64_t code = rd_uleb(&r);
+        if (code == 0) {
+            if (depth <= 0) break;
+            depth--;
+            if (depth < MAX_DEPTH) ends[open[depth]] = (uint32_t)n;
+            if (depth == 0) break; /* end of the unit DIE's children */
+            continue;
+        }
+        const Abbrev *a = abbrev_find(u->abbr, code);
+        if (a == NULL) break;
+        const AttrSpec *s = &u->abbr->specs[a->first];
+        int bad = 0;
+        for (uint32_t i = 0; i < a->count; i++, s++) {
+            AttrVal v;
+            if (read_form(&r, u, s->form, s->implicit_const, &v) < 0) { bad = 1; break; }
+        }
+        if (bad) break;
+        if (n == cap || n >= UINT32_MAX - 1) {
+            if (n >= UINT32_MAX - 1) break;
+            cap *= 2;
+            uint64_t *no = realloc(offs, cap * sizeof *no);
+            if (!no) goto fail;
+            offs = no;
+            uint64_t *np = realloc(parents, cap * sizeof *np);
+            if (!np) goto fail;
+            parents = np;
+            uint32_t *ne = realloc(ends, cap * sizeof *ne);
+            if (!ne) goto fail;
+            ends = ne;
+        }
+        offs[n] = die;
+        parents[n] = depth > 0 && depth <= MAX_DEPTH ? offs[open[depth - 1]] : UINT64_MAX;
+        ends[n] = (uint32_t)(n + 1);
+        if (a->children) {
+            if (depth < MAX_DEPTH) open[depth] = n;
+            depth++;
+        }
+        n++;
+        if (!a->children && depth == 0) break; /* a unit DIE without children */
+    }
+    /* Subtrees left open by a truncated unit end at the last DIE read. */
+    for (int k = 0; k < depth && k < MAX_DEPTH; k++) ends[open[k]] = (uint32_t)n;
+    u->tree_off = offs;
+    u->tree_parent = parents;
+    u->tree_end = ends;
+    u->ntree = n;
+    u->tree_state = 1;
+    return 0;
+fail:
+    free(offs);
+    free(parents);
+    free(ends);
+    PyErr_NoMemory();
+    return -1;
+}
+
+/* The unit and tree index of a DIE offset; NULL with KeyError when there is no such DIE. */
+static Unit *find_die(DwarfReader *d, PyObject *arg, uint64_t *off, size_t *index) {
+    unsigned long long o = PyLong_AsUnsignedLongLong(arg);
+    if (o == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Unit *u = unit_for_offset(d, o);
+    if (u != NULL && unit_tree(d, u) == 0) {
+        size_t lo = 0, hi = u->ntree;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (u->tree_off[mid] < o) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < u->ntree && u->tree_off[lo] == o) {
+            *off = o;
+            *index = lo;
+            return u;
+        }
+    }
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "no DIE at offset %llu", o);
+    return NULL;
+}
+
+static PyObject *ref_or_none(uint64_t ref) {
+    if (ref == UINT64_MAX) Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(ref);
+}
+
+/* (tag, name, linkage_name, parent, type, origin, decl_line, decl_column, artificial,
+ *  language, producer) of one DIE; origin is DW_AT_abstract_origin or DW_AT_specification,
+ *  references and strings None when absent, numbers 0. */
+static PyObject *reader_die(DwarfReader *self, PyObject *arg) {
+    uint64_t off;
+    size_t index;
+    Unit *u = find_die(self, arg, &off, &index);
+    if (u == NULL) return NULL;
+    Rd r = rd_at(self->sec[S_INFO], (size_t)u->end, off);
+    const Abbrev *a = abbrev_find(u->abbr, rd_uleb(&r));
+    if (a == NULL || r.err) return PyErr_Format(PyExc_ValueError, "undecodable DIE");
+    const char *name = NULL, *linkage = NULL, *producer = NULL;
+    uint64_t type = UINT64_MAX, origin = UINT64_MAX, line = 0, column = 0, language = 0;
+    int artificial = 0;
+    for (uint32_t i = 0; i < a->count; i++) {
+        const AttrSpec *s = &u->abbr->specs[a->first + i];
+        AttrVal v;
+        if (read_form(&r, u, s->form, s->implicit_const, &v) < 0)
+            return PyErr_Format(PyExc_ValueError, "undecodable DIE");
+        switch (s->name) {
+        case DW_AT_name: name = attr_str(self, u, &v); break;
+        case DW_AT_linkage_name: case DW_AT_MIPS_linkage_name:
+            linkage = attr_str(self, u, &v);
+            break;
+        case DW_AT_producer: producer = attr_str(self, u, &v); break;
+        case DW_AT_type: type = attr_ref(u, &v); break;
+        case DW_AT_abstract_origin: case DW_AT_specification: origin = attr_ref(u, &v); break;
+        case DW_AT_decl_line: line = v.u; break;
+        case DW_AT_decl_column: column = v.u; break;
+        case DW_AT_language: language = v.u; break;
+        case DW_AT_artificial: artificial = v.form == 0x19 /* flag_present */ || v.u != 0; break;
+        default: break;
+        }
+    }
+    PyObject *n = str_or_none(name), *l = str_or_none(linkage), *p = str_or_none(producer);
+    PyObject *par = ref_or_none(u->tree_parent[index]), *t = ref_or_none(type);
+    PyObject *o = ref_or_none(origin);
+    PyObject *out = NULL;
+    if (n && l && p && par && t && o)
+        out = Py_BuildValue("(IOOOOOKKiKO)", a->tag, n, l, par, t, o, (unsigned long long)line,
+                            (unsigned long long)column, artificial,
+                            (unsigned long long)language, p);
+    Py_XDECREF(n);
+    Py_XDECREF(l);
+    Py_XDECREF(p);
+    Py_XDECREF(par);
+    Py_XDECREF(t);
+    Py_XDECREF(o);
+    return out;
+}
+
+/* Offsets of a DIE's direct children, in order. */
+static PyObject *reader_children(DwarfReader *self, PyObject *arg) {
+    uint64_t off;
+    size_t index;
+    Unit *u = find_die(self, arg, &off, &index);
+    if (u == NULL) return NULL;
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (size_t k = index + 1; k < u->tree_end[index] && k < u->ntree; k = u->tree_end[k]) {
+        PyObject *v = PyLong_FromUnsignedLongLong(u->tree_off[k]);
+        if (!v || PyList_Append(list, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(v);
+        if (u->tree_end[k] <= k) break; /* never loop on a corrupt tree */
+    }
+    return list;
+}
+
 static PyMethodDef reader_methods[] = {
     {"units", (PyCFunction)reader_units, METH_NOARGS, "Offsets of the compile units."},
     {"aranges", (PyCFunction)reader_aranges, METH_NOARGS, "(lo, hi, unit) from .debug_aranges."},
@@ -1318,6 +1517,8 @@ static PyMethodDef reader_methods[] = {
     {"line_table", (PyCFunction)reader_line_table, METH_O, "Decoded line table of a unit."},
     {"inline_chains", (PyCFunction)reader_inline_chains, METH_VARARGS,
      "Scope chains (innermost first) for sorted addresses inside one unit."},
+    {"die", (PyCFunction)reader_die, METH_O, "Attributes and parent of one DIE."},
+    {"children", (PyCFunction)reader_children, METH_O, "Offsets of a DIE's children."},
     {NULL, NULL, 0, NULL},
 };
 

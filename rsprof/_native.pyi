@@ -200,8 +200,12 @@ class HeapReader:
         /,
     ) -> bool: ...
 
-# (name, linkage_name, call_file, call_line) of one inlined or outer scope.
-Scope = tuple[str | None, str | None, int, int]
+# (name, linkage_name, call_file, call_line, name_die): name_die is the DIE the name came from
+Scope = tuple[str | None, str | None, int, int, int | None]
+# (tag, name, linkage_name, parent, type, origin, decl_line, decl_column, artificial,
+#  language, producer) of one DIE (DwarfReader.die)
+DieInfo = tuple[int, str | None, str | None, int | None, int | None, int | None, int, int, int,
+                int, str | None]
 # (addrs: uint64 bytes, files: uint32 bytes, lines: uint32 bytes, file names by number)
 LineTableData = tuple[bytes, bytes, bytes, list[str | None]]
 
@@ -215,6 +219,8 @@ class DwarfReader:
     def unit_ranges(self, unit: int, /) -> list[tuple[int, int]]: ...
     def line_table(self, unit: int, /) -> LineTableData | None: ...
     def inline_chains(self, unit: int, addrs: list[int], /) -> list[tuple[Scope, ...]]: ...
+    def die(self, offset: int, /) -> DieInfo: ...
+    def children(self, offset: int, /) -> list[int]: ...
 
 def cfi_functions(path: str, /) -> tuple[list[tuple[int, int]], int, float]:
     """FDE function ranges (link-time addresses, sorted), unwind-table rows, build ms."""

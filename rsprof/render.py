@@ -15,6 +15,7 @@ from rich.table import Table
 
 from rsprof.storage.analysis import FunctionRow, HeapSiteRow
 from rsprof.storage.reader import ProfileSummary
+from rsprof.tui.format import short_functions
 
 # JSON and CSV keys are the row dataclasses' fields, in order (the documented contract).
 CPU_KEYS = [f.name for f in fields(FunctionRow)]
@@ -84,9 +85,10 @@ def cpu_table(rows: list[FunctionRow], total_samples: int, title: str | None = N
     table.add_column("Total %", justify="right")
     table.add_column("Function", overflow="fold")
     table.add_column("Location", overflow="fold")
+    shown = short_functions(r.function for r in rows)
     for r in rows:
         table.add_row(str(r.self), f"{r.self_pct:.1f}%", str(r.total), f"{r.total_pct:.1f}%",
-                      f"{r.address} {r.function}" if r.address else r.function,
+                      f"{r.address} {shown[r.function]}" if r.address else shown[r.function],
                       _location(r.file, r.line))
     _console().print(table)
 
@@ -107,10 +109,11 @@ def heap_table(rows: list[HeapSiteRow], title: str | None = None) -> None:
     table.add_column("Growing")
     table.add_column("Function", overflow="fold")
     table.add_column("Location", overflow="fold")
+    shown = short_functions(r.function for r in rows)
     for r in rows:
         table.add_row(human_bytes(r.live_bytes), human_bytes(r.total_alloc_bytes),
                       str(r.alloc_count), str(r.free_count), "▲ yes" if r.growing else "",
-                      r.function, _location(r.file, r.line))
+                      shown[r.function], _location(r.file, r.line))
     _console().print(table)
 
 

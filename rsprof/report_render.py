@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Iterable
 
 from rich.table import Table
 
 from rsprof.render import _console, human_bytes, write_json
 from rsprof.storage.callgraph import Peek, Trace
 from rsprof.storage.diff import CpuDelta, HeapDelta
+from rsprof.storage.granularity import Entry
+from rsprof.tui.format import short_functions
 
 RULE = "-" * 11 + "+" + "-" * 60
 
@@ -21,6 +25,14 @@ def _value(value: int, unit: str) -> str:
     return str(value)
 
 
+def _labels(entries: Iterable[Entry]) -> dict[Entry, str]:
+    """Each entry's label with its function shortened for display (short_functions: two
+    different functions never look the same)."""
+    entries = set(entries)
+    shown = short_functions(e.function for e in entries)
+    return {e: dataclasses.replace(e, function=shown[e.function]).label for e in entries}
+
+
 def traces(found: list[Trace], unit: str, total: int, distinct: int, *, as_json: bool) -> None:
     if as_json:
         write_json([t.as_dict() for t in found])
@@ -28,6 +40,7 @@ def traces(found: list[Trace], unit: str, total: int, distinct: int, *, as_json:
     out = sys.stdout
     shown = f", the heaviest {len(found)} shown" if len(found) < distinct else ""
     out.write(f"{distinct} distinct stacks{shown}, {_value(total, unit)} in all\n")
+    labels = _labels(entry for trace in found for entry in trace.stack)
     for trace in found:
         out.write(RULE + "\n")
         if trace.tid is not None:
@@ -35,7 +48,7 @@ def traces(found: list[Trace], unit: str, total: int, distinct: int, *, as_json:
         weight = f"{_value(trace.value, unit)} {trace.percent:.1f}%"
         for position, entry in enumerate(trace.stack):
             left = weight if position == 0 else ""
-            out.write(f"{left:>10} | {entry.label}\n")
+            out.write(f"{left:>10} | {labels[entry]}\n")
     if found:
         out.write(RULE + "\n")
 
@@ -44,8 +57,11 @@ def peek(found: list[Peek], unit: str, *, as_json: bool) -> None:
     if as_json:
         write_json([p.as_dict() for p in found])
         return
+    labels = _labels(entry for item in found
+                     for entry in (item.entry, *(e.entry for e in item.callers),
+                                   *(e.entry for e in item.callees)))
     for item in found:
-        sys.stdout.write(f"{item.entry.label}: flat {_value(item.flat, unit)}"
+        sys.stdout.write(f"{labels[item.entry]}: flat {_value(item.flat, unit)}"
                          f" ({item.flat_pct:.1f}%), total {_value(item.total, unit)}"
                          f" ({item.total_pct:.1f}%)\n")
         sys.stdout.flush()
@@ -56,12 +72,12 @@ def peek(found: list[Peek], unit: str, *, as_json: bool) -> None:
         table.add_column("Function", overflow="fold")
         for edge in item.callers:
             table.add_row("caller", _value(edge.value, unit), f"{edge.percent:.1f}%",
-                          edge.entry.label)
-        table.add_row("▶", _value(item.total, unit), "100.0%", item.entry.label,
+                          labels[edge.entry])
+        table.add_row("▶", _value(item.total, unit), "100.0%", labels[item.entry],
                       style="bold")
         for edge in item.callees:
             table.add_row("callee", _value(edge.value, unit), f"{edge.percent:.1f}%",
-                          edge.entry.label)
+                          labels[edge.entry])
         _console().print(table)
         _console().print()
 
@@ -73,10 +89,11 @@ def cpu_diff(deltas: list[CpuDelta]) -> None:
         table.add_column(name, justify="right")
     table.add_column("Function", overflow="fold")
     table.add_column("")
+    shown = short_functions(d.function for d in deltas)
     for d in deltas:
         table.add_row(_arrow(d.delta_self_pct, "%"), f"{d.old_self_pct:.1f}%",
                       f"{d.new_self_pct:.1f}%", _arrow(d.delta_total_pct, "%"),
-                      f"{d.old_total_pct:.1f}%", f"{d.new_total_pct:.1f}%", d.function,
+                      f"{d.old_total_pct:.1f}%", f"{d.new_total_pct:.1f}%", shown[d.function],
                       d.status)
     _console().print(table)
 
@@ -88,10 +105,11 @@ def heap_diff(deltas: list[HeapDelta]) -> None:
         table.add_column(name, justify="right")
     table.add_column("Function", overflow="fold")
     table.add_column("")
+    shown = short_functions(d.function for d in deltas)
     for d in deltas:
         table.add_row(_arrow_bytes(d.delta_inuse_bytes), human_bytes(d.old_inuse_bytes),
                       human_bytes(d.new_inuse_bytes), _arrow_bytes(d.delta_alloc_bytes),
-                      d.function, d.status)
+                      shown[d.function], d.status)
     _console().print(table)
 
 

@@ -125,7 +125,11 @@ class ProfileWriter:
             raise
         self._modules: dict[tuple[str, str | None], int] = {}
         self._locations: dict[tuple[str, str, int, int | None], int] = {}
-        self._frames: dict[tuple[int, int | None], int] = {}
+        # (address, module, location ids innermost first) -> frame id: one address is two
+        # frames when it is both a leaf (looked up at the address) and a return address
+        # (looked up at the call, address - 1) and the two lookups name different lines.
+        self._frames: dict[tuple[int, int | None, tuple[int, ...]], int] = {}
+        self._frame_addresses: set[tuple[int, int | None]] = set()
         self._stacks: dict[tuple[int, ...], int] = {}
         self._stack_leaf_location: dict[int, int] = {}
         self._frame_leaf_location: dict[int, int] = {}
@@ -282,10 +286,17 @@ class ProfileWriter:
             "SELECT id, function, file, line, module_id, system_name FROM locations"
         ):
             self._locations[(row[1], row[2], row[3], row[4])] = row[0]
+        chains: dict[int, list[int]] = {}
+        for frame_id, location_id in self.conn.execute(
+            "SELECT frame_id, location_id FROM frame_locations ORDER BY frame_id, inline_depth"
+        ):
+            chains.setdefault(frame_id, []).append(location_id)
         for fid, address, module_id in self.conn.execute(
             "SELECT id, address, module_id FROM frames"
         ):
-            self._frames[(u64_from_sql(address), module_id)] = fid
+            place = (u64_from_sql(address), module_id)
+            self._frames[(*place, tuple(chains.get(fid, ())))] = fid
+            self._frame_addresses.add(place)
         stack_frames: dict[int, list[int]] = {}
         for stack_id, frame_id in self.conn.execute(
             "SELECT stack_id, frame_id FROM stack_frames ORDER BY stack_id, position"
@@ -351,8 +362,11 @@ class ProfileWriter:
         module_offset: int | None,
         locations: Sequence[LocationKey],
     ) -> int:
-        """The frame for one address; `locations` is its inline chain, innermost first."""
-        key = (address, module_id)
+        """The frame for one address and what it was resolved to: `locations` is its inline
+        chain, innermost first. The same address with another chain is another frame (a
+        leaf at the address, a caller at its call instruction)."""
+        location_ids = [self.location_id(location) for location in locations]
+        key = (address, module_id, tuple(location_ids))
         found = self._frames.get(key)
         if found is not None:
             return found
@@ -365,7 +379,7 @@ class ProfileWriter:
             ),
         )
         found = self._frames[key] = int(cursor.lastrowid or 0)
-        location_ids = [self.location_id(location) for location in locations]
+        self._frame_addresses.add((address, module_id))
         self._execute_many(
             "INSERT INTO frame_locations (frame_id, inline_depth, location_id) VALUES (?, ?, ?)",
             [(found, depth, lid) for depth, lid in enumerate(location_ids)],
@@ -375,7 +389,7 @@ class ProfileWriter:
         return found
 
     def has_frame(self, address: int, module_id: int | None) -> bool:
-        return (address, module_id) in self._frames
+        return (address, module_id) in self._frame_addresses
 
     def stack_id(self, frame_ids: Sequence[int]) -> int:
         """The stack for frames listed leaf first."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import build_target, run_rsprof, top_json
 from rsprof.collector.symbols import SourceFrame, Symbolizer, demangle
 from rsprof.collector.symbols import dwarf as dwarf_mod
 from rsprof.collector.symbols import symbolizer as symbolizer_mod
@@ -29,7 +30,7 @@ def child_env() -> dict[str, str]:
     (the installed ones in CI, the source tree with an in-place build locally)."""
     import rsprof
 
-    root = str(Path(rsprof.__file__ or "").absolute().parent.parent)
+    root = str(Path(rsprof.__file__ or "").absolute().parent.parent)  # not resolve(): see conftest
     return {**os.environ, "PYTHONPATH": root}
 
 
@@ -433,3 +434,50 @@ def test_pure_python_fallback_agrees(target_binary: Callable[..., Path], name: s
     assert native.keys() == pure.keys() and len(native) > 100
     assert {a: (r.line, r.scopes) for a, r in native.items()} == \
         {a: (r.line, r.scopes) for a, r in pure.items()}
+
+
+def _objdump_plt(binary: Path) -> dict[int, str]:
+    """PLT stubs (address -> `name@plt`) as objdump -d labels them."""
+    out = subprocess.run(["objdump", "-d", str(binary)], capture_output=True, text=True,
+                         check=True).stdout
+    stubs = {}
+    for line in out.splitlines():
+        address, _, label = line.partition(" <")
+        if label.endswith("@plt>:") and "*ABS*" not in label:
+            stubs[int(address, 16)] = label[:-2]
+    return stubs
+
+
+@pytest.mark.parametrize("binary", ["plt_calls.c", "/usr/bin/gawk", "/usr/bin/sqlite3",
+                                    "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"])
+def test_plt_stubs_named_as_objdump(binary: str, sym: Symbolizer) -> None:
+    """Every PLT stub (.plt, .plt.sec, .plt.got) is `name@plt`, demangled, at its first byte
+    and inside it (it was `prog+0x1030`)."""
+    path = build_target(binary, ("-fno-builtin",)) if binary.endswith(".c") else Path(binary)
+    if not path.exists() or shutil.which("objdump") is None:
+        pytest.skip(f"{path} or objdump is not installed")
+    stubs = _objdump_plt(path)
+    assert stubs, f"objdump shows no PLT stub in {path}"
+    module = sym.module(str(path))
+    assert module is not None
+    addresses = sorted(stubs)
+    starts = module.symbolize(addresses)
+    inside = module.symbolize([a + 6 for a in addresses])
+    for address, first, second in zip(addresses, starts, inside, strict=True):
+        expected = demangle(stubs[address])
+        assert first[0].function == expected, (hex(address), first, expected)
+        assert second[0].function == expected, (hex(address + 6), second, expected)
+
+
+def test_plt_stub_named_in_a_recording(tmp_path: Path) -> None:
+    """A hot loop calling ffs() and labs() through their PLT stubs: CPU samples in a stub are
+    `ffs@plt` or `labs@plt`."""
+    binary = build_target("plt_calls.c", ("-fno-builtin",))
+    out = tmp_path / "plt.db"
+    result = run_rsprof("run", "-q", "--cpu-freq", "1999", "-o", str(out), "--", str(binary),
+                        "2", timeout=180)
+    assert result.returncode == 0, result.stderr
+    names = {str(row["function"]) for row in top_json(out, "cpu")}
+    # A stub is one jump: few samples land there on a busy machine, in one stub or the other.
+    assert {"ffs@plt", "labs@plt"} & names, sorted(names)
+    assert not any(name.startswith(binary.name + "+0x") for name in names), sorted(names)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 
 from rich.cells import cell_len, set_cell_size
 
@@ -115,3 +116,147 @@ def align_right(text: str, width: int) -> str:
     if cell_len(text) >= width:
         return fit_end(text, width)
     return " " * (width - cell_len(text)) + text
+
+
+# ---- function names for display ----------------------------------------------------------
+
+# C++ operator names, longest first: their `<`, `>`, `(`, `[` open and close nothing
+# (`operator<`, `operator->`, `operator()`), and `operator-<int>` is `operator-` with a
+# template argument list.
+_OPERATORS = sorted(("<=>", "<<=", ">>=", "->*", "()", "[]", "<<", ">>", "<=", ">=", "==",
+                     "!=", "&&", "||", "++", "--", "+=", "-=", "*=", "/=", "%=", "&=", "|=",
+                     "^=", "->", "<", ">", "+", "-", "*", "/", "%", "&", "|", "^", "~", "!",
+                     "=", ","), key=len, reverse=True)
+
+
+# A word of a name that is `operator`, `ns::operator<`: the name starts there.
+_OPERATOR_TOKEN = re.compile(r"(?:^|::)operator[^\w\s]*$")
+
+
+def _scan(name: str) -> list[int]:
+    """The bracket depth before each character of a C++/Rust name, with the characters of
+    an operator's name (`operator<`, `operator()`) at the depth around them."""
+    depths = [0] * len(name)
+    depth = 0
+    i = 0
+    while i < len(name):
+        if name.startswith("operator", i) and (i == 0 or not _is_ident(name[i - 1])):
+            end = i + len("operator")
+            symbol = next((op for op in _OPERATORS if name.startswith(op, end)), "")
+            for k in range(i, end + len(symbol)):
+                depths[k] = depth
+            i = end + len(symbol)
+            continue
+        char = name[i]
+        if char in "<([{":
+            depths[i] = depth
+            depth += 1
+        elif char in ">)]}":
+            depth = max(depth - 1, 0)
+            depths[i] = depth
+        else:
+            depths[i] = depth
+        i += 1
+    return depths
+
+
+def _is_ident(char: str) -> bool:
+    return char.isalnum() or char == "_"
+
+
+def _strip_parameters(name: str) -> str:
+    """`ns::f(int, char) const` -> `ns::f`; `operator()` stays itself."""
+    text = name
+    for qualifier in (" const", " volatile", " &&", " &", " noexcept"):
+        while text.endswith(qualifier):
+            text = text[: -len(qualifier)]
+    if not text.endswith(")"):
+        return name
+    depths = _scan(text)
+    close = len(text) - 1
+    open_at = next((i for i in range(close - 1, -1, -1)
+                    if text[i] == "(" and depths[i] == depths[close]), -1)
+    if open_at <= 0 or text[:open_at].endswith("operator"):
+        return name
+    return text[:open_at]
+
+
+def _drop_return_type(name: str) -> str:
+    """`void std::sort<…>` -> `std::sort<…>`; `operator delete` keeps its words."""
+    depths = _scan(name)
+    tokens: list[str] = []
+    start = 0
+    for i, char in enumerate(name):
+        if char == " " and depths[i] == 0:
+            tokens.append(name[start:i])
+            start = i + 1
+    tokens.append(name[start:])
+    if len(tokens) == 1:
+        return name
+    for k in range(len(tokens) - 1, -1, -1):
+        if _OPERATOR_TOKEN.search(tokens[k]):
+            return " ".join(tokens[k:])
+    return tokens[-1]
+
+
+def _collapse_templates(name: str) -> str:
+    """`std::sort<__normal_iterator<int*>, …>` -> `std::sort<…>` (a leading `<T as Trait>`
+    and Python's `<module>` are names, not argument lists)."""
+    depths = _scan(name)
+    out: list[str] = []
+    i = 0
+    while i < len(name):
+        char = name[i]
+        opens = i + 1 < len(name) and depths[i + 1] == depths[i] + 1  # not `operator<`
+        if char == "<" and depths[i] == 0 and i > 0 and opens and name[i - 1] != ":":
+            close = next((j for j in range(i + 1, len(name))
+                          if name[j] == ">" and depths[j] == 0), -1)
+            if close < 0:
+                out.append(name[i:])
+                break
+            out.append("<…>")
+            i = close + 1
+            continue
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+def short_function(name: str) -> str:
+    """A function name as `go tool pprof` shows it: no parameter list, no return type,
+    template arguments as `<…>` (`std::sort<…>`, `shop::Basket::total`,
+    `main::{lambda(int, int)#2}::operator()`); a `@plt` or version suffix is kept. Display
+    only: a profile keys functions by their full names."""
+    if not name or name[0] == "[":
+        return name
+    base, at, suffix = name, "", ""
+    depths = _scan(name)
+    tail = name.rfind("@")
+    if tail > 0 and depths[tail] == 0:
+        base, at, suffix = name[:tail], "@", name[tail + 1:]
+        if base.endswith("@"):  # `memcpy@@GLIBC_2.14`
+            base, at = base[:-1], "@@"
+    bare = _strip_parameters(base)
+    # A return type comes before a C++ function's name only: `all samples` is a name.
+    if bare != base or "::" in bare:
+        bare = _drop_return_type(bare)
+    short = _collapse_templates(bare)
+    return f"{short}{at}{suffix}" if short else name
+
+
+def short_functions(names: Iterable[str]) -> dict[str, str]:
+    """Display names for names shown together: each shortened (short_function), except
+    that two different functions never look the same: where they would, they keep their
+    template arguments, and if that is not enough their full names."""
+    names = set(names)
+    shown = {name: short_function(name) for name in names}
+    for fallback in (lambda n: _drop_return_type(_strip_parameters(n)), lambda n: n):
+        seen: dict[str, set[str]] = {}
+        for name, text in shown.items():
+            seen.setdefault(text, set()).add(name)
+        clashing = [name for group in seen.values() if len(group) > 1 for name in group]
+        if not clashing:
+            break
+        for name in clashing:
+            shown[name] = fallback(name)
+    return shown

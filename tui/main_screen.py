@@ -290,7 +290,7 @@ class MainScreen(Screen[None]):
         else:
             columns = COLUMNS[q.view]
         table.set_rows(columns, snapshot.rows, "" if q.tree else q.sort, q.descending,
-                       empty_text=empty, trend_top=snapshot.trend_top)
+                       empty_text=empty, trend_top=snapshot.trend_top, names=snapshot.names)
         chart = self.query_one(ProfileChart)
         chart.display = self.chart_open and not no_heap
         if self.chart_open and q.chart is not None:

@@ -8,8 +8,8 @@ immutable `Snapshot` it returns.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple, Protocol
@@ -26,7 +26,7 @@ from rsprof.storage.live import (
     ThreadInfo,
 )
 
-from .format import fmt_bytes, fmt_count, fmt_offset, fmt_pct, sparkline
+from .format import fmt_bytes, fmt_count, fmt_offset, fmt_pct, short_functions, sparkline
 
 
 class TreeRow(NamedTuple):
@@ -161,7 +161,11 @@ _SORT_KEYS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def cell_text(column: Column, row: Row, trend_top: float | None = None) -> str:
+def cell_text(column: Column, row: Row, trend_top: float | None = None,
+              names: Mapping[str, str] | None = None) -> str:
+    """A cell's text; `names` maps functions to their display names (short_functions)."""
+    if names and column.key == "function":
+        return names.get(row.function, row.function)
     return _CELLS[column.key](row, trend_top)
 
 
@@ -243,7 +247,7 @@ def flatten_tree(
     """The visible lines of the tree, depth first, heaviest child first."""
     # Percentages of every sample (before a focus), as `top --filter` gives them.
     whole = max(root.base_samples, root.total_samples) or 1
-    rows: list[TreeRow] = []
+    visible: list[tuple[CallNode, int, float, bool, bool]] = []
     stack: list[tuple[CallNode, int]] = [(c, 0) for c in reversed(root.children)]
     while stack:  # iterative: deep recursion in the target must not overflow ours
         node, depth = stack.pop()
@@ -252,14 +256,18 @@ def flatten_tree(
         is_open = has and (
             node.path in expanded or (node.path not in collapsed and pct >= AUTO_EXPAND_PCT)
         )
-        marker = ("▾ " if is_open else "▸ ") if has else "· "
-        rows.append(TreeRow(
-            hash(node.path), node.path, " " * depth + marker + node.function, node.function,
-            node.location, 100.0 * node.self_samples / whole, pct, has, is_open,
-            node.self_samples, node.total_samples,
-        ))
+        visible.append((node, depth, pct, has, is_open))
         if is_open:
             stack.extend((c, depth + 1) for c in reversed(node.children))
+    shown = short_functions(node.function for node, *_ in visible)
+    rows: list[TreeRow] = []
+    for node, depth, pct, has, is_open in visible:
+        marker = ("▾ " if is_open else "▸ ") if has else "· "
+        rows.append(TreeRow(
+            hash(node.path), node.path, " " * depth + marker + shown[node.function],
+            node.function, node.location, 100.0 * node.self_samples / whole, pct, has,
+            is_open, node.self_samples, node.total_samples,
+        ))
     return rows
 
 
@@ -302,6 +310,8 @@ class Snapshot:
     window_label: str = "whole recording"
     heap_by_thread: bool = False  # the file keeps the allocating thread (thread picker works)
     flame: CallNode | None = None  # the tree the flame view draws (query.flame)
+    # Display names of the table rows' functions (short_functions); keys stay full names.
+    names: Mapping[str, str] = field(default_factory=dict)
 
 
 def query_window(query: Query, summary: CheckpointSummary, interval_ms: int) -> (
@@ -379,4 +389,5 @@ def build_snapshot(
         window_label=window_label,
         heap_by_thread=bool(getattr(source, "heap_by_thread", False)),
         flame=flame,
+        names={} if query.tree else short_functions(r.function for r in rows),
     )

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from .model import SourceFrame
 
-FORMAT = "2"  # 2: stripped code named by its FDE start, not per address
+FORMAT = "3"  # 2: stripped code named by its FDE start, not per address; 3: PLT stubs
+# named `name@plt`, C++ inlined frames qualified (std::sort<...>), lambdas apart
 _CHUNK = 500  # addresses per SELECT: well under SQLite's bound-variable limit
 _MAX_KEY = (1 << 63) - 1  # SQLite integers are signed 64-bit
 

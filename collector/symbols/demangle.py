@@ -21,7 +21,13 @@ _LEGACY_HASH = re.compile(r"^h[0-9a-f]{16}$")
 
 @functools.lru_cache(maxsize=65536)
 def demangle(name: str) -> str:
-    """The human-readable form of a linker name; the name itself when it is not mangled."""
+    """The human-readable form of a linker name; the name itself when it is not mangled.
+    A suffix after `@` (a PLT stub's `@plt`, a symbol version `@@GLIBC_2.2.5`) is kept
+    after the demangled name, as perf and binutils print it."""
+    base, at, suffix = name.partition("@")
+    if at and base:
+        shown = demangle(base)
+        return name if shown == base else f"{shown}@{suffix}"
     if name.startswith("_R"):
         return demangle_rust_v0(name) or name
     if name.startswith("_ZN"):

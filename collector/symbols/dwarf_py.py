@@ -11,13 +11,14 @@ import bisect
 import struct
 from typing import Any
 
+from elftools.dwarf.enums import ENUM_DW_TAG
 from elftools.elf.elffile import ELFFile
 
 _END = 0xFFFFFFFF
 _SCOPE_TAGS = ("DW_TAG_subprogram", "DW_TAG_inlined_subroutine", "DW_TAG_entry_point")
 _LINKAGE = ("DW_AT_linkage_name", "DW_AT_MIPS_linkage_name")
 
-Frame = tuple[str | None, str | None, int, int]
+Frame = tuple[str | None, str | None, int, int, int | None]
 
 
 def _text(value: Any) -> str | None:
@@ -51,12 +52,67 @@ class PyDwarfReader:
         self._file = open(path, "rb")  # stays open: pyelftools reads lazily from it
         self._elf = ELFFile(self._file)
         self._info = self._elf.get_dwarf_info(relocate_dwarf_sections=False)
+        self._trees: dict[int, tuple[dict[int, int | None], dict[int, list[int]]]] = {}
         self._cus = {cu.cu_offset: cu for cu in self._info.iter_CUs()
                      if cu.header.get("unit_type", "DW_UT_compile") in
                      ("DW_UT_compile", "DW_UT_partial")}
 
     def close(self) -> None:
         self._file.close()
+
+    # -- single DIEs (as DwarfReader.die / .children in native/dwarf.c) --------------------
+
+    def _tree(self, offset: int) -> tuple[dict[int, int | None], dict[int, list[int]]]:
+        """Parents and children of every DIE of the unit holding `offset`."""
+        unit = max((u for u in self._cus if u <= offset), default=None)
+        if unit is None:
+            raise KeyError(offset)
+        cache = self._trees.get(unit)
+        if cache is None:
+            parents: dict[int, int | None] = {}
+            children: dict[int, list[int]] = {}
+
+            def walk(die: Any, parent: int | None) -> None:
+                parents[die.offset] = parent
+                children[die.offset] = []
+                if parent is not None:
+                    children[parent].append(die.offset)
+                for child in die.iter_children():
+                    walk(child, die.offset)
+
+            walk(self._cus[unit].get_top_DIE(), None)
+            cache = self._trees[unit] = (parents, children)
+        if offset not in cache[0]:
+            raise KeyError(offset)
+        return cache
+
+    def die(self, offset: int) -> tuple[Any, ...]:
+        parents, _ = self._tree(offset)
+        die = self._info.get_DIE_from_refaddr(offset)
+        attrs = die.attributes
+
+        def ref(*keys: str) -> int | None:
+            for key in keys:
+                if key in attrs:
+                    try:
+                        return int(die.get_DIE_from_attribute(key).offset)
+                    except Exception:
+                        return None
+            return None
+
+        def value(key: str) -> Any:
+            return attrs[key].value if key in attrs else None
+
+        linkage = next((_text(attrs[k].value) for k in _LINKAGE if k in attrs), None)
+        tag = die.tag if isinstance(die.tag, int) else ENUM_DW_TAG.get(str(die.tag), 0)
+        return (tag, _text(value("DW_AT_name")), linkage, parents[offset],
+                ref("DW_AT_type"), ref("DW_AT_abstract_origin", "DW_AT_specification"),
+                value("DW_AT_decl_line") or 0, value("DW_AT_decl_column") or 0,
+                int(bool(value("DW_AT_artificial"))), value("DW_AT_language") or 0,
+                _text(value("DW_AT_producer")))
+
+    def children(self, offset: int) -> list[int]:
+        return list(self._tree(offset)[1][offset])
 
     def units(self) -> list[int]:
         return sorted(self._cus)
@@ -146,12 +202,13 @@ class PyDwarfReader:
                 struct.pack(f"{len(out)}I", *(r[1] for r in out)),
                 struct.pack(f"{len(out)}I", *(r[2] for r in out)), names)
 
-    def _names(self, die: Any) -> tuple[str | None, str | None]:
-        name = linkage = None
+    def _names(self, die: Any) -> tuple[str | None, str | None, int | None]:
+        name = linkage = name_die = None
         for _ in range(16):
             attrs = die.attributes
             if name is None and "DW_AT_name" in attrs:
                 name = _text(attrs["DW_AT_name"].value)
+                name_die = die.offset if name is not None else None
             if linkage is None:
                 for key in _LINKAGE:
                     if key in attrs:
@@ -167,7 +224,7 @@ class PyDwarfReader:
                 die = die.get_DIE_from_attribute(nxt)
             except Exception:  # references pyelftools cannot follow (ref_sig8, alt files)
                 break
-        return name, linkage
+        return name, linkage, name_die
 
     def inline_chains(self, unit: int, addrs: list[int]) -> list[tuple[Frame, ...]]:
         cu = self._cus[unit]
@@ -194,11 +251,12 @@ class PyDwarfReader:
         for scopes in deepest:
             frames: list[Frame] = []
             for die in reversed(scopes):
-                name, linkage = self._names(die)
+                name, linkage, name_die = self._names(die)
                 attrs = die.attributes
                 frames.append((name, linkage,
                                attrs["DW_AT_call_file"].value if "DW_AT_call_file" in attrs else 0,
-                               attrs["DW_AT_call_line"].value if "DW_AT_call_line" in attrs else 0))
+                               attrs["DW_AT_call_line"].value if "DW_AT_call_line" in attrs else 0,
+                               name_die))
                 if die.tag != "DW_TAG_inlined_subroutine":
                     break
             out.append(tuple(frames))

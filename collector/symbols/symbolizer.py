@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable, Sequence
@@ -19,6 +20,9 @@ from .dwarf import DwarfIndex, DwarfResult
 from .elf import ElfError, ElfFile
 from .model import SourceFrame
 from .symtab import SymbolTable
+
+# c++filt's suffix for GCC's clones of a function (`.constprop.0`, `.isra.0`, `.cold`).
+_CLONE = re.compile(r" \[clone [^\]]*\]")
 
 
 def default_cache_dir() -> Path:
@@ -80,6 +84,11 @@ class Module:
 
     def file_offset_to_vaddr(self, file_offset: int) -> int:
         return self._elf.file_offset_to_vaddr(file_offset)
+
+    def bytes_before(self, file_offset: int, count: int) -> bytes:
+        """The `count` bytes of the file just before `file_offset` (code before an address);
+        fewer at the start of the file."""
+        return bytes(self._elf.data[max(0, file_offset - count):file_offset])
 
     def symbolize(self, vaddrs: Sequence[int]) -> list[tuple[SourceFrame, ...]]:
         """Per address the inline chain, innermost first; never empty."""
@@ -197,6 +206,12 @@ class Module:
             system = linkage
             if linkage:
                 function = demangle(linkage)
+            elif outermost and symbol and symbol.startswith("_Z"):
+                # The out-of-line function's own mangled symbol names it as c++filt does
+                # where DWARF has no linkage name (GCC omits it for anything involving a
+                # local type: each lambda's `_Function_handler<...>::_M_invoke` is a
+                # different symbol, one DWARF name). Clones keep one name, as above.
+                function, system = _CLONE.sub("", demangle(symbol)), symbol
             elif name:
                 function = name
             elif outermost and symbol:

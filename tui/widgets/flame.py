@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ..format import fmt_bytes
+from ..format import fmt_bytes, short_function
 
 # Warm colours as in flame graphs (hashed by function name, so a function keeps its colour
 # across refreshes and zooms); dark text on them.
@@ -262,7 +262,7 @@ class FlameView(Widget, can_focus=True):
             if box.x > x:
                 segments.append(Segment(" " * (box.x - x), base))
             node = box.node
-            label = f"{node.function} {self._pct(node):.1f}%"
+            label = f"{short_function(node.function)} {self._pct(node):.1f}%"
             if box.width < MIN_LABEL:
                 text = "▏" + " " * (box.width - 1) if box.width > 1 else "▏"
             else:

@@ -8,7 +8,7 @@ from rsprof.storage.live import Neighbour, PeekInfo
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from ..format import fmt_count, fmt_pct
+from ..format import fmt_count, fmt_pct, short_functions
 
 
 def peek_table(peek: PeekInfo | None, window: str) -> Table | Text:
@@ -20,16 +20,19 @@ def peek_table(peek: PeekInfo | None, window: str) -> Table | Text:
     table.add_column("Function", no_wrap=True, overflow="ellipsis", ratio=3)
     table.add_column("Location", no_wrap=True, overflow="ellipsis", ratio=2)
 
+    shown = short_functions([peek.function, *(n.function for n in peek.callers),
+                             *(n.function for n in peek.callees)])
+
     def add(title: str, items: tuple[Neighbour, ...], none: str) -> None:
         table.add_row("", "", Text(title, "bold dim"), "")
         if not items:
             table.add_row("", "", Text(none, "dim italic"), "")
         for n in items:
-            table.add_row(fmt_count(n.samples), fmt_pct(n.pct), n.function, n.location)
+            table.add_row(fmt_count(n.samples), fmt_pct(n.pct), shown[n.function], n.location)
 
     base = peek.all_samples or 1
     table.title = Text.assemble(
-        " ", (peek.function, "bold"),
+        " ", (shown[peek.function], "bold"),
         (f"  self {fmt_pct(100.0 * peek.self_samples / base)}"
          f"  total {fmt_pct(100.0 * peek.total_samples / base)}  ({window})", "dim"),
     )
@@ -37,7 +40,7 @@ def peek_table(peek: PeekInfo | None, window: str) -> Table | Text:
     add("callers", peek.callers, "(none: it starts its stacks)")
     table.add_row(
         fmt_count(peek.total_samples), "100.0%",
-        Text.assemble(("▶ ", "bold"), (peek.function, "bold")), peek.location,
+        Text.assemble(("▶ ", "bold"), (shown[peek.function], "bold")), peek.location,
         style="on grey23",
     )
     add("callees", peek.callees, "(none: all self time)")

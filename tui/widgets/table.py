@@ -6,7 +6,7 @@ table keeps the sorted row objects and formats only the visible ones when drawin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from rich.segment import Segment
@@ -90,6 +90,7 @@ class ProfileTable(ScrollView, can_focus=True):
         self.descending = True
         self.empty_text = ""
         self.trend_top: float | None = None
+        self.names: Mapping[str, str] = {}
         self._selected_key: int | None = None
         self._styles: dict[str, Style] | None = None  # see _style()
 
@@ -123,6 +124,7 @@ class ProfileTable(ScrollView, can_focus=True):
         *,
         empty_text: str = "",
         trend_top: float | None = None,
+        names: Mapping[str, str] | None = None,
     ) -> None:
         """Replaces the rows; the cursor stays on the same key if it is still there.
 
@@ -131,7 +133,7 @@ class ProfileTable(ScrollView, can_focus=True):
         view_changed = columns != self.columns
         if (not view_changed and rows == self.rows and sort_key == self.sort_key
                 and descending == self.descending and empty_text == self.empty_text
-                and trend_top == self.trend_top):
+                and trend_top == self.trend_top and (names or {}) == self.names):
             # Rebuilt for another reason (the chart or the callers panel following the
             # selection, a checkpoint that changed nothing shown): nothing to redraw.
             self.rows = rows
@@ -139,6 +141,7 @@ class ProfileTable(ScrollView, can_focus=True):
         self.columns, self.rows = columns, rows
         self.sort_key, self.descending, self.empty_text = sort_key, descending, empty_text
         self.trend_top = trend_top
+        self.names = names or {}
         index = 0
         if not view_changed and self._selected_key is not None:
             index = next(
@@ -253,7 +256,7 @@ class ProfileTable(ScrollView, can_focus=True):
             name = "profile-table--cursor" if self.has_focus else "profile-table--cursor-blurred"
             style = self._style(name)
         trend = self._style("+profile-table--trend")
-        texts = [cell_text(c, row, self.trend_top) for c in self.columns]
+        texts = [cell_text(c, row, self.trend_top, self.names) for c in self.columns]
         cells = self._cells(texts, widths, header=False)
         segments = [
             Segment(text, style + trend if col.key == "trend" else style)
