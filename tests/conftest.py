@@ -81,10 +81,12 @@ def target_binary() -> Callable[..., Path]:
 
 
 def _package_root() -> Path:
-    """Where the `rsprof` under test lives (the installed copy, or the source tree)."""
+    """Where the `rsprof` under test lives (the installed copy, or the source tree). Not
+    resolved: a strict editable install's tree is symlinks into the repository, whose
+    top-level `rsprof/` is not the whole package."""
     import rsprof
 
-    return Path(rsprof.__file__).resolve().parent.parent
+    return Path(rsprof.__file__).absolute().parent.parent
 
 
 def rsprof_env() -> dict[str, str]:
