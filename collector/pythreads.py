@@ -11,9 +11,9 @@ py-spy does. Everything read is checked and bounded: a pointer may be stale or g
 so a failed check costs a name (the kernel's stays), never a wrong one or an exception.
 
 Cost (docs/native.md, "Python thread names"): per poll a few reads to find `_active`
-unchanged, a walk of the thread states only when `_active` changed, and per thread about
-four reads to see whether its `_name` is still the same str; the str itself is read only
-when it changed.
+unchanged, a walk of the thread states only when `_active` changed, and per thread three
+reads (four on 3.13) to see whether its `_name` is still the same str; the str is decoded
+again only when it changed.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ MAX_ENTRIES = 8192  # dict entries read (sys.modules, a module's globals, _activ
 MAX_NAME = 1024  # code points of a thread name
 _MAX_LOG2_SIZE = 30
 _ADDRESS_END = 1 << 64
+_SIGNATURE = 96  # bytes of a name's str compared to see it unchanged (ASCII up to 48 chars)
 
 
 class Memory(Protocol):
@@ -56,6 +57,7 @@ class _Thread:
     obj: int  # the Thread object
     name_ptr: int  # its `_name` str
     name: str
+    signature: bytes  # the str's first _SIGNATURE bytes but its reference count
 
 
 class ThreadNames:
@@ -157,13 +159,19 @@ class ThreadNames:
             name_ptr = self._instance_attr(obj, "_name", keys_seen, types_seen)
             if not name_ptr:
                 continue
+            # One read says whether it is the same str: its type, length, hash, state and
+            # (ASCII) text up to _SIGNATURE bytes. The pointer alone is not enough: two
+            # renames between polls can put the second name where the first one was freed.
+            signature = self._read(name_ptr, _SIGNATURE) or b""
             old = self._threads.get(tid)
-            if not force and old is not None and old.obj == obj and old.name_ptr == name_ptr:
+            if (not force and old is not None and old.obj == obj and old.name_ptr == name_ptr
+                    and signature[8:] == old.signature and old.name.isascii()
+                    and self.off["unicode_ascii_data"] + len(old.name) <= _SIGNATURE):
                 threads[tid] = old
                 continue
             name = self._string(name_ptr, MAX_NAME)
             if name:
-                threads[tid] = _Thread(obj, name_ptr, name)
+                threads[tid] = _Thread(obj, name_ptr, name, signature[8:])
         self._threads = threads
         live = set(self._tids)
         self._found = {key: found for key, found in self._found.items() if key[0] in live}
@@ -366,4 +374,5 @@ class ThreadNames:
 _KEYS = ("interp_modules", "module_dict", "tstate_thread_id", "long_size", "long_digits",
          "dict_used", "dict_version", "dict_keys", "dict_values", "dictkeys_log2_size",
          "dictkeys_log2_index_bytes", "dictkeys_kind", "dictkeys_nentries", "dictkeys_indices",
-         "dictvalues_values", "type_flags", "heaptype_cached_keys", "runtime_interpreters_head")
+         "dictvalues_values", "type_flags", "heaptype_cached_keys", "runtime_interpreters_head",
+         "unicode_ascii_data")

@@ -33,7 +33,7 @@ VERSIONS = ["debian-3.11", "pyenv-3.12", "pyenv-3.13"]
 
 # -- synthetic interpreter memory ---------------------------------------------------------
 
-DICT_TYPE, LONG_TYPE = 0x7000_0000_1000, 0x7000_0000_2000
+DICT_TYPE, LONG_TYPE, UNICODE_TYPE = 0x7000_0000_1000, 0x7000_0000_2000, 0x7000_0000_3000
 RUNTIME = 0x5000_0000
 
 
@@ -92,9 +92,17 @@ class Image:
 
     # objects
     def new_str(self, text: str) -> int:
-        address = self.alloc(16)
-        self.strings[address] = text
+        address = self.alloc(max(96, self.off["unicode_ascii_data"] + len(text) + 1))
+        self.set_str(address, text)
         return address
+
+    def set_str(self, address: int, text: str) -> None:
+        """The str object at `address` holds `text` now (its memory reused)."""
+        self.strings[address] = text
+        self.put(address + 8, UNICODE_TYPE)
+        self.put(address + self.off["unicode_length"], len(text), "<q")
+        start = address - self.base + self.off["unicode_ascii_data"]
+        self.memory[start:start + len(text) + 1] = text.encode() + b"\0"
 
     def new_int(self, value: int) -> int:
         address = self.alloc(self.off["long_digits"] + 12)
@@ -243,8 +251,13 @@ def test_a_rename_is_read_and_an_unchanged_name_is_not(minor: int) -> None:
     reads = image.string_reads
     assert names.poll() == {4242: "before"}
     assert image.string_reads == reads  # same str object: not read again
-    image.set_dict(image.get(thread - 24), {keys["_name"]: image.new_str("after")})
+    after = image.new_str("after")
+    image.set_dict(image.get(thread - 24), {keys["_name"]: after})
     assert names.poll() == {4242: "after"}
+    # Renamed twice between two polls, the second name's str where the first one was
+    # freed: the same pointer, another name.
+    image.set_str(after, "again")
+    assert names.poll() == {4242: "again"}
 
 
 def test_ident_reused_by_a_new_thread_gets_the_new_name() -> None:
@@ -259,7 +272,7 @@ def test_ident_reused_by_a_new_thread_gets_the_new_name() -> None:
     _, active = _threading(image, {77: thread})
     names = image.reader()
     assert names.poll() == {500: "round-0"}
-    image.strings[name] = "round-1"  # same addresses, new content
+    image.set_str(name, "round-1")  # same addresses, new content
     image.idents = [(501, 77)]
     image.set_dict(active, {image.new_int(77): thread}, general=True)
     assert names.poll() == {501: "round-1"}
@@ -470,7 +483,7 @@ def test_attach_names_agree_with_py_spy_dump(name: str, tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     theirs = {int(tid): thread for tid, thread
-              in re.findall(r'^Thread (\d+) \(\w+\): "(.*)"$', dump.stdout, re.M)}
+              in re.findall(r'^Thread (\d+) \([\w+]+\): "(.*)"$', dump.stdout, re.M)}
     assert len(theirs) == 15, dump.stdout
     ours = {tid: stored for tid, (stored, _) in _threads(out).items()}
     assert {tid: ours.get(tid) for tid in theirs} == theirs
