@@ -2,11 +2,13 @@
 [[native_id, ident, name], ...] of the threads it wants checked, then "done" at the end.
 
   names SECONDS   ten busy threading.Threads `CustomThreadName-0..9`, a ThreadPoolExecutor
-                  (`pool_0..2`), one thread renamed `renamed-later` -> `renamed-now` at 1 s
+                  (`pool_0..2`), asyncio's default executor (`asyncio_0`, from a thread
+                  `asyncio-runner`), one thread renamed `renamed-later` -> `renamed-now` at 1 s
   loop N          after 1 s, N rounds of two named threads (`round-K-a`, `round-K-b`) started and
                   joined: their idents are reused round after round
 """
 
+import asyncio
 import json
 import sys
 import threading
@@ -37,12 +39,18 @@ def names(seconds: float) -> None:
     for thread in [*threads, renamed]:
         thread.start()
     pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="pool")
-    started = threading.Barrier(4)
+    started = threading.Barrier(5)
+
     def pooled() -> None:
         started.wait()
         spin(seconds)
 
+    async def in_executor() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, pooled)  # thread asyncio_0
+
     futures = [pool.submit(pooled) for _ in range(3)]
+    runner = threading.Thread(target=asyncio.run, args=(in_executor(),), name="asyncio-runner")
+    runner.start()
     started.wait()
     show(threading.enumerate())
     time.sleep(1.0)
@@ -55,6 +63,7 @@ def names(seconds: float) -> None:
     for future in futures:
         future.result()
     pool.shutdown()
+    runner.join()
 
 
 def loop(rounds: int) -> None:
