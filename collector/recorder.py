@@ -538,7 +538,10 @@ class Recorder:
             self._python_names.pop(tid, None)  # a reused tid: not the old thread's name
         for tid, name in batch.comms:
             self._thread_names[tid] = name
-        renamed = self._read_python_names()
+            # The kernel renamed it (an exec, or prctl): a Python name read before may be
+            # the old program's. Still a Python thread, it is read again just below.
+            self._python_names.pop(tid, None)
+        renamed = self._read_python_names() | {tid for tid, _ in batch.comms}
         by_image: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
         for native_id, image, ips in batch.new_stacks:
             by_image.setdefault(image, []).append((native_id, ips))

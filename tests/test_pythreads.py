@@ -597,3 +597,24 @@ def test_writer_keeps_the_name_shown_and_the_kernel_name(tmp_path: Path) -> None
     writer.finish("test")
     assert _threads(path) == {7: ("MainThread", "python3"), 8: ("renamed", "python3"),
                               9: ("native", "native")}
+
+
+EXEC_SCRIPT = '''
+import os, threading, time
+threading.Thread(target=time.sleep, args=(0.5,), name="before-exec").start()
+time.sleep(1.5)
+os.execv("/bin/sleep", ["sleep", "1"])
+'''
+
+
+def test_a_thread_whose_program_execs_takes_the_new_programs_name(tmp_path: Path) -> None:
+    """MainThread (read while Python ran) becomes `sleep` once the process execs it."""
+    script = tmp_path / "execs.py"
+    script.write_text(EXEC_SCRIPT)
+    out = tmp_path / "exec.db"
+    result = run_rsprof("run", "-q", "-i", "100ms", "-o", str(out), "--",
+                        str(python_binary("debian-3.11")), str(script))
+    assert result.returncode == 0, result.stderr
+    stored = _threads(out)
+    names = sorted(name for name, _ in stored.values())
+    assert names == ["before-exec", "sleep"], stored
