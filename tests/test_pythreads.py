@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYENV, TARGETS, build_target, python_binary, run_rsprof, start_rsprof
-from rsprof.collector.pyframes import LAYOUTS
+from rsprof.collector.pyframes import LAYOUTS, find_runtime, open_reader
 from rsprof.collector.pythreads import MAX_ENTRIES, ThreadNames
 from rsprof.storage.live import ThreadInfo
 from rsprof.storage.pprof import profile_pb2 as pb
@@ -618,3 +618,30 @@ def test_a_thread_whose_program_execs_takes_the_new_programs_name(tmp_path: Path
     stored = _threads(out)
     names = sorted(name for name, _ in stored.values())
     assert names == ["before-exec", "sleep"], stored
+
+
+@pytest.mark.parametrize("name", VERSIONS)
+def test_reader_thread_idents_read_and_string(name: str) -> None:
+    """PyFrameReader's three calls on a live interpreter: (native id, ident) pairs as the
+    program sees them; bounded reads that say None instead of failing."""
+    proc = subprocess.Popen([str(python_binary(name)), str(SCRIPT), "names", "30"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        listed = {(native, ident) for native, ident, _ in json.loads(proc.stdout.readline())}
+        reader = open_reader(proc.pid)
+        assert reader is not None
+        assert listed <= set(reader.thread_idents())
+        assert reader.read(0, 8) is None and reader.read((1 << 64) - 4, 8) is None
+        assert reader.read(8, 0) == b""
+        with pytest.raises(ValueError):
+            reader.read(0x1000, (256 << 10) + 1)
+        runtime = find_runtime(proc.pid)
+        assert runtime is not None and runtime.layout is not None
+        head = reader.read(runtime.runtime, 64)
+        assert head is not None and len(head) == 64
+        assert reader.string(runtime.runtime) is None  # not a str
+        assert reader.string(0) is None
+    finally:
+        proc.kill()
+        proc.wait()
