@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from rsprof.collector.pythreads import ThreadNames
 from rsprof.collector.symbols.elf import PT_LOAD, ElfError, ElfFile
 
 from rsprof._native import PyFrameReader
@@ -30,6 +31,10 @@ _COMMON = {
     "tstate_next": 8, "frame_instr": 56, "code_name": 120, "code_qualname": 128,
     "code_filename": 112, "code_linetable": 136, "unicode_length": 16, "unicode_state": 32,
     "bytes_size": 16, "bytes_data": 32, "interp_next": 0,
+    # Python thread names (collector/pythreads.py): dicts, ints, types, modules.
+    "long_size": 16, "long_digits": 24, "module_dict": 16, "dict_used": 16, "dict_version": 24,
+    "dict_keys": 32, "dict_values": 40, "dictkeys_log2_size": 8, "dictkeys_log2_index_bytes": 9,
+    "dictkeys_kind": 10, "dictkeys_nentries": 24, "dictkeys_indices": 32, "type_flags": 168,
 }
 LAYOUTS: dict[tuple[int, int], dict[str, int]] = {
     (3, 11): {
@@ -37,14 +42,16 @@ LAYOUTS: dict[tuple[int, int], dict[str, int]] = {
         "tstate_native_thread_id": 160, "tstate_cframe": 56, "cframe_current_frame": 8,
         "tstate_current_frame": -1, "frame_code": 32, "frame_previous": 48, "frame_owner": 69,
         "owner_cstack": -1, "frame_is_entry": 68, "code_firstlineno": 72, "code_adaptive": 184,
-        "unicode_ascii_data": 48, "unicode_compact_data": 72,
+        "unicode_ascii_data": 48, "unicode_compact_data": 72, "tstate_thread_id": 152,
+        "interp_modules": 888, "dictvalues_values": 0, "heaptype_cached_keys": 872,
     },
     (3, 12): {
         **_COMMON, "runtime_interpreters_head": 40, "interp_threads_head": 72,
         "tstate_native_thread_id": 144, "tstate_cframe": 56, "cframe_current_frame": 0,
         "tstate_current_frame": -1, "frame_code": 0, "frame_previous": 8, "frame_owner": 70,
         "owner_cstack": 3, "frame_is_entry": -1, "code_firstlineno": 68, "code_adaptive": 192,
-        "unicode_ascii_data": 40, "unicode_compact_data": 56,
+        "unicode_ascii_data": 40, "unicode_compact_data": 56, "tstate_thread_id": 136,
+        "interp_modules": 944, "dictvalues_values": 0, "heaptype_cached_keys": 880,
     },
     (3, 13): {
         **_COMMON, "runtime_interpreters_head": 632, "interp_next": 7264,
@@ -52,7 +59,8 @@ LAYOUTS: dict[tuple[int, int], dict[str, int]] = {
         "cframe_current_frame": -1, "tstate_current_frame": 72, "frame_code": 0,
         "frame_previous": 8, "frame_owner": 70, "owner_cstack": 3, "frame_is_entry": -1,
         "code_firstlineno": 68, "code_adaptive": 200, "unicode_ascii_data": 40,
-        "unicode_compact_data": 56,
+        "unicode_compact_data": 56, "tstate_thread_id": 152, "interp_modules": 7656,
+        "dictvalues_values": 8, "heaptype_cached_keys": 880,
     },
 }
 
@@ -64,16 +72,19 @@ _DEBUG_COOKIE = b"xdebugpy"
 _DEBUG_FIELDS_313 = {
     "version": 0, "free_threaded": 1,
     "runtime_interpreters_head": 4,
-    "interp_next": 7, "interp_threads_head": 8,
-    "tstate_next": 20, "tstate_current_frame": 22, "tstate_native_thread_id": 24,
+    "interp_next": 7, "interp_threads_head": 8, "interp_modules": 10,
+    "tstate_next": 20, "tstate_current_frame": 22, "tstate_thread_id": 23,
+    "tstate_native_thread_id": 24,
     "frame_previous": 28, "frame_code": 29, "frame_instr": 30, "frame_owner": 32,
     "code_filename": 34, "code_name": 35, "code_qualname": 36, "code_linetable": 37,
-    "code_firstlineno": 38, "code_adaptive": 42,
+    "code_firstlineno": 38, "code_adaptive": 42, "type_flags": 48,
+    "dict_keys": 56, "dict_values": 57, "long_size": 61, "long_digits": 62,
     "bytes_size": 64, "bytes_data": 65,
     "unicode_state": 67, "unicode_length": 68, "unicode_ascii_data": 69,
 }
 _LIBPYTHON = re.compile(r"/libpython3\.\d+[a-z]*\.so")
-_SYMBOLS = ("_PyRuntime", "PyCode_Type", "PyUnicode_Type", "Py_Version")
+_SYMBOLS = ("_PyRuntime", "PyCode_Type", "PyUnicode_Type", "Py_Version", "PyDict_Type",
+            "PyLong_Type")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +97,8 @@ class PythonRuntime:
     code_type: int
     unicode_type: int
     layout: dict[str, int] | None  # offsets for PyFrameReader; None: unsupported
+    dict_type: int = 0  # PyDict_Type and PyLong_Type (0: unknown), to check what
+    long_type: int = 0  # collector/pythreads.py reads
 
     @property
     def supported(self) -> bool:
@@ -102,7 +115,8 @@ def debug_offsets_layout(data: bytes, version: tuple[int, int, int]) -> dict[str
     values = {name: words[index] for name, index in _DEBUG_FIELDS_313.items()}
     if values.pop("free_threaded") or values.pop("version") >> 16 != 0x030D:
         return None
-    layout = {**values, "tstate_cframe": -1, "cframe_current_frame": -1,
+    # What 3.13 does not publish (dict internals, the heap type's cached keys) is the table's.
+    layout = {**LAYOUTS[(3, 13)], **values, "tstate_cframe": -1, "cframe_current_frame": -1,
               "owner_cstack": 3, "frame_is_entry": -1,  # FRAME_OWNED_BY_CSTACK in 3.13
               # PyCompactUnicodeObject: PyASCIIObject + utf8_length + utf8
               "unicode_compact_data": values["unicode_ascii_data"] + 16}
@@ -139,6 +153,8 @@ class _ElfPython:
     unicode_type: int
     version: tuple[int, int, int]
     layout: dict[str, int] | None
+    dict_type: int  # link-time address, 0 when the file does not export it
+    long_type: int
 
 
 def _file_identity(path: str) -> tuple[int, int, int, int] | None:
@@ -182,7 +198,8 @@ def _elf_python(path: str, identity: tuple[int, int, int, int]) -> _ElfPython | 
     if layout is None and version[:2] != (3, 13):
         layout = LAYOUTS.get(version[:2])
     return _ElfPython(first_load.vaddr, symbols["_PyRuntime"], symbols["PyCode_Type"],
-                      symbols["PyUnicode_Type"], version, layout)
+                      symbols["PyUnicode_Type"], version, layout,
+                      symbols.get("PyDict_Type", 0), symbols.get("PyLong_Type", 0))
 
 
 def program_runs_python(path: str, _depth: int = 0) -> bool:
@@ -233,7 +250,9 @@ def find_runtime(pid: int) -> PythonRuntime | None:
             continue
         bias = base - found.first_load
         return PythonRuntime(path, found.version, found.runtime + bias, found.code_type + bias,
-                             found.unicode_type + bias, found.layout)
+                             found.unicode_type + bias, found.layout,
+                             found.dict_type and found.dict_type + bias,
+                             found.long_type and found.long_type + bias)
     return None
 
 
@@ -299,6 +318,25 @@ class PythonImages:
         self._attached: set[int] = set()  # images the sampler reads now
         self._tries: dict[int, tuple[float, int]] = {}  # image -> (first seen, tries)
         self._done: set[int] = set()
+        self._names: dict[int, ThreadNames] = {}  # image -> its threads' Python names
+
+    def thread_names(self) -> dict[int, str]:
+        """{tid: Python name} of the threads of every live image whose CPython is read
+        (`threading.Thread` names: collector/pythreads.py). Called once per checkpoint by
+        the recorder's main thread while the drain loop may attach images: it iterates a
+        copy. A thread that threading does not know is left out (it keeps its `comm`)."""
+        names: dict[int, str] = {}
+        for image in list(self._attached):
+            reader, runtime = self.readers.get(image), self.runtimes.get(image)
+            if reader is None or runtime is None or runtime.layout is None:
+                continue
+            found = self._names.get(image)
+            if found is None:
+                found = self._names[image] = ThreadNames(
+                    reader, runtime.version, runtime.layout, runtime.runtime,
+                    runtime.dict_type, runtime.long_type)
+            names.update(found.poll())
+        return names
 
     def reader_for(self, pid: int, image: int) -> PyFrameReader | None:
         """The reader of `image` (pid's current image), detected now if the periodic
@@ -350,6 +388,7 @@ class PythonImages:
         for image in gone:
             self.sampler.set_python(image, None)
             self._attached.discard(image)
+            self._names.pop(image, None)
 
 
 class PythonSampler(Protocol):

@@ -153,7 +153,10 @@ class Recorder:
         self._other_rings: set[tuple[int, int]] = set()  # (pid, inode) not of this session
         self._exited_pids: set[int] = set()  # EXIT records taken by checkpoints
         self._heap_mode: tuple[str, int] | None = None  # (mode, sample bytes) once known
-        self._thread_names: dict[int, str | None] = {}
+        self._thread_names: dict[int, str | None] = {}  # the kernel's (comm)
+        # tid -> the name Python gave the thread (threading.Thread.name), shown instead of
+        # comm; kept after the thread exits, dropped when its tid is reused
+        self._python_names: dict[int, str] = {}
         self._exited: set[int] = set()
         self._psutil: psutil.Process | None = None
         self._totals = RecordResult("", 0, 0, 0, 0, "none")
@@ -543,8 +546,13 @@ class Recorder:
         for pid, tid in batch.new_threads:
             self._thread_pids[tid] = pid
             self._thread_names.setdefault(tid, process.thread_name(pid, tid))
+            self._python_names.pop(tid, None)  # a reused tid: not the old thread's name
         for tid, name in batch.comms:
             self._thread_names[tid] = name
+            # The kernel renamed it (an exec, or prctl): a Python name read before may be
+            # the old program's. Still a Python thread, it is read again just below.
+            self._python_names.pop(tid, None)
+        renamed = self._read_python_names() | {tid for tid, _ in batch.comms}
         by_image: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
         for native_id, image, ips in batch.new_stacks:
             by_image.setdefault(image, []).append((native_id, ips))
@@ -564,7 +572,9 @@ class Recorder:
             samples=batch.samples,
             lost_samples=batch.lost,
             cpu=cpu,
-            threads={tid: self._thread_names.get(tid) for tid in seen_tids | set(self._new_tids())},
+            threads={tid: self._python_names.get(tid) or self._thread_names.get(tid)
+                     for tid in seen_tids | set(self._new_tids()) | renamed},
+            thread_comms=self._thread_names,
             thread_pids=self._thread_pids,
             exited_threads=batch.exited_threads,
         )
@@ -676,6 +686,19 @@ class Recorder:
         if meta != self._python_meta:
             self._python_meta = meta
             self.writer.set_meta(meta)
+
+    def _read_python_names(self) -> set[int]:
+        """Reads the Python names of the Python threads (collector/pythreads.py; once per
+        checkpoint, off the drain); returns the tids whose name is new or changed, so an
+        idle thread renamed gets its row updated too."""
+        if self._python is None:
+            return set()
+        changed = set()
+        for tid, name in self._python.thread_names().items():
+            if self._python_names.get(tid) != name:
+                self._python_names[tid] = name
+                changed.add(tid)
+        return changed
 
     def _new_tids(self) -> list[int]:
         """Threads never written yet, so the threads table lists idle ones too."""

@@ -44,7 +44,7 @@ enum {
     O_FRAME_CODE, O_FRAME_INSTR, O_FRAME_PREVIOUS, O_FRAME_OWNER, O_OWNER_CSTACK, O_FRAME_IS_ENTRY,
     O_CODE_NAME, O_CODE_QUALNAME, O_CODE_FILENAME, O_CODE_FIRSTLINENO, O_CODE_LINETABLE,
     O_CODE_ADAPTIVE, O_UNICODE_LENGTH, O_UNICODE_STATE, O_UNICODE_ASCII_DATA,
-    O_UNICODE_COMPACT_DATA, O_BYTES_SIZE, O_BYTES_DATA, O_COUNT
+    O_UNICODE_COMPACT_DATA, O_BYTES_SIZE, O_BYTES_DATA, O_TSTATE_THREAD_ID, O_COUNT
 };
 
 static const char *const pyf_offset_names[O_COUNT] = {
@@ -53,13 +53,14 @@ static const char *const pyf_offset_names[O_COUNT] = {
     "frame_code", "frame_instr", "frame_previous", "frame_owner", "owner_cstack", "frame_is_entry",
     "code_name", "code_qualname", "code_filename", "code_firstlineno", "code_linetable",
     "code_adaptive", "unicode_length", "unicode_state", "unicode_ascii_data",
-    "unicode_compact_data", "bytes_size", "bytes_data",
+    "unicode_compact_data", "bytes_size", "bytes_data", "tstate_thread_id",
 };
 
 /* Offsets that may be -1 (absent in some versions). */
 static int pyf_optional(int i) {
     return i == O_TSTATE_CFRAME || i == O_CFRAME_CURRENT_FRAME || i == O_TSTATE_CURRENT_FRAME ||
-           i == O_OWNER_CSTACK || i == O_INTERP_NEXT || i == O_FRAME_IS_ENTRY;
+           i == O_OWNER_CSTACK || i == O_INTERP_NEXT || i == O_FRAME_IS_ENTRY ||
+           i == O_TSTATE_THREAD_ID;
 }
 
 #define RS_PY_MAX_FUNCTIONS (1u << 18)  /* distinct (name, file, first line) per reader */
@@ -164,8 +165,9 @@ static size_t pyf_utf8(uint32_t c, char *out) {
 }
 
 /* A str object as malloc'd UTF-8: its type must be str, compact (every str a code object
- * holds is), of a valid kind and at most PYF_MAX_STR code points. NULL when it is not. */
-static char *pyf_string(rs_pyreader *self, uint64_t addr) {
+ * holds is, and so is every str made at run time), of a valid kind and at most `max`
+ * (<= PYF_MAX_STR) code points. NULL when it is not. */
+static char *pyf_string(rs_pyreader *self, uint64_t addr, int64_t max) {
     uint8_t head[128];
     long hlen = self->off[O_UNICODE_COMPACT_DATA];
     if (hlen <= 0 || hlen > (long)sizeof head) return NULL;
@@ -176,7 +178,7 @@ static char *pyf_string(rs_pyreader *self, uint64_t addr) {
     uint32_t state;
     memcpy(&state, head + self->off[O_UNICODE_STATE], sizeof state);
     unsigned kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
-    if (!compact || length < 0 || length > PYF_MAX_STR) return NULL;
+    if (!compact || length < 0 || length > PYF_MAX_STR || length > max) return NULL;
     if (kind != 1 && kind != 2 && kind != 4) return NULL;
     if (ascii && kind != 1) return NULL;
     long data = ascii ? self->off[O_UNICODE_ASCII_DATA] : self->off[O_UNICODE_COMPACT_DATA];
@@ -378,9 +380,9 @@ static pyf_code *pyf_code_at(rs_pyreader *self, uint64_t addr) {
         c->table_ptr == table_ptr && c->first_line == first_line)
         return c;
     pyf_code_clear(c);
-    char *name = pyf_string(self, name_ptr);
+    char *name = pyf_string(self, name_ptr, PYF_MAX_STR);
     if (name == NULL) return NULL;
-    char *file = pyf_string(self, file_ptr);
+    char *file = pyf_string(self, file_ptr, PYF_MAX_STR);
     if (file == NULL) {
         free(name);
         return NULL;
@@ -687,9 +689,10 @@ static PyObject *PyFrameReader_functions(PyFrameReader *self, PyObject *args) {
     return list;
 }
 
-static PyObject *PyFrameReader_threads(PyFrameReader *self, PyObject *unused) {
-    if (pyf_ready(self) < 0) return NULL;
-    uint64_t ids[PYF_MAX_THREADS];
+/* Every thread state (all interpreters): native_thread_id into natives[], and with `idents`
+ * its thread_id (the ident threading keys _active by: pthread_self) when the layout has
+ * it, else 0. Returns how many; -1 when the process is gone and none was read. */
+static int pyf_thread_states(PyFrameReader *self, uint64_t *natives, uint64_t *idents) {
     int n = 0, gone;
     rs_pyreader *r = self->core;
     Py_BEGIN_ALLOW_THREADS
@@ -702,7 +705,14 @@ static PyObject *PyFrameReader_threads(PyFrameReader *self, PyObject *unused) {
         uint64_t ts;
         if (pyf_ptr(r, interp + (uint64_t)r->off[O_INTERP_THREADS_HEAD], &ts) < 0) break;
         for (int j = 0; ts != 0 && n < PYF_MAX_THREADS && j < PYF_MAX_THREADS; j++) {
-            if (pyf_ptr(r, ts + (uint64_t)r->off[O_TSTATE_NATIVE_THREAD_ID], &ids[n]) < 0) break;
+            if (pyf_ptr(r, ts + (uint64_t)r->off[O_TSTATE_NATIVE_THREAD_ID], &natives[n]) < 0)
+                break;
+            if (idents != NULL) {
+                idents[n] = 0;
+                if (r->off[O_TSTATE_THREAD_ID] >= 0 &&
+                    pyf_ptr(r, ts + (uint64_t)r->off[O_TSTATE_THREAD_ID], &idents[n]) < 0)
+                    break;
+            }
             n++;
             if (pyf_ptr(r, ts + (uint64_t)r->off[O_TSTATE_NEXT], &ts) < 0) break;
         }
@@ -712,7 +722,14 @@ static PyObject *PyFrameReader_threads(PyFrameReader *self, PyObject *unused) {
     gone = r->gone;
     pthread_mutex_unlock(&self->lock);
     Py_END_ALLOW_THREADS
-    if (gone && n == 0) return pyf_error(RS_PY_GONE);
+    return gone && n == 0 ? -1 : n;
+}
+
+static PyObject *PyFrameReader_threads(PyFrameReader *self, PyObject *unused) {
+    if (pyf_ready(self) < 0) return NULL;
+    uint64_t ids[PYF_MAX_THREADS];
+    int n = pyf_thread_states(self, ids, NULL);
+    if (n < 0) return pyf_error(RS_PY_GONE);
     PyObject *list = PyList_New(n);
     for (int i = 0; list != NULL && i < n; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong(ids[i]);
@@ -723,6 +740,69 @@ static PyObject *PyFrameReader_threads(PyFrameReader *self, PyObject *unused) {
         PyList_SET_ITEM(list, i, v);
     }
     return list;
+}
+
+static PyObject *PyFrameReader_thread_idents(PyFrameReader *self, PyObject *unused) {
+    if (pyf_ready(self) < 0) return NULL;
+    uint64_t *ids = malloc(2 * PYF_MAX_THREADS * sizeof *ids);
+    if (ids == NULL) return PyErr_NoMemory();
+    int n = pyf_thread_states(self, ids, ids + PYF_MAX_THREADS);
+    PyObject *list = n < 0 ? pyf_error(RS_PY_GONE) : PyList_New(n);
+    for (int i = 0; list != NULL && i < n; i++) {
+        PyObject *t = Py_BuildValue("(KK)", (unsigned long long)ids[i],
+                                    (unsigned long long)ids[PYF_MAX_THREADS + i]);
+        if (t == NULL) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    free(ids);
+    return list;
+}
+
+#define PYF_MAX_READ (256u << 10) /* bytes one read() may copy */
+
+static PyObject *PyFrameReader_read(PyFrameReader *self, PyObject *args) {
+    if (pyf_ready(self) < 0) return NULL;
+    unsigned long long addr;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "Kn", &addr, &size)) return NULL;
+    if (size < 0 || size > (Py_ssize_t)PYF_MAX_READ) {
+        PyErr_Format(PyExc_ValueError, "read: size %zd is not in 0..%u", size, PYF_MAX_READ);
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, size);
+    if (out == NULL || size == 0) return out;
+    int failed;
+    char *buf = PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    failed = pyf_read(self->core, addr, buf, (size_t)size) < 0;
+    pthread_mutex_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+static PyObject *PyFrameReader_string(PyFrameReader *self, PyObject *args) {
+    if (pyf_ready(self) < 0) return NULL;
+    unsigned long long addr;
+    Py_ssize_t max = PYF_MAX_STR;
+    if (!PyArg_ParseTuple(args, "K|n", &addr, &max)) return NULL;
+    char *text;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->lock);
+    text = pyf_string(self->core, addr, max);
+    pthread_mutex_unlock(&self->lock);
+    Py_END_ALLOW_THREADS
+    if (text == NULL) Py_RETURN_NONE;
+    PyObject *out = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+    free(text);
+    return out;
 }
 
 static int PyFrameReader_init(PyFrameReader *self, PyObject *args, PyObject *kwds) {
@@ -841,6 +921,15 @@ static PyMethodDef PyFrameReader_methods[] = {
      "of every function id >= start."},
     {"threads", (PyCFunction)PyFrameReader_threads, METH_NOARGS,
      "threads() -> list[int]: native thread ids of the interpreter's thread states."},
+    {"thread_idents", (PyCFunction)PyFrameReader_thread_idents, METH_NOARGS,
+     "thread_idents() -> list[tuple[int, int]]: (native thread id, thread ident) of every "
+     "thread state; the ident is 0 when the layout has no tstate_thread_id."},
+    {"read", (PyCFunction)PyFrameReader_read, METH_VARARGS,
+     "read(address, size) -> bytes | None: `size` bytes (at most 256 KiB) of the target at "
+     "`address`, or None when they cannot all be read."},
+    {"string", (PyCFunction)PyFrameReader_string, METH_VARARGS,
+     "string(address, max=1024) -> str | None: the str object at `address` if it is a "
+     "compact str of at most `max` code points (checked as the frame walk checks names)."},
     {NULL, NULL, 0, NULL},
 };
 

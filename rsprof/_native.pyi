@@ -264,3 +264,9 @@ class PyFrameReader:
     def functions(self, start: int = 1, /) -> list[tuple[int, str, str, int]]:
         """(id, qualname, file, first line) of every function id >= start."""
     def threads(self) -> list[int]: ...
+    def thread_idents(self) -> list[tuple[int, int]]:
+        """(native thread id, thread ident) of every thread state; ident 0 if unknown."""
+    def read(self, address: int, size: int, /) -> bytes | None:
+        """`size` (<= 256 KiB) bytes of the target, None when they cannot all be read."""
+    def string(self, address: int, max: int = 1024, /) -> str | None:
+        """The compact str object at `address` of at most `max` code points, else None."""

@@ -81,6 +81,7 @@ CREATE TABLE IF NOT EXISTS stack_frames (
 CREATE TABLE IF NOT EXISTS threads (
     tid INTEGER PRIMARY KEY,
     name TEXT,
+    comm TEXT,
     first_checkpoint_id INTEGER,
     last_checkpoint_id INTEGER,
     exited INTEGER NOT NULL DEFAULT 0,
@@ -234,10 +235,13 @@ def create_views(conn: sqlite3.Connection, *, temporary: bool = False) -> None:
 def create_schema(conn: sqlite3.Connection) -> None:
     """Creates every table and view of the current schema version (idempotent)."""
     conn.executescript(DDL)
-    # Files written before processes were followed: threads gain their pid column.
+    # Files written before processes were followed, or before Python thread names: threads
+    # gain their pid and comm columns.
     columns = {row[1] for row in conn.execute("PRAGMA table_info(threads)")}
     if "pid" not in columns:
         conn.execute("ALTER TABLE threads ADD COLUMN pid INTEGER")
+    if "comm" not in columns:
+        conn.execute("ALTER TABLE threads ADD COLUMN comm TEXT")
     create_views(conn)
     conn.execute(
         "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",

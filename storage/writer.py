@@ -62,7 +62,8 @@ class Checkpoint:
     heap_by_tid: Mapping[tuple[int, int], Mapping[int, HeapDelta]] = field(default_factory=dict)
     heap_events: int = 0
     heap_lost_events: int = 0
-    threads: Mapping[int, str | None] = field(default_factory=dict)  # tids seen -> name
+    threads: Mapping[int, str | None] = field(default_factory=dict)  # tids seen -> name shown
+    thread_comms: Mapping[int, str | None] = field(default_factory=dict)  # tid -> kernel name
     thread_pids: Mapping[int, int] = field(default_factory=dict)  # tid -> its process's pid
     exited_threads: Iterable[int] = ()
     target_cpu_pct: float | None = None
@@ -508,18 +509,19 @@ class ProfileWriter:
     def _write_threads(self, cid: int, checkpoint: Checkpoint) -> None:
         for tid, name in checkpoint.threads.items():
             pid = checkpoint.thread_pids.get(tid)
+            comm = checkpoint.thread_comms.get(tid, name)
             if tid in self._known_threads:
                 self._execute(
                     "UPDATE threads SET last_checkpoint_id = ?, name = COALESCE(?, name),"
-                    " pid = COALESCE(?, pid) WHERE tid = ?",
-                    (cid, name, pid, tid),
+                    " comm = COALESCE(?, comm), pid = COALESCE(?, pid) WHERE tid = ?",
+                    (cid, name, comm, pid, tid),
                 )
             else:
                 self._known_threads.add(tid)
                 self._execute(
-                    "INSERT INTO threads (tid, name, first_checkpoint_id, last_checkpoint_id, pid)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (tid, name, cid, cid, pid),
+                    "INSERT INTO threads (tid, name, comm, first_checkpoint_id,"
+                    " last_checkpoint_id, pid) VALUES (?, ?, ?, ?, ?, ?)",
+                    (tid, name, comm, cid, cid, pid),
                 )
         self._execute_many(
             "UPDATE threads SET exited = 1 WHERE tid = ?",

@@ -81,11 +81,11 @@ def target_binary() -> Callable[..., Path]:
 
 
 def _package_root() -> Path:
-    """Where the `rsprof` under test lives (the installed copy, or the source tree)."""
+    """Where the `rsprof` under test lives (the installed copy, or the source tree). Not
+    resolved: a strict editable install's tree is symlinks into the repository, whose
+    top-level `rsprof/` is not the whole package."""
     import rsprof
 
-    # Not resolve(): a strict editable install is a tree of symbolic links into the source
-    # folders, and the source tree itself has no rsprof/storage.
     return Path(rsprof.__file__).absolute().parent.parent
 
 

@@ -90,9 +90,15 @@ class ThreadPicker(ModalScreen[str | None]):
         options = [Option("All threads", id=ALL_THREADS)]
         # A recording that followed children: each thread says which process it is in.
         several = len({t.pid for t in self.threads if t.pid is not None}) > 1
+        # Python names (`ThreadPoolExecutor-0_12`) outgrow the kernel's 15 characters: the
+        # column fits the longest, up to 32 (longer ones end in an ellipsis).
+        width = max([16, *(min(len(t.name), 32) for t in self.threads)])
         for t in sorted(self.threads, key=lambda t: (-t.samples, t.tid)):
             exited = " (exited)" if t.exited else ""
-            label = f"{t.tid:>7}  {t.name or '?':<16} {fmt_count(t.samples):>9} samples{exited}"
+            name = t.name or "?"
+            if len(name) > width:
+                name = name[:width - 1] + "…"
+            label = f"{t.tid:>7}  {name:<{width}} {fmt_count(t.samples):>9} samples{exited}"
             if several and t.pid is not None:
                 program = os.path.basename(t.process.split(" ", 1)[0]) if t.process else "?"
                 label += f"  pid {t.pid} {program}"

@@ -10,6 +10,8 @@
 #include "internal/pycore_frame.h"
 #include "internal/pycore_interp.h"
 #include "internal/pycore_runtime.h"
+#include "internal/pycore_dict.h"
+#include "internal/pycore_moduleobject.h"
 
 #define F(name, value) printf("%s\"%s\": %ld", first ? "" : ", ", name, (long)(value)), first = 0
 
@@ -55,6 +57,31 @@ int main(void) {
     F("unicode_compact_data", sizeof(PyCompactUnicodeObject));
     F("bytes_size", offsetof(PyVarObject, ob_size));
     F("bytes_data", offsetof(PyBytesObject, ob_sval));
+    /* Python thread names (collector/pythreads.py): sys.modules -> threading._active ->
+     * each Thread's instance dict -> _name. */
+    F("tstate_thread_id", offsetof(PyThreadState, thread_id));
+#if PY_VERSION_HEX < 0x030C0000
+    F("interp_modules", offsetof(PyInterpreterState, modules));
+    F("long_size", offsetof(PyVarObject, ob_size));
+    F("long_digits", offsetof(PyLongObject, ob_digit));
+#else
+    F("interp_modules", offsetof(PyInterpreterState, imports.modules));
+    F("long_size", offsetof(PyLongObject, long_value.lv_tag));
+    F("long_digits", offsetof(PyLongObject, long_value.ob_digit));
+#endif
+    F("module_dict", offsetof(PyModuleObject, md_dict));
+    F("dict_used", offsetof(PyDictObject, ma_used));
+    F("dict_version", offsetof(PyDictObject, ma_version_tag));
+    F("dict_keys", offsetof(PyDictObject, ma_keys));
+    F("dict_values", offsetof(PyDictObject, ma_values));
+    F("dictkeys_log2_size", offsetof(PyDictKeysObject, dk_log2_size));
+    F("dictkeys_log2_index_bytes", offsetof(PyDictKeysObject, dk_log2_index_bytes));
+    F("dictkeys_kind", offsetof(PyDictKeysObject, dk_kind));
+    F("dictkeys_nentries", offsetof(PyDictKeysObject, dk_nentries));
+    F("dictkeys_indices", offsetof(PyDictKeysObject, dk_indices));
+    F("dictvalues_values", offsetof(PyDictValues, values));
+    F("type_flags", offsetof(PyTypeObject, tp_flags));
+    F("heaptype_cached_keys", offsetof(PyHeapTypeObject, ht_cached_keys));
     printf("}\n");
     return 0;
 }
