@@ -48,7 +48,10 @@ class BuildNative(build_ext):
             objects,
             str(out_dir / "librsprof_heap.so"),
             libraries=["dl", "pthread", "rt"],
-            extra_preargs=["-pthread"],
+            # -z now: every symbol the shim uses is bound at load. Lazily bound, the first
+            # call of each (memcpy in the stack walk) went through ld.so's resolver inside
+            # malloc, whose register save area took 3 KiB of the target's stack.
+            extra_preargs=["-pthread", "-Wl,-z,now"],
         )
 
     def _build_demo(self) -> None:

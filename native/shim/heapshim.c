@@ -126,6 +126,31 @@ static TLS unsigned t_named_ways;
 static TLS uint32_t t_epoch;
 static TLS int t_recording;      /* > 0: inside record_alloc (a signal may nest another) */
 
+/* A recording's working memory: the walk's return addresses, the Python frames, the CFI
+ * rule computation and the memo of the last walks.  Not on the target's stack (12 KiB of
+ * locals and TLS made a thread with a 16 KiB stack crash inside malloc: glibc carves static
+ * TLS out of each thread's stack too), but mapped once per thread, on its first recorded
+ * allocation, with mmap (never malloc).  Two levels: the outermost recording and one
+ * nested in it (a signal handler that allocates while its thread is in record_alloc); a
+ * deeper one, or a thread without an area, records its direct caller only. */
+typedef struct {
+    uint64_t ips[RSPROF_HEAP_MAX_DEPTH];
+    uint64_t py[2 * RSPROF_HEAP_MAX_PY_FRAMES];
+    shimcfi_scratch cfi;
+} record_level;
+typedef struct {
+    record_level level[2];
+    shimcfi_memo memo; /* used by the outermost level only */
+} thread_area;
+#define AREA_DEAD ((thread_area *)1) /* released at thread exit: no more areas */
+static TLS thread_area *t_area;
+/* An area may be mapped for this thread: its exit releases it (a pthread started through our
+ * wrapper: the key's destructor), or it never exits before the process (the main thread).
+ * Others (raw clone) record their direct caller only, as they do without stack bounds. */
+static TLS int t_area_ok;
+static pthread_key_t g_area_key;
+static int g_area_key_ok;
+
 /* ------------------------------------------------------------------ small helpers */
 
 static void shim_log(const char *msg) {
@@ -521,6 +546,7 @@ static NOINLINE void thread_init(void) {
         if (here >= main_lo && here < main_hi) {
             lo = main_lo;
             hi = main_hi;
+            t_area_ok = 1;
         }
         t_stack_lo = lo;
         t_stack_hi = hi;
@@ -561,6 +587,9 @@ static void *thread_trampoline(void *p) {
     t_stack_lo = lo;
     t_stack_hi = hi;
     t_bounds_known = 1;
+    /* Any non-NULL value: the key's destructor then runs at this thread's exit and unmaps
+     * its area.  Set here, outside any allocator call (a key past the first 32 allocates). */
+    if (g_area_key_ok && pthread_setspecific(g_area_key, (void *)1) == 0) t_area_ok = 1;
     t_guard--;
     return start.fn(start.arg);
 }
@@ -660,7 +689,9 @@ static NOINLINE void read_maps(void) {
         return; /* another thread reads them; until then no gap scans */
     int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
-        char buf[4096], line[512];
+        /* Static, not 4.6 KiB of the target's stack: only the thread that won the CAS
+         * above is ever in here. */
+        static char buf[4096], line[512];
         size_t len = 0;
         ssize_t n;
         while ((n = read(fd, buf, sizeof buf)) > 0) {
@@ -758,7 +789,8 @@ static NOINLINE unsigned scan_gap(uint64_t *ips, unsigned n, uintptr_t fp, uintp
  * the whole 16-byte frame record lies inside this thread's stack; anything else (code
  * without frame pointers leaves arbitrary values in rbp) ends the walk.  A frame
  * outside the known stack (signal alternate stack, coroutine stack) yields 1 frame. */
-static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *flags, int *way,
+static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *flags,
+                                      shimcfi_memo *memo, shimcfi_scratch *scratch, int *way,
                                       int *hit) {
     const uintptr_t lo = t_stack_lo, hi = t_stack_hi;
     const unsigned max = g_max_depth;
@@ -770,7 +802,7 @@ static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *fla
          * pointer just above the return address, its rbp saved by our prologue. */
         int truncated = 0;
         n = shimcfi_walk(ips, n, max, fp + 16, ((const uintptr_t *)fp)[0], lo, hi, &truncated,
-                         way, hit);
+                         memo, scratch, way, hit);
         if (truncated) *flags |= RSPROF_HEAP_RF_TRUNCATED;
         return n;
     }
@@ -792,6 +824,36 @@ static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *fla
         next = ((const uintptr_t *)fp)[0];
     }
     return n;
+}
+
+/* This thread's area (see thread_area), mapped on its first recorded allocation; NULL when
+ * it has none (mmap failed, a thread whose exit we would not see, or already released). */
+static NOINLINE thread_area *area_slow(void) {
+    if (t_area == AREA_DEAD || !t_area_ok) return NULL;
+    void *m = mmap(NULL, sizeof(thread_area), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        t_area = AREA_DEAD; /* no memory: direct callers only, not a syscall per call */
+        return NULL;
+    }
+    t_area = m;
+    return m;
+}
+
+static ALWAYS_INLINE thread_area *area(void) {
+    thread_area *a = t_area;
+    if (LIKELY((uintptr_t)a > (uintptr_t)AREA_DEAD)) return a;
+    return area_slow();
+}
+
+/* The key's destructor, at the exit of a thread started through our pthread_create (after
+ * its C++ thread_local destructors). Later allocations of the thread record their direct
+ * caller only. */
+static void area_release(void *unused) {
+    thread_area *a = t_area;
+    t_area = AREA_DEAD;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if ((uintptr_t)a > (uintptr_t)AREA_DEAD) munmap(a, sizeof(thread_area));
 }
 
 /* ------------------------------------------------------------------ ring writes */
@@ -888,13 +950,25 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
     struct rsprof_heap_header *h = ring();
     if (UNLIKELY(h == NULL)) return 0;
     if (UNLIKELY(t_tid == 0)) thread_init();
-    uint64_t ips[RSPROF_HEAP_MAX_DEPTH];
     /* A signal handler allocating while this thread is between its walk and its record
-     * must not rewrite a way the record is about to repeat: nested, no ways at all. */
+     * must not rewrite a way the record is about to repeat, nor the buffers it fills:
+     * nested, it uses the second level of the area and no ways at all. */
     int way = -1, hit = 0;
-    int outer = t_recording++ == 0;
+    int level = t_recording++;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    unsigned depth = capture(ips, fp, &flags, outer ? &way : NULL, &hit);
+    /* Only the outermost level maps the area (a nested one mapping it too would leak one). */
+    thread_area *a = LIKELY(level == 0) ? area() : level == 1 ? t_area : NULL;
+    if (UNLIKELY((uintptr_t)a <= (uintptr_t)AREA_DEAD)) a = NULL;
+    uint64_t direct[1];
+    uint64_t *ips = direct;
+    unsigned depth = 1;
+    if (LIKELY(a != NULL)) {
+        record_level *lv = &a->level[level];
+        ips = lv->ips;
+        depth = capture(ips, fp, &flags, level == 0 ? &a->memo : NULL, &lv->cfi, &way, &hit);
+    } else {
+        direct[0] = ((const uintptr_t *)fp)[1]; /* the return address into malloc's caller */
+    }
     if (way >= 0) {
         uint32_t epoch = __atomic_load_n(&h->reader_epoch, __ATOMIC_RELAXED);
         if (UNLIKELY(epoch != t_epoch)) { /* a new reader: it knows none of our ways */
@@ -905,9 +979,10 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
     }
     /* Python frames: only in a CPython (g_py, decided once at init), so other programs
      * pay one predictable branch. Guarded: the thread-state getter may allocate TLS. */
-    uint64_t py[2 * RSPROF_HEAP_MAX_PY_FRAMES];
+    uint64_t *py = NULL;
     unsigned npy = 0;
-    if (UNLIKELY(g_py)) {
+    if (UNLIKELY(g_py) && a != NULL) {
+        py = a->level[level].py;
         t_guard++;
         npy = shimpy_capture(py, RSPROF_HEAP_MAX_PY_FRAMES, t_tid);
         t_guard--;
@@ -1218,6 +1293,8 @@ static NOINLINE int slow_init(void) {
         resolve_real();
         read_config();
         pthread_atfork(NULL, NULL, atfork_child);
+        /* Unmaps each thread's area at its exit (see thread_area). */
+        g_area_key_ok = pthread_key_create(&g_area_key, area_release) == 0;
         thread_init();
         if (!g_disabled) create_ring();
         t_guard--;
@@ -1359,3 +1436,4 @@ EXPORT size_t malloc_usable_size(void *p) {
     if (UNLIKELY(!ready()) || real_malloc_usable_size == NULL) return 0;
     return real_malloc_usable_size(p);
 }
+
