@@ -42,7 +42,10 @@ class BuildNative(build_ext):
             sources,
             output_dir=self.build_temp,
             include_dirs=[str(NATIVE)],
-            extra_preargs=[*COMMON_CFLAGS, "-fPIC", "-fvisibility=hidden", "-pthread"],
+            # -fexceptions: a bad_alloc thrown by the allocator's operator new unwinds
+            # through the shim's wrapper, whose cleanup must run (heapshim.c, guard_end).
+            extra_preargs=[*COMMON_CFLAGS, "-fPIC", "-fvisibility=hidden", "-pthread",
+                           "-fexceptions"],
         )
         self.compiler.link_shared_object(
             objects,

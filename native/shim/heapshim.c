@@ -1193,6 +1193,9 @@ static void atfork_child(void) {
 /* ------------------------------------------------------------------ initialisation */
 
 static int g_resolved; /* all real_* pointers set (atomic) */
+static void resolve_cxx(void);
+static void detect_allocator(void);
+static uint32_t g_found_flags; /* header flags found at init: HF_MALLOC_ELSEWHERE, _ALLOC_API */
 
 /* dlsym may allocate: while it runs, nested calls see g_resolved == 0 and use the
  * arena.  The pointers are published together so no nested call ever sees a real malloc
@@ -1291,12 +1294,18 @@ static NOINLINE int slow_init(void) {
         t_in_init = 1;
         t_guard++;
         resolve_real();
+        resolve_cxx();
         read_config();
+        detect_allocator();
         pthread_atfork(NULL, NULL, atfork_child);
         /* Unmaps each thread's area at its exit (see thread_area). */
         g_area_key_ok = pthread_key_create(&g_area_key, area_release) == 0;
         thread_init();
         if (!g_disabled) create_ring();
+        /* After the header is published: the reader reads the flags on every poll. */
+        struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
+        if (h != NULL && g_found_flags != 0)
+            __atomic_or_fetch(&h->flags, g_found_flags, __ATOMIC_RELEASE);
         t_guard--;
         t_in_init = 0;
         __atomic_store_n(&g_state, ST_READY, __ATOMIC_RELEASE);
@@ -1437,3 +1446,252 @@ EXPORT size_t malloc_usable_size(void *p) {
     return real_malloc_usable_size(p);
 }
 
+/* ------------------------------------------------------------------ C++ operator new/delete */
+
+/* libstdc++'s (and libc++'s) operator new calls malloc, and operator delete free, through
+ * the PLT: they reach the wrappers above.  jemalloc, tcmalloc and mimalloc define operator
+ * new and delete themselves and allocate inside, never calling malloc: a C++ program linked
+ * with one of them showed a third of its allocations (C's) and none of its leaked strings.
+ * So the shim interposes the whole family, each forwarding to the next definition
+ * (RTLD_NEXT).  Where that definition lives in the object that also holds the real malloc
+ * (the allocator's own), the wrapper records the event itself; elsewhere (libstdc++) the
+ * nested malloc or free records it, as before: nothing is counted twice, and the stacks of
+ * glibc programs keep their shape (operator new, then its caller). */
+enum {
+    CXX_NEW, CXX_NEW_A, CXX_NEW_NT, CXX_NEW_A_NT, CXX_NEW_AL, CXX_NEW_A_AL, CXX_NEW_AL_NT,
+    CXX_NEW_A_AL_NT, /* operator new, new[]: plain, nothrow, aligned, aligned nothrow */
+    CXX_DEL, CXX_DEL_A, CXX_DEL_SZ, CXX_DEL_A_SZ, CXX_DEL_NT, CXX_DEL_A_NT, CXX_DEL_AL,
+    CXX_DEL_A_AL, CXX_DEL_SZ_AL, CXX_DEL_A_SZ_AL, CXX_DEL_AL_NT, CXX_DEL_A_AL_NT,
+    CXX_COUNT,
+};
+static const char *const cxx_names[CXX_COUNT] = {
+    "_Znwm", "_Znam", "_ZnwmRKSt9nothrow_t", "_ZnamRKSt9nothrow_t", "_ZnwmSt11align_val_t",
+    "_ZnamSt11align_val_t", "_ZnwmSt11align_val_tRKSt9nothrow_t",
+    "_ZnamSt11align_val_tRKSt9nothrow_t", "_ZdlPv", "_ZdaPv", "_ZdlPvm", "_ZdaPvm",
+    "_ZdlPvRKSt9nothrow_t", "_ZdaPvRKSt9nothrow_t", "_ZdlPvSt11align_val_t",
+    "_ZdaPvSt11align_val_t", "_ZdlPvmSt11align_val_t", "_ZdaPvmSt11align_val_t",
+    "_ZdlPvSt11align_val_tRKSt9nothrow_t", "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+};
+static void *g_cxx[CXX_COUNT]; /* the next definitions (atomic: resolved late if need be) */
+static uint32_t g_cxx_own;     /* bit i: g_cxx[i] allocates without malloc: record here */
+
+
+/* No C++ runtime found for a name (a C program that dlopen'ed one RTLD_LOCAL, so RTLD_NEXT
+ * cannot see it): the same semantics on top of the real allocator, recorded here.  An
+ * exception cannot be thrown from C: a throwing new that fails says so and aborts. */
+static void *cxx_fallback_alloc(size_t n, size_t align, int nothrow) {
+    void *p = NULL;
+    if (n == 0) n = 1;
+    if (align > 16) {
+        if (real_posix_memalign(&p, align, n) != 0) p = NULL;
+    } else {
+        p = real_malloc(n);
+    }
+    if (p == NULL && !nothrow) {
+        static const char msg[] = "rsprof-heap: operator new: out of memory\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        abort();
+    }
+    return p;
+}
+static void *fb_new(size_t n) { return cxx_fallback_alloc(n, 0, 0); }
+static void *fb_new_nt(size_t n, const void *nt) { return cxx_fallback_alloc(n, 0, 1); }
+static void *fb_new_al(size_t n, size_t al) { return cxx_fallback_alloc(n, al, 0); }
+static void *fb_new_al_nt(size_t n, size_t al, const void *nt) {
+    return cxx_fallback_alloc(n, al, 1);
+}
+static void fb_del(void *p) { real_free(p); }
+static void fb_del_sz(void *p, size_t n) { real_free(p); }
+static void fb_del_nt(void *p, const void *nt) { real_free(p); }
+static void fb_del_sz_al(void *p, size_t n, size_t al) { real_free(p); }
+static void *const cxx_fallbacks[CXX_COUNT] = {
+    fb_new, fb_new, fb_new_nt, fb_new_nt, fb_new_al, fb_new_al, fb_new_al_nt, fb_new_al_nt,
+    fb_del, fb_del, fb_del_sz, fb_del_sz, fb_del_nt, fb_del_nt,
+    fb_del_sz /* (p, align): same registers */, fb_del_sz, fb_del_sz_al, fb_del_sz_al,
+    fb_del_sz /* (p, align, nothrow): the first two */, fb_del_sz,
+};
+
+/* The object a function lives in (its load address), 0 if none.  dladdr takes the loader
+ * lock: called at init, or once per name for a runtime found late, never per call. */
+static uintptr_t object_of(void *f) {
+    Dl_info info;
+    if (f == NULL || dladdr(f, &info) == 0) return 0;
+    return (uintptr_t)info.dli_fbase;
+}
+
+/* Called with t_guard set (dlsym may allocate). */
+static void cxx_set(unsigned i, void *f, uintptr_t malloc_object) {
+    uint32_t own = 0;
+    if (f == NULL) {
+        f = cxx_fallbacks[i];
+        own = 1;
+    } else if (malloc_object != 0 && object_of(f) == malloc_object) {
+        own = 1;
+    }
+    if (own) __atomic_or_fetch(&g_cxx_own, 1u << i, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_cxx[i], f, __ATOMIC_RELEASE);
+}
+
+/* At init: the next definition of each name; missing ones stay NULL for now (looked up
+ * again on first use: a C++ runtime may be loaded later). */
+static void resolve_cxx(void) {
+    uintptr_t malloc_object = object_of((void *)real_malloc);
+    for (unsigned i = 0; i < CXX_COUNT; i++) {
+        void *f = dlsym(RTLD_NEXT, cxx_names[i]);
+        if (f != NULL) cxx_set(i, f, malloc_object);
+    }
+}
+
+/* First call of a name that was not found at init. */
+static NOINLINE void *cxx_resolve_late(unsigned i) {
+    t_guard++;
+    void *f = dlsym(RTLD_NEXT, cxx_names[i]);
+    static const char *const runtimes[] = {"libstdc++.so.6", "libc++.so.1"};
+    for (unsigned k = 0; f == NULL && k < sizeof runtimes / sizeof runtimes[0]; k++) {
+        void *h = dlopen(runtimes[k], RTLD_LAZY | RTLD_NOLOAD);
+        if (h == NULL) continue;
+        f = dlsym(h, cxx_names[i]);
+        if (real_dlclose) real_dlclose(h); /* NOLOAD took a reference */
+    }
+    cxx_set(i, f, object_of((void *)real_malloc));
+    t_guard--;
+    return __atomic_load_n(&g_cxx[i], __ATOMIC_ACQUIRE);
+}
+
+static ALWAYS_INLINE void *cxx_fn(unsigned i) {
+    void *f = __atomic_load_n(&g_cxx[i], __ATOMIC_ACQUIRE);
+    return LIKELY(f != NULL) ? f : cxx_resolve_late(i);
+}
+
+static ALWAYS_INLINE int cxx_own(unsigned i) {
+    return UNLIKELY(__atomic_load_n(&g_cxx_own, __ATOMIC_RELAXED) >> i & 1);
+}
+
+typedef void *(*new_fn)(size_t);
+typedef void *(*new_nt_fn)(size_t, const void *);
+typedef void *(*new_al_fn)(size_t, size_t);
+typedef void *(*new_al_nt_fn)(size_t, size_t, const void *);
+typedef void (*del_fn)(void *);
+typedef void (*del_sz_fn)(void *, size_t);
+typedef void (*del_nt_fn)(void *, const void *);
+typedef void (*del_sz_al_fn)(void *, size_t, size_t);
+typedef void (*del_al_nt_fn)(void *, size_t, const void *);
+
+/* Ends a guarded region, also when an exception (bad_alloc) leaves it: the shim is built
+ * with -fexceptions, so the cleanup runs while the exception unwinds through the wrapper. */
+static ALWAYS_INLINE void guard_end(int *unused) { t_guard--; }
+#define GUARDED_REGION int guard_ __attribute__((cleanup(guard_end))) = ++t_guard
+
+/* Each wrapper: the real function; where it is the allocator's own, the event recorded here
+ * (an allocation after it returned, a free before the block is handed back, as for malloc
+ * and free), and anything the allocator's own calls under the guard (jemalloc's aligned new
+ * calls aligned_alloc through the PLT: counted twice without it).  new(0) hands out a
+ * 1-byte block, as libstdc++'s does through malloc(1). */
+#define CXX_NEW_BODY(idx, type, flags, call)                                                  \
+    uintptr_t fp = (uintptr_t)__builtin_frame_address(0);                                     \
+    if (UNLIKELY(!ready())) return boot_alloc(n ? n : 1, 16);                                 \
+    type real = (type)cxx_fn(idx);                                                            \
+    if (LIKELY(!cxx_own(idx))) return call;                                                   \
+    void *p;                                                                                  \
+    {                                                                                         \
+        GUARDED_REGION;                                                                       \
+        p = call;                                                                             \
+    }                                                                                         \
+    if (LIKELY(p != NULL)) on_alloc(p, n ? n : 1, flags, fp);                                 \
+    return p;
+
+#define CXX_DEL_BODY(idx, type, call)                                                         \
+    if (p == NULL || UNLIKELY(is_boot(p)) || UNLIKELY(!ready())) return;                      \
+    type real = (type)cxx_fn(idx);                                                            \
+    if (LIKELY(!cxx_own(idx))) {                                                              \
+        call;                                                                                 \
+        return;                                                                               \
+    }                                                                                         \
+    on_free(p, 0);                                                                            \
+    GUARDED_REGION;                                                                           \
+    call;
+
+EXPORT void *_Znwm(size_t n) { CXX_NEW_BODY(CXX_NEW, new_fn, 0, real(n)) }
+EXPORT void *_Znam(size_t n) { CXX_NEW_BODY(CXX_NEW_A, new_fn, 0, real(n)) }
+EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) {
+    CXX_NEW_BODY(CXX_NEW_NT, new_nt_fn, 0, real(n, nt))
+}
+EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) {
+    CXX_NEW_BODY(CXX_NEW_A_NT, new_nt_fn, 0, real(n, nt))
+}
+EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t al) {
+    CXX_NEW_BODY(CXX_NEW_AL, new_al_fn, RSPROF_HEAP_RF_ALIGNED, real(n, al))
+}
+EXPORT void *_ZnamSt11align_val_t(size_t n, size_t al) {
+    CXX_NEW_BODY(CXX_NEW_A_AL, new_al_fn, RSPROF_HEAP_RF_ALIGNED, real(n, al))
+}
+EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) {
+    CXX_NEW_BODY(CXX_NEW_AL_NT, new_al_nt_fn, RSPROF_HEAP_RF_ALIGNED, real(n, al, nt))
+}
+EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) {
+    CXX_NEW_BODY(CXX_NEW_A_AL_NT, new_al_nt_fn, RSPROF_HEAP_RF_ALIGNED, real(n, al, nt))
+}
+
+EXPORT void _ZdlPv(void *p) { CXX_DEL_BODY(CXX_DEL, del_fn, real(p)) }
+EXPORT void _ZdaPv(void *p) { CXX_DEL_BODY(CXX_DEL_A, del_fn, real(p)) }
+EXPORT void _ZdlPvm(void *p, size_t n) { CXX_DEL_BODY(CXX_DEL_SZ, del_sz_fn, real(p, n)) }
+EXPORT void _ZdaPvm(void *p, size_t n) { CXX_DEL_BODY(CXX_DEL_A_SZ, del_sz_fn, real(p, n)) }
+EXPORT void _ZdlPvRKSt9nothrow_t(void *p, const void *nt) {
+    CXX_DEL_BODY(CXX_DEL_NT, del_nt_fn, real(p, nt))
+}
+EXPORT void _ZdaPvRKSt9nothrow_t(void *p, const void *nt) {
+    CXX_DEL_BODY(CXX_DEL_A_NT, del_nt_fn, real(p, nt))
+}
+EXPORT void _ZdlPvSt11align_val_t(void *p, size_t al) {
+    CXX_DEL_BODY(CXX_DEL_AL, del_sz_fn, real(p, al))
+}
+EXPORT void _ZdaPvSt11align_val_t(void *p, size_t al) {
+    CXX_DEL_BODY(CXX_DEL_A_AL, del_sz_fn, real(p, al))
+}
+EXPORT void _ZdlPvmSt11align_val_t(void *p, size_t n, size_t al) {
+    CXX_DEL_BODY(CXX_DEL_SZ_AL, del_sz_al_fn, real(p, n, al))
+}
+EXPORT void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t al) {
+    CXX_DEL_BODY(CXX_DEL_A_SZ_AL, del_sz_al_fn, real(p, n, al))
+}
+EXPORT void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) {
+    CXX_DEL_BODY(CXX_DEL_AL_NT, del_al_nt_fn, real(p, al, nt))
+}
+EXPORT void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) {
+    CXX_DEL_BODY(CXX_DEL_A_AL_NT, del_al_nt_fn, real(p, al, nt))
+}
+
+/* ------------------------------------------------------------------ allocator detection */
+
+/* The shim's own definitions, not what the process binds the names to. */
+extern __typeof(malloc) shim_self_malloc
+    __attribute__((alias("malloc"), visibility("hidden"), copy(malloc)));
+extern __typeof(free) shim_self_free
+    __attribute__((alias("free"), visibility("hidden"), copy(free)));
+extern __typeof(calloc) shim_self_calloc
+    __attribute__((alias("calloc"), visibility("hidden"), copy(calloc)));
+extern __typeof(realloc) shim_self_realloc
+    __attribute__((alias("realloc"), visibility("hidden"), copy(realloc)));
+
+/* At init, with t_guard set: is malloc the shim's?  An executable that defines malloc (its
+ * own allocator, or jemalloc linked statically) precedes LD_PRELOAD in symbol lookup, and so
+ * does a library preloaded before the shim: then neither the program nor libc ever calls
+ * ours, and a recording would read "full" with nothing in it.  The ring says so instead
+ * (RSPROF_HEAP_HF_MALLOC_ELSEWHERE), and rsprof warns.  Also noted: jemalloc's mallocx
+ * family, tcmalloc's tc_* and mimalloc's mi_* functions, which a program may call directly
+ * (those calls are not seen; exporting them from here would make a program that tests for
+ * them, `if (&mallocx)`, believe they exist). */
+static void detect_allocator(void) {
+    if (dlsym(RTLD_DEFAULT, "malloc") != (void *)shim_self_malloc ||
+        dlsym(RTLD_DEFAULT, "free") != (void *)shim_self_free ||
+        dlsym(RTLD_DEFAULT, "calloc") != (void *)shim_self_calloc ||
+        dlsym(RTLD_DEFAULT, "realloc") != (void *)shim_self_realloc) {
+        g_found_flags |= RSPROF_HEAP_HF_MALLOC_ELSEWHERE;
+        shim_log("malloc is defined before the shim (executable or earlier library): "
+                 "its allocations are not seen");
+    }
+    static const char *const apis[] = {"mallocx", "tc_malloc", "mi_malloc"};
+    for (unsigned i = 0; i < sizeof apis / sizeof apis[0]; i++)
+        if (dlsym(RTLD_DEFAULT, apis[i]) != NULL) g_found_flags |= RSPROF_HEAP_HF_ALLOC_API;
+}
