@@ -9,6 +9,9 @@
  *                          deep, then allocates and frees there; prints "recurse ok" or dies
  *                          with SIGSEGV when the stack is too small.
  *   shim_stack main B      the same on the main thread (whose limit is RLIMIT_STACK).
+ *   shim_stack threads N   N threads one after the other, each allocating; then prints
+ *                          "vmsize KB" (per-thread memory that outlived its thread would
+ *                          show as more of it).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -103,6 +106,27 @@ NOINLINE static void recurse(size_t left) {
     g_sink += (size_t)pad[0];
 }
 
+static void *alloc_thread(void *arg) {
+    (void)arg;
+    void *p = malloc(100);
+    g_keep[6] = p;
+    free(p);
+    return NULL;
+}
+
+/* VmSize in kB, from /proc/self/status (adjacent anonymous mappings merge: a count of
+ * /proc/self/maps lines would not show memory that outlived its threads). */
+static long vm_size_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f == NULL) return -1;
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof line, f) != NULL)
+        if (strncmp(line, "VmSize:", 7) == 0) kb = strtol(line + 7, NULL, 10);
+    fclose(f);
+    return kb;
+}
+
 static void *recurse_thread(void *arg) {
     recurse((size_t)(uintptr_t)arg);
     return NULL;
@@ -120,6 +144,14 @@ int main(int argc, char **argv) {
         g_lo = (uintptr_t)stack;
         pthread_attr_setstack(&attr, stack, PROBE_STACK);
         if (pthread_create(&th, &attr, measure, NULL) != 0) return 1;
+    } else if (argc >= 3 && strcmp(argv[1], "threads") == 0) {
+        long n = strtol(argv[2], NULL, 10);
+        for (long i = 0; i < n; i++) {
+            if (pthread_create(&th, NULL, alloc_thread, NULL) != 0) return 1;
+            pthread_join(th, NULL);
+        }
+        printf("vmsize %ld\n", vm_size_kb());
+        return 0;
     } else if (argc >= 3 && strcmp(argv[1], "main") == 0) {
         recurse(strtoul(argv[2], NULL, 10));
         printf("recurse ok\n");
@@ -129,7 +161,7 @@ int main(int argc, char **argv) {
         size_t bytes = strtoul(argv[2], NULL, 10);
         if (pthread_create(&th, &attr, recurse_thread, (void *)(uintptr_t)bytes) != 0) return 1;
     } else {
-        fprintf(stderr, "usage: shim_stack measure | recurse BYTES | main BYTES\n");
+        fprintf(stderr, "usage: shim_stack measure | recurse BYTES | main BYTES | threads N\n");
         return 2;
     }
     pthread_join(th, NULL);
