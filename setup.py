@@ -44,13 +44,19 @@ class BuildNative(build_ext):
             sources,
             output_dir=self.build_temp,
             include_dirs=[str(NATIVE)],
-            extra_preargs=[*COMMON_CFLAGS, "-fPIC", "-fvisibility=hidden", "-pthread"],
+            # -fexceptions: a bad_alloc thrown by the allocator's operator new unwinds
+            # through the shim's wrapper, whose cleanup must run (heapshim.c, guard_end).
+            extra_preargs=[*COMMON_CFLAGS, "-fPIC", "-fvisibility=hidden", "-pthread",
+                           "-fexceptions"],
         )
         self.compiler.link_shared_object(
             objects,
             str(out_dir / "librsprof_heap.so"),
             libraries=["dl", "pthread", "rt"],
-            extra_preargs=["-pthread"],
+            # -z now: every symbol the shim uses is bound at load. Lazily bound, the first
+            # call of each (memcpy in the stack walk) went through ld.so's resolver inside
+            # malloc, whose register save area took 3 KiB of the target's stack.
+            extra_preargs=["-pthread", "-Wl,-z,now"],
         )
 
     def _build_demo(self) -> None:

@@ -21,6 +21,19 @@ PythonLookup = Callable[[], PyFrameReader | None]
 # they are kept with native stacks only (the ring buffers them meanwhile).
 PYTHON_WAIT_S = 2.0
 
+# Ring header flags (native/heapring.h) by which the shim says that part of the heap escapes
+# it, and what each costs the profile.
+HF_MALLOC_ELSEWHERE = 1 << 5
+HF_ALLOC_API = 1 << 6
+MISSED = (
+    (HF_MALLOC_ELSEWHERE,
+     "its malloc is not the heap shim's (the executable or a library loaded before the shim "
+     "defines it): allocations through it are not seen"),
+    (HF_ALLOC_API,
+     "it loads jemalloc's mallocx, tcmalloc's tc_* or mimalloc's mi_* functions: calls the "
+     "program makes to them directly are not seen (malloc, free, new and delete are)"),
+)
+
 
 @dataclass
 class HeapParts:
@@ -72,6 +85,7 @@ class HeapTracker:
         self._site_of_stack: dict[int, int] = {}
         self.sample_bytes = 0
         self.mode = "full"
+        self.shim_flags = 0  # the ring header's flags, as of the last take()
         # The drain thread polls while the main thread takes: the reader is not shared-safe.
         self._lock = threading.Lock()
 
@@ -175,7 +189,13 @@ class HeapTracker:
             # Everything read before a corrupt record is valid: taken once more, then
             # nothing from this ring.
             self._last_taken = self.dropped is not None
+            if not self.reader.closed:
+                self.shim_flags = self.reader.shim_flags
             return self.reader.take()
+
+    def missed(self) -> list[str]:
+        """What the shim found escapes it in this process (MISSED), as of the last take()."""
+        return [message for flag, message in MISSED if self.shim_flags & flag]
 
     def fill(self, parts: HeapParts, batch: HeapBatch) -> bool:
         """Adds a batch from take() to what one checkpoint collects from all the trackers,
@@ -184,6 +204,9 @@ class HeapTracker:
         ring)."""
         self.sample_bytes = batch.sample_bytes
         self.mode = "sampled" if self.sample_bytes else "full"
+        if self.shim_flags & HF_MALLOC_ELSEWHERE:
+            # Never a "full" profile that the program's own malloc left empty.
+            self.mode = "partial"
         if self.python_reader is not None:
             # Function ids in the stacks are this reader's: the resolver names them by it.
             self.resolver.python = self.python_reader

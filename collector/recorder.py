@@ -166,7 +166,10 @@ class Recorder:
         self._written_tids: set[int] = set()
         # Called once sampling is enabled; `rsprof run` releases the held child from here.
         self.on_attached: Callable[[], None] | None = None
-        self._heap_meta_written = False
+        # What was last written to meta: (heap_mode, sample bytes), heap_missed.
+        self._heap_meta_written: tuple[tuple[str, int], str] | None = None
+        self._heap_missed = ""  # the target's MISSED messages, one per line
+        self._missed_said: set[str] = set()
         # Problems that cost part of the data but not the recording (a refused or corrupt
         # heap ring, a module whose debug info could not be read): each said once, through
         # on_warning (the CLI prints it), and kept in meta `warnings` (docs/schema.md).
@@ -594,8 +597,14 @@ class Recorder:
             stats = heap.python_stats()
             if stats is not None:
                 self._heap_py_stats[ring] = stats
+            missed = heap.missed()
+            for message in missed:
+                if message not in self._missed_said:  # once, not once per child process
+                    self._missed_said.add(message)
+                    self.warn(f"heap of PID {pid}: {message}")
             if pid == self.target.pid or self._heap_mode is None:
                 self._heap_mode = (heap.mode, heap.sample_bytes)
+                self._heap_missed = "\n".join(missed)
             if done:
                 # The process exec'd (its new image makes a new ring) or exited.
                 heap.close()
@@ -610,10 +619,16 @@ class Recorder:
             if heap_meta != self._heap_python_meta:
                 self._heap_python_meta = heap_meta
                 self.writer.set_meta(heap_meta)
-        if self._heap_mode is not None and not self._heap_meta_written:
-            self._heap_meta_written = True
+        if self._heap_mode is not None and self._heap_meta_written != (
+                self._heap_mode, self._heap_missed):
+            # Written again when it changes: the shim sets its flags just after the ring's
+            # header, and a first batch may predate them.
+            self._heap_meta_written = (self._heap_mode, self._heap_missed)
             mode, sample_bytes = self._heap_mode
-            self.writer.set_meta({"heap_mode": mode, "heap_sample_bytes": sample_bytes})
+            meta: dict[str, object] = {"heap_mode": mode, "heap_sample_bytes": sample_bytes}
+            if self._heap_missed:
+                meta["heap_missed"] = self._heap_missed
+            self.writer.set_meta(meta)
         self._measure_target(checkpoint)
         if len(self.warnings) != self._warnings_written:
             self._warnings_written = len(self.warnings)

@@ -1295,6 +1295,13 @@ static PyObject *HeapReader_get_python_wanted(HeapReaderObject *r, void *c) {
     return PyBool_FromLong(v);
 }
 
+static PyObject *HeapReader_get_shim_flags(HeapReaderObject *r, void *c) {
+    lock_nogil(r);
+    uint32_t flags = r->closed ? 0 : read_flags(r);
+    pthread_mutex_unlock(&r->lock);
+    return PyLong_FromUnsignedLong(flags);
+}
+
 static PyObject *HeapReader_python_stats(HeapReaderObject *r, PyObject *noargs) {
     lock_nogil(r);
     uint64_t decoded = r->py_decoded, partial = r->py_partial, undecoded = r->py_undecoded;
@@ -1631,6 +1638,8 @@ static PyGetSetDef HeapReader_getset[] = {
      NULL},
     {"python_wanted", (getter)HeapReader_get_python_wanted, NULL,
      "an allocation with Python frames waits for set_python()", NULL},
+    {"shim_flags", (getter)HeapReader_get_shim_flags, NULL,
+     "the ring header's flags (RSPROF_HEAP_HF_*), 0 once closed or in error", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -111,6 +111,13 @@ enum {
                                            (the reader ignores frees of unknown addresses) */
     RSPROF_HEAP_HF_PYTHON = 1u << 4,    /* the shim found a CPython it reads frames of: ALLOC
                                            records may carry Python frames */
+    RSPROF_HEAP_HF_MALLOC_ELSEWHERE = 1u << 5, /* the process's malloc (or free, calloc,
+                                           realloc) is not the shim's: the executable or a
+                                           library loaded before the shim defines it, and
+                                           allocations through it are not seen */
+    RSPROF_HEAP_HF_ALLOC_API = 1u << 6, /* jemalloc's mallocx family or tcmalloc's tc_*
+                                           functions are loaded: the program may call them
+                                           directly, and those calls are not seen */
 };
 
 /* Commit word helpers. */

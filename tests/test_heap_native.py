@@ -149,11 +149,15 @@ class Target:
         preexec: Callable[[], None] | None = None,
     ) -> None:
         self.flags = flags
+        # Unbuffered: line() waits with select() on the pipe, which cannot see lines a
+        # buffered reader already took in with an earlier one (a fork child's line written
+        # right after its parent's: "target said nothing", 1 run in 12).
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
             env=env if env is not None else shim_env(),
             preexec_fn=preexec,
+            bufsize=0,
         )
 
     def line(self, timeout: float = 30.0) -> str:

@@ -126,6 +126,31 @@ static TLS unsigned t_named_ways;
 static TLS uint32_t t_epoch;
 static TLS int t_recording;      /* > 0: inside record_alloc (a signal may nest another) */
 
+/* A recording's working memory: the walk's return addresses, the Python frames, the CFI
+ * rule computation and the memo of the last walks.  Not on the target's stack (12 KiB of
+ * locals and TLS made a thread with a 16 KiB stack crash inside malloc: glibc carves static
+ * TLS out of each thread's stack too), but mapped once per thread, on its first recorded
+ * allocation, with mmap (never malloc).  Two levels: the outermost recording and one
+ * nested in it (a signal handler that allocates while its thread is in record_alloc); a
+ * deeper one, or a thread without an area, records its direct caller only. */
+typedef struct {
+    uint64_t ips[RSPROF_HEAP_MAX_DEPTH];
+    uint64_t py[2 * RSPROF_HEAP_MAX_PY_FRAMES];
+    shimcfi_scratch cfi;
+} record_level;
+typedef struct {
+    record_level level[2];
+    shimcfi_memo memo; /* used by the outermost level only */
+} thread_area;
+#define AREA_DEAD ((thread_area *)1) /* released at thread exit: no more areas */
+static TLS thread_area *t_area;
+/* An area may be mapped for this thread: its exit releases it (a pthread started through our
+ * wrapper: the key's destructor), or it never exits before the process (the main thread).
+ * Others (raw clone) record their direct caller only, as they do without stack bounds. */
+static TLS int t_area_ok;
+static pthread_key_t g_area_key;
+static int g_area_key_ok;
+
 /* ------------------------------------------------------------------ small helpers */
 
 static void shim_log(const char *msg) {
@@ -521,6 +546,7 @@ static NOINLINE void thread_init(void) {
         if (here >= main_lo && here < main_hi) {
             lo = main_lo;
             hi = main_hi;
+            t_area_ok = 1;
         }
         t_stack_lo = lo;
         t_stack_hi = hi;
@@ -561,6 +587,9 @@ static void *thread_trampoline(void *p) {
     t_stack_lo = lo;
     t_stack_hi = hi;
     t_bounds_known = 1;
+    /* Any non-NULL value: the key's destructor then runs at this thread's exit and unmaps
+     * its area.  Set here, outside any allocator call (a key past the first 32 allocates). */
+    if (g_area_key_ok && pthread_setspecific(g_area_key, (void *)1) == 0) t_area_ok = 1;
     t_guard--;
     return start.fn(start.arg);
 }
@@ -660,7 +689,9 @@ static NOINLINE void read_maps(void) {
         return; /* another thread reads them; until then no gap scans */
     int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
-        char buf[4096], line[512];
+        /* Static, not 4.6 KiB of the target's stack: only the thread that won the CAS
+         * above is ever in here. */
+        static char buf[4096], line[512];
         size_t len = 0;
         ssize_t n;
         while ((n = read(fd, buf, sizeof buf)) > 0) {
@@ -758,7 +789,8 @@ static NOINLINE unsigned scan_gap(uint64_t *ips, unsigned n, uintptr_t fp, uintp
  * the whole 16-byte frame record lies inside this thread's stack; anything else (code
  * without frame pointers leaves arbitrary values in rbp) ends the walk.  A frame
  * outside the known stack (signal alternate stack, coroutine stack) yields 1 frame. */
-static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *flags, int *way,
+static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *flags,
+                                      shimcfi_memo *memo, shimcfi_scratch *scratch, int *way,
                                       int *hit) {
     const uintptr_t lo = t_stack_lo, hi = t_stack_hi;
     const unsigned max = g_max_depth;
@@ -770,7 +802,7 @@ static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *fla
          * pointer just above the return address, its rbp saved by our prologue. */
         int truncated = 0;
         n = shimcfi_walk(ips, n, max, fp + 16, ((const uintptr_t *)fp)[0], lo, hi, &truncated,
-                         way, hit);
+                         memo, scratch, way, hit);
         if (truncated) *flags |= RSPROF_HEAP_RF_TRUNCATED;
         return n;
     }
@@ -792,6 +824,69 @@ static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *fla
         next = ((const uintptr_t *)fp)[0];
     }
     return n;
+}
+
+/* This thread's area (see thread_area), mapped on its first recorded allocation; NULL when
+ * it has none (mmap failed, a thread whose exit we would not see, or already released). */
+/* Areas of exited threads, kept for the next ones (linked through their first word): an
+ * mmap and a munmap per thread doubled the cost of a short thread (2000 threads that each
+ * malloc once: 0.08 s plain, 0.12 s with the shim, 0.22 s with an area mapped per thread). */
+#define AREA_POOL_MAX 64
+static thread_area *g_area_pool;
+static unsigned g_area_pooled;
+static int g_area_lock; /* never held across a call that may allocate or take a lock */
+
+static void area_atfork_child(void) { g_area_lock = 0; } /* its holder is not in the child */
+
+static NOINLINE thread_area *area_slow(void) {
+    if (t_area == AREA_DEAD || !t_area_ok) return NULL;
+    spin_lock(&g_area_lock);
+    thread_area *a = g_area_pool;
+    if (a != NULL) {
+        g_area_pool = *(thread_area **)a;
+        g_area_pooled--;
+    }
+    spin_unlock(&g_area_lock);
+    if (a != NULL) {
+        /* The memo is exact whichever thread wrote it (it rechecks every word), but a
+         * clean one is cheaper than 4 stale ways that can never hit. */
+        memset(&a->memo, 0, sizeof a->memo);
+    } else {
+        void *m = mmap(NULL, sizeof(thread_area), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            t_area = AREA_DEAD; /* no memory: direct callers only, not a syscall per call */
+            return NULL;
+        }
+        a = m;
+    }
+    t_area = a;
+    return a;
+}
+
+static ALWAYS_INLINE thread_area *area(void) {
+    thread_area *a = t_area;
+    if (LIKELY((uintptr_t)a > (uintptr_t)AREA_DEAD)) return a;
+    return area_slow();
+}
+
+/* The key's destructor, at the exit of a thread started through our pthread_create (after
+ * its C++ thread_local destructors). Later allocations of the thread record their direct
+ * caller only. */
+static void area_release(void *unused) {
+    thread_area *a = t_area;
+    t_area = AREA_DEAD; /* first: a signal handler's malloc from here on takes no area */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if ((uintptr_t)a <= (uintptr_t)AREA_DEAD) return;
+    spin_lock(&g_area_lock);
+    int kept = g_area_pooled < AREA_POOL_MAX;
+    if (kept) {
+        *(thread_area **)a = g_area_pool;
+        g_area_pool = a;
+        g_area_pooled++;
+    }
+    spin_unlock(&g_area_lock);
+    if (!kept) munmap(a, sizeof(thread_area));
 }
 
 /* ------------------------------------------------------------------ ring writes */
@@ -888,13 +983,25 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
     struct rsprof_heap_header *h = ring();
     if (UNLIKELY(h == NULL)) return 0;
     if (UNLIKELY(t_tid == 0)) thread_init();
-    uint64_t ips[RSPROF_HEAP_MAX_DEPTH];
     /* A signal handler allocating while this thread is between its walk and its record
-     * must not rewrite a way the record is about to repeat: nested, no ways at all. */
+     * must not rewrite a way the record is about to repeat, nor the buffers it fills:
+     * nested, it uses the second level of the area and no ways at all. */
     int way = -1, hit = 0;
-    int outer = t_recording++ == 0;
+    int level = t_recording++;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    unsigned depth = capture(ips, fp, &flags, outer ? &way : NULL, &hit);
+    /* Only the outermost level maps the area (a nested one mapping it too would leak one). */
+    thread_area *a = LIKELY(level == 0) ? area() : level == 1 ? t_area : NULL;
+    if (UNLIKELY((uintptr_t)a <= (uintptr_t)AREA_DEAD)) a = NULL;
+    uint64_t direct[1];
+    uint64_t *ips = direct;
+    unsigned depth = 1;
+    if (LIKELY(a != NULL)) {
+        record_level *lv = &a->level[level];
+        ips = lv->ips;
+        depth = capture(ips, fp, &flags, level == 0 ? &a->memo : NULL, &lv->cfi, &way, &hit);
+    } else {
+        direct[0] = ((const uintptr_t *)fp)[1]; /* the return address into malloc's caller */
+    }
     if (way >= 0) {
         uint32_t epoch = __atomic_load_n(&h->reader_epoch, __ATOMIC_RELAXED);
         if (UNLIKELY(epoch != t_epoch)) { /* a new reader: it knows none of our ways */
@@ -905,9 +1012,10 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
     }
     /* Python frames: only in a CPython (g_py, decided once at init), so other programs
      * pay one predictable branch. Guarded: the thread-state getter may allocate TLS. */
-    uint64_t py[2 * RSPROF_HEAP_MAX_PY_FRAMES];
+    uint64_t *py = NULL;
     unsigned npy = 0;
-    if (UNLIKELY(g_py)) {
+    if (UNLIKELY(g_py) && a != NULL) {
+        py = a->level[level].py;
         t_guard++;
         npy = shimpy_capture(py, RSPROF_HEAP_MAX_PY_FRAMES, t_tid);
         t_guard--;
@@ -1118,6 +1226,9 @@ static void atfork_child(void) {
 /* ------------------------------------------------------------------ initialisation */
 
 static int g_resolved; /* all real_* pointers set (atomic) */
+static void resolve_cxx(void);
+static void detect_allocator(void);
+static uint32_t g_found_flags; /* header flags found at init: HF_MALLOC_ELSEWHERE, _ALLOC_API */
 
 /* dlsym may allocate: while it runs, nested calls see g_resolved == 0 and use the
  * arena.  The pointers are published together so no nested call ever sees a real malloc
@@ -1216,10 +1327,19 @@ static NOINLINE int slow_init(void) {
         t_in_init = 1;
         t_guard++;
         resolve_real();
+        resolve_cxx();
         read_config();
+        detect_allocator();
         pthread_atfork(NULL, NULL, atfork_child);
+        /* Unmaps each thread's area at its exit (see thread_area). */
+        g_area_key_ok = pthread_key_create(&g_area_key, area_release) == 0;
+        pthread_atfork(NULL, NULL, area_atfork_child);
         thread_init();
         if (!g_disabled) create_ring();
+        /* After the header is published: the reader reads the flags on every poll. */
+        struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
+        if (h != NULL && g_found_flags != 0)
+            __atomic_or_fetch(&h->flags, g_found_flags, __ATOMIC_RELEASE);
         t_guard--;
         t_in_init = 0;
         __atomic_store_n(&g_state, ST_READY, __ATOMIC_RELEASE);
@@ -1358,4 +1478,254 @@ EXPORT size_t malloc_usable_size(void *p) {
     if (is_boot(p)) return boot_size(p);
     if (UNLIKELY(!ready()) || real_malloc_usable_size == NULL) return 0;
     return real_malloc_usable_size(p);
+}
+
+/* ------------------------------------------------------------------ C++ operator new/delete */
+
+/* libstdc++'s (and libc++'s) operator new calls malloc, and operator delete free, through
+ * the PLT: they reach the wrappers above.  jemalloc, tcmalloc and mimalloc define operator
+ * new and delete themselves and allocate inside, never calling malloc: a C++ program linked
+ * with one of them showed a third of its allocations (C's) and none of its leaked strings.
+ * So the shim interposes the whole family, each forwarding to the next definition
+ * (RTLD_NEXT).  Where that definition lives in the object that also holds the real malloc
+ * (the allocator's own), the wrapper records the event itself; elsewhere (libstdc++) the
+ * nested malloc or free records it, as before: nothing is counted twice, and the stacks of
+ * glibc programs keep their shape (operator new, then its caller). */
+enum {
+    CXX_NEW, CXX_NEW_A, CXX_NEW_NT, CXX_NEW_A_NT, CXX_NEW_AL, CXX_NEW_A_AL, CXX_NEW_AL_NT,
+    CXX_NEW_A_AL_NT, /* operator new, new[]: plain, nothrow, aligned, aligned nothrow */
+    CXX_DEL, CXX_DEL_A, CXX_DEL_SZ, CXX_DEL_A_SZ, CXX_DEL_NT, CXX_DEL_A_NT, CXX_DEL_AL,
+    CXX_DEL_A_AL, CXX_DEL_SZ_AL, CXX_DEL_A_SZ_AL, CXX_DEL_AL_NT, CXX_DEL_A_AL_NT,
+    CXX_COUNT,
+};
+static const char *const cxx_names[CXX_COUNT] = {
+    "_Znwm", "_Znam", "_ZnwmRKSt9nothrow_t", "_ZnamRKSt9nothrow_t", "_ZnwmSt11align_val_t",
+    "_ZnamSt11align_val_t", "_ZnwmSt11align_val_tRKSt9nothrow_t",
+    "_ZnamSt11align_val_tRKSt9nothrow_t", "_ZdlPv", "_ZdaPv", "_ZdlPvm", "_ZdaPvm",
+    "_ZdlPvRKSt9nothrow_t", "_ZdaPvRKSt9nothrow_t", "_ZdlPvSt11align_val_t",
+    "_ZdaPvSt11align_val_t", "_ZdlPvmSt11align_val_t", "_ZdaPvmSt11align_val_t",
+    "_ZdlPvSt11align_val_tRKSt9nothrow_t", "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+};
+static void *g_cxx[CXX_COUNT]; /* the next definitions (atomic: resolved late if need be) */
+static uint32_t g_cxx_own;     /* bit i: g_cxx[i] allocates without malloc: record here */
+
+
+/* No C++ runtime found for a name (a C program that dlopen'ed one RTLD_LOCAL, so RTLD_NEXT
+ * cannot see it): the same semantics on top of the real allocator, recorded here.  An
+ * exception cannot be thrown from C: a throwing new that fails says so and aborts. */
+static void *cxx_fallback_alloc(size_t n, size_t align, int nothrow) {
+    void *p = NULL;
+    if (n == 0) n = 1;
+    if (align > 16) {
+        if (real_posix_memalign(&p, align, n) != 0) p = NULL;
+    } else {
+        p = real_malloc(n);
+    }
+    if (p == NULL && !nothrow) {
+        static const char msg[] = "rsprof-heap: operator new: out of memory\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        abort();
+    }
+    return p;
+}
+static void *fb_new(size_t n) { return cxx_fallback_alloc(n, 0, 0); }
+static void *fb_new_nt(size_t n, const void *nt) { return cxx_fallback_alloc(n, 0, 1); }
+static void *fb_new_al(size_t n, size_t al) { return cxx_fallback_alloc(n, al, 0); }
+static void *fb_new_al_nt(size_t n, size_t al, const void *nt) {
+    return cxx_fallback_alloc(n, al, 1);
+}
+static void fb_del(void *p) { real_free(p); }
+static void fb_del_sz(void *p, size_t n) { real_free(p); }
+static void fb_del_nt(void *p, const void *nt) { real_free(p); }
+static void fb_del_sz_al(void *p, size_t n, size_t al) { real_free(p); }
+static void *const cxx_fallbacks[CXX_COUNT] = {
+    fb_new, fb_new, fb_new_nt, fb_new_nt, fb_new_al, fb_new_al, fb_new_al_nt, fb_new_al_nt,
+    fb_del, fb_del, fb_del_sz, fb_del_sz, fb_del_nt, fb_del_nt,
+    fb_del_sz /* (p, align): same registers */, fb_del_sz, fb_del_sz_al, fb_del_sz_al,
+    fb_del_sz /* (p, align, nothrow): the first two */, fb_del_sz,
+};
+
+/* The object a function lives in (its load address), 0 if none.  dladdr takes the loader
+ * lock: called at init, or once per name for a runtime found late, never per call. */
+static uintptr_t object_of(void *f) {
+    Dl_info info;
+    if (f == NULL || dladdr(f, &info) == 0) return 0;
+    return (uintptr_t)info.dli_fbase;
+}
+
+/* Called with t_guard set (dlsym may allocate). */
+static void cxx_set(unsigned i, void *f, uintptr_t malloc_object) {
+    uint32_t own = 0;
+    if (f == NULL) {
+        f = cxx_fallbacks[i];
+        own = 1;
+    } else if (malloc_object != 0 && object_of(f) == malloc_object) {
+        own = 1;
+    }
+    if (own) __atomic_or_fetch(&g_cxx_own, 1u << i, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_cxx[i], f, __ATOMIC_RELEASE);
+}
+
+/* At init: the next definition of each name; missing ones stay NULL for now (looked up
+ * again on first use: a C++ runtime may be loaded later). */
+static void resolve_cxx(void) {
+    uintptr_t malloc_object = object_of((void *)real_malloc);
+    for (unsigned i = 0; i < CXX_COUNT; i++) {
+        void *f = dlsym(RTLD_NEXT, cxx_names[i]);
+        if (f != NULL) cxx_set(i, f, malloc_object);
+    }
+}
+
+/* First call of a name that was not found at init. */
+static NOINLINE void *cxx_resolve_late(unsigned i) {
+    t_guard++;
+    void *f = dlsym(RTLD_NEXT, cxx_names[i]);
+    static const char *const runtimes[] = {"libstdc++.so.6", "libc++.so.1"};
+    for (unsigned k = 0; f == NULL && k < sizeof runtimes / sizeof runtimes[0]; k++) {
+        void *h = dlopen(runtimes[k], RTLD_LAZY | RTLD_NOLOAD);
+        if (h == NULL) continue;
+        f = dlsym(h, cxx_names[i]);
+        if (real_dlclose) real_dlclose(h); /* NOLOAD took a reference */
+    }
+    cxx_set(i, f, object_of((void *)real_malloc));
+    t_guard--;
+    return __atomic_load_n(&g_cxx[i], __ATOMIC_ACQUIRE);
+}
+
+static ALWAYS_INLINE void *cxx_fn(unsigned i) {
+    void *f = __atomic_load_n(&g_cxx[i], __ATOMIC_ACQUIRE);
+    return LIKELY(f != NULL) ? f : cxx_resolve_late(i);
+}
+
+static ALWAYS_INLINE int cxx_own(unsigned i) {
+    return UNLIKELY(__atomic_load_n(&g_cxx_own, __ATOMIC_RELAXED) >> i & 1);
+}
+
+typedef void *(*new_fn)(size_t);
+typedef void *(*new_nt_fn)(size_t, const void *);
+typedef void *(*new_al_fn)(size_t, size_t);
+typedef void *(*new_al_nt_fn)(size_t, size_t, const void *);
+typedef void (*del_fn)(void *);
+typedef void (*del_sz_fn)(void *, size_t);
+typedef void (*del_nt_fn)(void *, const void *);
+typedef void (*del_sz_al_fn)(void *, size_t, size_t);
+typedef void (*del_al_nt_fn)(void *, size_t, const void *);
+
+/* Ends a guarded region, also when an exception (bad_alloc) leaves it: the shim is built
+ * with -fexceptions, so the cleanup runs while the exception unwinds through the wrapper. */
+static ALWAYS_INLINE void guard_end(int *unused) { t_guard--; }
+#define GUARDED_REGION int guard_ __attribute__((cleanup(guard_end))) = ++t_guard
+
+/* Each wrapper: the real function; where it is the allocator's own, the event recorded here
+ * (an allocation after it returned, a free before the block is handed back, as for malloc
+ * and free), and anything the allocator's own calls under the guard (jemalloc's aligned new
+ * calls aligned_alloc through the PLT: counted twice without it).  new(0) hands out a
+ * 1-byte block, as libstdc++'s does through malloc(1). */
+#define CXX_NEW_BODY(idx, type, flags, call)                                                  \
+    uintptr_t fp = (uintptr_t)__builtin_frame_address(0);                                     \
+    if (UNLIKELY(!ready())) return boot_alloc(n ? n : 1, 16);                                 \
+    type real = (type)cxx_fn(idx);                                                            \
+    if (LIKELY(!cxx_own(idx))) return call;                                                   \
+    void *p;                                                                                  \
+    {                                                                                         \
+        GUARDED_REGION;                                                                       \
+        p = call;                                                                             \
+    }                                                                                         \
+    if (LIKELY(p != NULL)) on_alloc(p, n ? n : 1, flags, fp);                                 \
+    return p;
+
+#define CXX_DEL_BODY(idx, type, call)                                                         \
+    if (p == NULL || UNLIKELY(is_boot(p)) || UNLIKELY(!ready())) return;                      \
+    type real = (type)cxx_fn(idx);                                                            \
+    if (LIKELY(!cxx_own(idx))) {                                                              \
+        call;                                                                                 \
+        return;                                                                               \
+    }                                                                                         \
+    on_free(p, 0);                                                                            \
+    GUARDED_REGION;                                                                           \
+    call;
+
+EXPORT void *_Znwm(size_t n) { CXX_NEW_BODY(CXX_NEW, new_fn, 0, real(n)) }
+EXPORT void *_Znam(size_t n) { CXX_NEW_BODY(CXX_NEW_A, new_fn, 0, real(n)) }
+EXPORT void *_ZnwmRKSt9nothrow_t(size_t n, const void *nt) {
+    CXX_NEW_BODY(CXX_NEW_NT, new_nt_fn, 0, real(n, nt))
+}
+EXPORT void *_ZnamRKSt9nothrow_t(size_t n, const void *nt) {
+    CXX_NEW_BODY(CXX_NEW_A_NT, new_nt_fn, 0, real(n, nt))
+}
+EXPORT void *_ZnwmSt11align_val_t(size_t n, size_t al) {
+    CXX_NEW_BODY(CXX_NEW_AL, new_al_fn, RSPROF_HEAP_RF_ALIGNED, real(n, al))
+}
+EXPORT void *_ZnamSt11align_val_t(size_t n, size_t al) {
+    CXX_NEW_BODY(CXX_NEW_A_AL, new_al_fn, RSPROF_HEAP_RF_ALIGNED, real(n, al))
+}
+EXPORT void *_ZnwmSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) {
+    CXX_NEW_BODY(CXX_NEW_AL_NT, new_al_nt_fn, RSPROF_HEAP_RF_ALIGNED, real(n, al, nt))
+}
+EXPORT void *_ZnamSt11align_val_tRKSt9nothrow_t(size_t n, size_t al, const void *nt) {
+    CXX_NEW_BODY(CXX_NEW_A_AL_NT, new_al_nt_fn, RSPROF_HEAP_RF_ALIGNED, real(n, al, nt))
+}
+
+EXPORT void _ZdlPv(void *p) { CXX_DEL_BODY(CXX_DEL, del_fn, real(p)) }
+EXPORT void _ZdaPv(void *p) { CXX_DEL_BODY(CXX_DEL_A, del_fn, real(p)) }
+EXPORT void _ZdlPvm(void *p, size_t n) { CXX_DEL_BODY(CXX_DEL_SZ, del_sz_fn, real(p, n)) }
+EXPORT void _ZdaPvm(void *p, size_t n) { CXX_DEL_BODY(CXX_DEL_A_SZ, del_sz_fn, real(p, n)) }
+EXPORT void _ZdlPvRKSt9nothrow_t(void *p, const void *nt) {
+    CXX_DEL_BODY(CXX_DEL_NT, del_nt_fn, real(p, nt))
+}
+EXPORT void _ZdaPvRKSt9nothrow_t(void *p, const void *nt) {
+    CXX_DEL_BODY(CXX_DEL_A_NT, del_nt_fn, real(p, nt))
+}
+EXPORT void _ZdlPvSt11align_val_t(void *p, size_t al) {
+    CXX_DEL_BODY(CXX_DEL_AL, del_sz_fn, real(p, al))
+}
+EXPORT void _ZdaPvSt11align_val_t(void *p, size_t al) {
+    CXX_DEL_BODY(CXX_DEL_A_AL, del_sz_fn, real(p, al))
+}
+EXPORT void _ZdlPvmSt11align_val_t(void *p, size_t n, size_t al) {
+    CXX_DEL_BODY(CXX_DEL_SZ_AL, del_sz_al_fn, real(p, n, al))
+}
+EXPORT void _ZdaPvmSt11align_val_t(void *p, size_t n, size_t al) {
+    CXX_DEL_BODY(CXX_DEL_A_SZ_AL, del_sz_al_fn, real(p, n, al))
+}
+EXPORT void _ZdlPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) {
+    CXX_DEL_BODY(CXX_DEL_AL_NT, del_al_nt_fn, real(p, al, nt))
+}
+EXPORT void _ZdaPvSt11align_val_tRKSt9nothrow_t(void *p, size_t al, const void *nt) {
+    CXX_DEL_BODY(CXX_DEL_A_AL_NT, del_al_nt_fn, real(p, al, nt))
+}
+
+/* ------------------------------------------------------------------ allocator detection */
+
+/* The shim's own definitions, not what the process binds the names to. */
+extern __typeof(malloc) shim_self_malloc
+    __attribute__((alias("malloc"), visibility("hidden"), copy(malloc)));
+extern __typeof(free) shim_self_free
+    __attribute__((alias("free"), visibility("hidden"), copy(free)));
+extern __typeof(calloc) shim_self_calloc
+    __attribute__((alias("calloc"), visibility("hidden"), copy(calloc)));
+extern __typeof(realloc) shim_self_realloc
+    __attribute__((alias("realloc"), visibility("hidden"), copy(realloc)));
+
+/* At init, with t_guard set: is malloc the shim's?  An executable that defines malloc (its
+ * own allocator, or jemalloc linked statically) precedes LD_PRELOAD in symbol lookup, and so
+ * does a library preloaded before the shim: then neither the program nor libc ever calls
+ * ours, and a recording would read "full" with nothing in it.  The ring says so instead
+ * (RSPROF_HEAP_HF_MALLOC_ELSEWHERE), and rsprof warns.  Also noted: jemalloc's mallocx
+ * family, tcmalloc's tc_* and mimalloc's mi_* functions, which a program may call directly
+ * (those calls are not seen; exporting them from here would make a program that tests for
+ * them, `if (&mallocx)`, believe they exist). */
+static void detect_allocator(void) {
+    if (dlsym(RTLD_DEFAULT, "malloc") != (void *)shim_self_malloc ||
+        dlsym(RTLD_DEFAULT, "free") != (void *)shim_self_free ||
+        dlsym(RTLD_DEFAULT, "calloc") != (void *)shim_self_calloc ||
+        dlsym(RTLD_DEFAULT, "realloc") != (void *)shim_self_realloc) {
+        g_found_flags |= RSPROF_HEAP_HF_MALLOC_ELSEWHERE;
+        shim_log("malloc is defined before the shim (executable or earlier library): "
+                 "its allocations are not seen");
+    }
+    static const char *const apis[] = {"mallocx", "tc_malloc", "mi_malloc"};
+    for (unsigned i = 0; i < sizeof apis / sizeof apis[0]; i++)
+        if (dlsym(RTLD_DEFAULT, apis[i]) != NULL) g_found_flags |= RSPROF_HEAP_HF_ALLOC_API;
 }

@@ -164,38 +164,50 @@ static int parse_cie(const module_segs *m, uintptr_t at, cfi_cie *cie) {
 
 /* The rules at `pc`: the CIE's initial instructions, then the FDE's until the location
  * passes pc.  Returns 0 on malformed input. */
-static int rules_at(const cfi_cie *cie, const uint8_t *p, const uint8_t *end, uintptr_t begin,
-                    uintptr_t pc, cfi_state *s) {
+/* A rule's computation works in here, not on the target's stack (it is 600 bytes). */
+typedef struct {
+    struct shim_dlfo fo;
+    module_segs m;
+    cfi_cie cie;
     cfi_program pr;
+    cfi_state init;
+} rule_work;
+_Static_assert(sizeof(rule_work) <= sizeof(shimcfi_scratch), "SHIMCFI_SCRATCH_BYTES too small");
+
+static int rules_at(rule_work *w, const uint8_t *p, const uint8_t *end, uintptr_t begin,
+                    uintptr_t pc, cfi_state *s) {
+    const cfi_cie *cie = &w->cie;
+    cfi_program *pr = &w->pr;
     uint64_t delta;
     int st;
     /* The CIE's advances (none in practice) do not move the location. */
-    cfi_program_init(&pr, cie, cie->insns, cie->insns_end, NULL, begin, 0);
-    while ((st = cfi_step(&pr, s, &delta)) == CFI_STEP_ADVANCE) {
+    cfi_program_init(pr, cie, cie->insns, cie->insns_end, NULL, begin, 0);
+    while ((st = cfi_step(pr, s, &delta)) == CFI_STEP_ADVANCE) {
     }
     if (st != CFI_STEP_END) return 0;
-    cfi_state init = *s;
-    cfi_program_init(&pr, cie, p, end, &init, begin, 0);
-    while ((st = cfi_step(&pr, s, &delta)) == CFI_STEP_ADVANCE) {
-        if (delta > pc - pr.loc) return 1; /* the next row starts past pc */
-        pr.loc += delta;
+    w->init = *s;
+    cfi_program_init(pr, cie, p, end, &w->init, begin, 0);
+    while ((st = cfi_step(pr, s, &delta)) == CFI_STEP_ADVANCE) {
+        if (delta > pc - pr->loc) return 1; /* the next row starts past pc */
+        pr->loc += delta;
     }
     return st == CFI_STEP_END;
 }
 
 /* The rule for `pc` (an address inside the instruction that made the call, or an
  * interrupted pc).  Never reads outside the module's readable segments. */
-static uint64_t compute_rule(uintptr_t pc) {
-    struct shim_dlfo fo;
-    memset(&fo, 0, sizeof fo);
-    if (g_find_object((void *)pc, &fo) != 0) return K_UNKNOWN;
-    module_segs m;
-    if (fo.eh_frame == NULL || !module_segments(&fo, &m)) return K_FP;
+static uint64_t compute_rule(uintptr_t pc, shimcfi_scratch *scratch) {
+    rule_work *w = (rule_work *)scratch->bytes;
+    struct shim_dlfo *fo = &w->fo;
+    memset(fo, 0, sizeof *fo);
+    if (g_find_object((void *)pc, fo) != 0) return K_UNKNOWN;
+    module_segs *m = &w->m;
+    if (fo->eh_frame == NULL || !module_segments(fo, m)) return K_FP;
     /* .eh_frame_hdr: version 1, eh_frame_ptr_enc, fde_count_enc, table_enc, then the
      * encoded eh_frame_ptr and fde_count and a table of (initial_loc, fde) sdata4 pairs
      * relative to the header, sorted by initial_loc. */
-    uintptr_t hdr = (uintptr_t)fo.eh_frame;
-    uintptr_t hend = seg_end(&m, hdr, 4);
+    uintptr_t hdr = (uintptr_t)fo->eh_frame;
+    uintptr_t hend = seg_end(m, hdr, 4);
     if (hend == 0) return K_FP;
     const uint8_t *h = (const uint8_t *)hdr;
     if (h[0] != 1 || h[3] != 0x3b) return K_FP;
@@ -215,7 +227,7 @@ static uint64_t compute_rule(uintptr_t pc) {
     uintptr_t fde = hdr + (uintptr_t)(intptr_t)table[2 * lo + 1];
     /* FDE: length, CIE pointer (distance back from this field), pc_begin, pc_range,
      * augmentation data, instructions. */
-    uintptr_t fend = seg_end(&m, fde, 8);
+    uintptr_t fend = seg_end(m, fde, 8);
     if (fend == 0) return K_FP;
     cfi_cursor f = {(const uint8_t *)fde, (const uint8_t *)fend, 0};
     uint64_t len = cfi_fixed(&f, 4);
@@ -224,11 +236,11 @@ static uint64_t compute_rule(uintptr_t pc) {
     uintptr_t id_at = (uintptr_t)f.p;
     uint64_t id = cfi_fixed(&f, 4);
     if (f.bad || id == 0 || id > id_at) return K_FP;
-    cfi_cie cie;
-    if (!parse_cie(&m, id_at - id, &cie)) return K_FP;
-    uintptr_t begin = cfi_encoded(&f, cie.fde_enc, 0, 0);
-    uintptr_t range = cfi_encoded(&f, cie.fde_enc & 0x0f, 0, 0);
-    if (cie.has_z) {
+    cfi_cie *cie = &w->cie;
+    if (!parse_cie(m, id_at - id, cie)) return K_FP;
+    uintptr_t begin = cfi_encoded(&f, cie->fde_enc, 0, 0);
+    uintptr_t range = cfi_encoded(&f, cie->fde_enc & 0x0f, 0, 0);
+    if (cie->has_z) {
         uint64_t zlen = cfi_uleb(&f);
         if (f.bad || zlen > (uint64_t)(f.end - f.p)) return K_FP;
         f.p += zlen;
@@ -236,8 +248,8 @@ static uint64_t compute_rule(uintptr_t pc) {
     if (f.bad || pc < begin || pc - begin >= range) return K_FP; /* no FDE covers pc */
     /* Before any rule: no CFA, no return address, rbp unchanged. */
     cfi_state s = {CFI_CFA_BAD, CFI_REG_SAME, CFI_REG_SAME, 0, 0, 0, 0};
-    if (!rules_at(&cie, f.p, f.end, begin, pc, &s)) return K_FP;
-    return pack_rule(&s, cie.signal);
+    if (!rules_at(w, f.p, f.end, begin, pc, &s)) return K_FP;
+    return pack_rule(&s, cie->signal);
 }
 
 /* ------------------------------------------------------------------ rule cache */
@@ -254,7 +266,7 @@ typedef struct {
 static cache_slot *g_cache;
 static uint64_t g_computed, g_uncached, g_fp_frames;
 
-static inline uint64_t rule_for(uintptr_t key) {
+static inline uint64_t rule_for(uintptr_t key, shimcfi_scratch *scratch) {
     cache_slot *t = g_cache;
     size_t home = (size_t)(((uint64_t)key * 0x9E3779B97F4A7C15ULL) >> (64 - CACHE_BITS));
     for (unsigned i = 0; i < CACHE_WINDOW; i++) {
@@ -266,7 +278,7 @@ static inline uint64_t rule_for(uintptr_t key) {
             break; /* flushed under us: compute */
         }
         if (k == 0) {
-            uint64_t r = compute_rule(key);
+            uint64_t r = compute_rule(key, scratch);
             __atomic_fetch_add(&g_computed, 1, __ATOMIC_RELAXED);
             /* "In no module" is not cached: a later dlopen may map code there. */
             if (r == K_UNKNOWN) return r;
@@ -280,7 +292,7 @@ static inline uint64_t rule_for(uintptr_t key) {
         }
     }
     __atomic_fetch_add(&g_uncached, 1, __ATOMIC_RELAXED);
-    return compute_rule(key);
+    return compute_rule(key, scratch);
 }
 
 int shimcfi_init(void) {
@@ -340,9 +352,13 @@ typedef struct {
     uint64_t out[MEMO_OUT];
 } walk_memo;
 
-static __thread walk_memo t_memo[MEMO_WAYS] __attribute__((tls_model("initial-exec")));
-static __thread unsigned t_memo_next __attribute__((tls_model("initial-exec")));
-static __thread int t_walking __attribute__((tls_model("initial-exec")));
+/* A thread's memo lives in the caller's per-thread memory, not in TLS: glibc carves static
+ * TLS out of every thread's stack, and 4.7 KiB of it cost each thread that much stack. */
+typedef struct {
+    walk_memo way[MEMO_WAYS];
+    unsigned next;
+} memo_set;
+_Static_assert(sizeof(memo_set) <= sizeof(shimcfi_memo), "SHIMCFI_MEMO_BYTES too small");
 
 /* m == NULL: a walk nested in another one (malloc in a signal handler that interrupted
  * the shim), which must not touch the memo being written. */
@@ -363,8 +379,9 @@ static inline uintptr_t memo_load(walk_memo *m, uintptr_t addr) {
     return v;
 }
 
-static unsigned walk(walk_memo *m, uint64_t *ips, unsigned n, unsigned max, uintptr_t sp,
-                     uintptr_t bp, uintptr_t lo, uintptr_t hi, int *truncated) {
+static unsigned walk(walk_memo *m, shimcfi_scratch *scratch, uint64_t *ips, unsigned n,
+                     unsigned max, uintptr_t sp, uintptr_t bp, uintptr_t lo, uintptr_t hi,
+                     int *truncated) {
     uintptr_t pc = ips[n - 1];
     int exact = 0;   /* pc is an interrupted pc (after a signal frame), not a return address */
     /* Code without frame pointers uses rbp as a plain register, so the starting rbp and
@@ -374,7 +391,7 @@ static unsigned walk(walk_memo *m, uint64_t *ips, unsigned n, unsigned max, uint
     int bp_initial = 1;
     uintptr_t bp_from = 0;
     for (;;) {
-        uint64_t r = rule_for(exact ? pc : pc - 1);
+        uint64_t r = rule_for(exact ? pc : pc - 1, scratch);
         unsigned kind = RULE_KIND(r);
         uintptr_t cfa, ra, nbp = bp, next_bp_from = 0;
         int next_exact = 0, next_bp_set = 0;
@@ -459,36 +476,33 @@ static inline int memo_matches(const walk_memo *m, uint64_t generation, uintptr_
 }
 
 unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
-                      uintptr_t lo, uintptr_t hi, int *truncated, int *way, int *hit) {
-    /* A signal handler that allocates while this thread is in here walks on its own,
-     * leaving the memo alone. */
-    if (way != NULL) *way = -1, *hit = 0;
-    if (UNLIKELY(t_walking) || n != 1 || way == NULL)
-        return walk(NULL, ips, n, max, sp, bp, lo, hi, truncated);
-    t_walking = 1;
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+                      uintptr_t lo, uintptr_t hi, int *truncated, shimcfi_memo *memo,
+                      shimcfi_scratch *scratch, int *way, int *hit) {
+    /* The caller passes the memo only to the outermost walk of a thread: a signal handler
+     * that allocates while this thread is in here walks on its own, leaving it alone. */
+    if (memo == NULL || n != 1) return walk(NULL, scratch, ips, n, max, sp, bp, lo, hi, truncated);
+    *way = -1, *hit = 0;
+    memo_set *set = (memo_set *)memo->bytes;
     uint64_t generation = __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
-    unsigned got;
     for (unsigned w = 0; w < MEMO_WAYS; w++) {
-        const walk_memo *m = &t_memo[w];
+        const walk_memo *m = &set->way[w];
         if (memo_matches(m, generation, ips[0], sp, bp, max)) {
             memcpy(ips + 1, m->out, (size_t)m->n_out * sizeof *ips);
             *truncated |= m->truncated;
-            got = 1 + m->n_out;
             *way = (int)w;
             *hit = 1;
-            goto out;
+            return 1 + m->n_out;
         }
     }
-    unsigned w = t_memo_next++ % MEMO_WAYS;
-    walk_memo *m = &t_memo[w];
+    unsigned w = set->next++ % MEMO_WAYS;
+    walk_memo *m = &set->way[w];
     m->generation = 0; /* invalid while it is rewritten */
     m->sp = sp;
     m->n_reads = 0;
     m->overflow = 0;
     m->used_bp = 0;
     int trunc = 0;
-    got = walk(m, ips, n, max, sp, bp, lo, hi, &trunc);
+    unsigned got = walk(m, scratch, ips, n, max, sp, bp, lo, hi, &trunc);
     *truncated |= trunc;
     if (!m->overflow && got - 1 <= MEMO_OUT) {
         m->pc = ips[0];
@@ -500,8 +514,5 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
         m->generation = generation;
         *way = (int)w;
     }
-out:
-    __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    t_walking = 0;
     return got;
 }

@@ -34,8 +34,9 @@ def write_pprof(samples: SampleSet, out: BinaryIO, *, base: SampleSet | None = N
         # Go's heap profiles: space/bytes, period = bytes between samples (MemProfileRate);
         # 1 when every allocation is traced, as rsprof's default heap mode does.
         period_type = ("space", "bytes")
-        sampled = samples.meta.get("heap_mode") == "sampled"
-        period = int(samples.meta.get("heap_sample_bytes") or 0) if sampled else 1
+        # By the sample size, not heap_mode: a sampled profile whose program had its own
+        # malloc reads "partial" (docs/schema.md).
+        period = int(samples.meta.get("heap_sample_bytes") or 0) or 1
     profile.period_type.type = builder.string(period_type[0])
     profile.period_type.unit = builder.string(period_type[1])
     profile.period = max(1, period)
