@@ -153,9 +153,8 @@ def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
     t0 = time.perf_counter()
     proc = subprocess.Popen([*argv, "--wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, env=env)
-    ring = Path(f"/dev/shm/rsprof-heap.{proc.pid}")
     deadline = time.monotonic() + 10
-    while not ring.exists():
+    while not list(Path("/dev/shm").glob(f"rsprof-heap.{proc.pid}.*")):
         if time.monotonic() > deadline or proc.poll() is not None:
             proc.kill()
             raise RuntimeError("the target created no ring: is the shim built?")

@@ -91,17 +91,17 @@ class HeapTracker:
 
     @classmethod
     def attach(
-        cls, pid: int, resolver: FrameResolver, warn: Callable[[str], None] | None = None,
-        python: PythonLookup | None = None,
+        cls, pid: int, name: str, resolver: FrameResolver,
+        warn: Callable[[str], None] | None = None, python: PythonLookup | None = None,
     ) -> HeapTracker | None:
-        """None when the target has no usable ring (CPU-only profile). Anything at the
-        ring's name that is not a valid ring (a FIFO, a directory, a symlink, another user's
-        file, a bad header) is refused through `warn`, never raised: the CPU recording
-        goes on."""
+        """None when pid's ring `name` (in /dev/shm) is gone or not usable. Anything there
+        that is not a valid ring (a FIFO, a directory, a symlink, another user's file, a bad
+        header, a ring another rsprof reads) is refused through `warn`, one line, never
+        raised: the CPU recording goes on."""
         try:
-            reader = HeapReader.attach(pid)
+            reader = HeapReader.attach(pid, name)
         except FileNotFoundError:
-            return None  # no shim in the target: the common case, nothing to say
+            return None  # gone meanwhile (its process exited and removed it)
         except (OSError, ValueError) as error:
             if warn is not None:
                 warn(f"heap ring of PID {pid} not used: {error}")
@@ -173,8 +173,9 @@ class HeapTracker:
 
     @staticmethod
     def sweep_stale() -> None:
-        """Removes rings that killed processes left in /dev/shm (never blocks: anything
-        that is not a regular file of ours is skipped)."""
+        """Removes rings nobody will read from /dev/shm: those killed processes left, and
+        exited or exec'd images' rings whose session is gone (never blocks: anything that
+        is not a regular file of ours is skipped)."""
         try:
             HeapReader.sweep_stale()
         except (OSError, ValueError):

@@ -35,11 +35,22 @@ from rsprof._native import HeapReader, PerfMmap, PerfSampler, PyFrameReader
 # The heap ring's header (native/heapring.h, RSPROF_HEAP_HEADER_SIZE): a smaller file is a
 # ring the shim has created but not sized yet.
 _HEAP_HEADER_BYTES = 4096
-_HEAP_RING_PREFIX = "rsprof-heap."  # /dev/shm/rsprof-heap.<pid> (native/heapring.h)
+# /dev/shm/rsprof-heap.<pid>.<16 hex digits, random> (native/heapring.h): nobody can squat
+# a ring's name before it exists, and each image of an exec'ing process has a ring of its own.
+_HEAP_RING_PREFIX = "rsprof-heap."
+_HEAP_RING_SUFFIX_HEX = 16
 
 
-def _heap_ring_path(pid: int) -> str:
-    return f"/dev/shm/{_HEAP_RING_PREFIX}{pid}"
+def _ring_pid(name: str) -> int | None:
+    """The pid in a ring's name, None if `name` is not one (heapring_name_pid in C)."""
+    if not name.startswith(_HEAP_RING_PREFIX):
+        return None
+    pid_text, dot, suffix = name[len(_HEAP_RING_PREFIX):].partition(".")
+    if (not dot or not pid_text.isdigit() or len(suffix) != _HEAP_RING_SUFFIX_HEX
+            or suffix.strip("0123456789abcdef")):
+        return None
+    pid = int(pid_text)
+    return pid if 0 < pid <= 0x7FFFFFFF else None
 
 
 @dataclass(slots=True)
@@ -149,8 +160,14 @@ class Recorder:
         self._image_of_pid: dict[int, int] = {}
         self._thread_pids: dict[int, int] = {}
         self._unnamed_images: dict[int, str] = {}  # exec'd images known by comm only
-        self._finished_rings: set[tuple[int, int]] = set()  # (pid, inode) read to the end
-        self._other_rings: set[tuple[int, int]] = set()  # (pid, inode) not of this session
+        # Ring names in /dev/shm looked at already: attached (or read to the end), refused
+        # (warned once, never attached later: a ring another rsprof reads stays not used),
+        # or another session's (attached after all if its pid turns out to be followed).
+        self._seen_rings: set[str] = set()
+        self._other_rings: set[str] = set()
+        # (time_ns, image) per pid, in order: which image made a ring (its created_ns).
+        self._image_starts: dict[int, list[tuple[int, int]]] = {}
+        self._heap_lost_warned = False
         self._exited_pids: set[int] = set()  # EXIT records taken by checkpoints
         self._heap_mode: tuple[str, int] | None = None  # (mode, sample bytes) once known
         self._thread_names: dict[int, str | None] = {}  # the kernel's (comm)
@@ -262,9 +279,10 @@ class Recorder:
             self.writer.add_process(pid, ppid, None, command), pid, ppid, command, self.resolver
         )
         self._image_of_pid[pid] = 1
+        self._image_starts[pid] = [(0, 1)]
         if self.options.heap:
             HeapTracker.sweep_stale()
-            self._attach_heap(pid)
+            self._scan_heap_rings()
         if self.options.python:
             self._python = PythonImages(self.sampler, self.warn)
             self._python.poll()
@@ -413,9 +431,7 @@ class Recorder:
                     # may be gone before the first checkpoint: look for it on every poll.
                     # Straight from the sampler's drain, not the last checkpoint: a child
                     # that lives 100 ms must have its ring read before it exits.
-                    for pid in (self.target.pid, *self.sampler.processes()):
-                        self._attach_heap(pid)
-                    self._attach_session_rings()
+                    self._scan_heap_rings()
                 for heap in list(self._heaps.values()):
                     heap.drain()
                 # Notice the target's exit within one poll, not at the next checkpoint: a
@@ -432,72 +448,79 @@ class Recorder:
         drain.join()
         self.sampler.poll(0)
         if self.options.heap:
-            self._attach_session_rings()
+            self._scan_heap_rings()
         for heap in list(self._heaps.values()):
             heap.drain()
 
-    def _attach_session_rings(self) -> None:
-        """Attaches the rings that processes of this `rsprof run` session left behind:
-        a child that exits before the drain has seen it (`ls` in a shell script lives 1 ms)
-        keeps its unread ring at its name for us (native/shim/heapshim.c, finish_ring).
-        One directory read per poll; each new name's header is read once."""
-        if self.child is None or not self.options.follow:
-            return
+    def _scan_heap_rings(self) -> None:
+        """Attaches the rings in /dev/shm (one directory read per poll) of the processes
+        being recorded (the target, followed processes), and those a process of this
+        session left behind: a child that exits before the drain has seen it (`ls` in a
+        shell script lives 1 ms), or an image that exec'd before its ring was attached,
+        keeps its unread ring for us (native/shim/heapshim.c, ring_kept_for_session).
+        Each new name's header is read once."""
         try:
             entries = list(os.scandir("/dev/shm"))
         except OSError:
             return
+        followed = {self.target.pid, *self.sampler.processes()}
         for entry in entries:
-            if not entry.name.startswith(_HEAP_RING_PREFIX):
+            name = entry.name
+            if name in self._seen_rings and name not in self._other_rings:
                 continue
-            pid_text = entry.name[len(_HEAP_RING_PREFIX):]
-            if not pid_text.isdigit():
+            pid = _ring_pid(name)
+            if pid is None:
                 continue
-            try:
-                ring = (int(pid_text), entry.inode())
-            except OSError:
+            if pid in followed:
+                self._attach_heap(pid, name)
                 continue
-            if ring in self._heaps or ring in self._finished_rings or ring in self._other_rings:
+            if name in self._other_rings:
                 continue
-            session = HeapReader.session_of(ring[0])
+            session = HeapReader.session_of(name)
             if session == os.getpid():
-                self._attach_heap(ring[0])
+                self._attach_heap(pid, name)
             elif session >= 0:
-                self._other_rings.add(ring)  # another session's, or none's: never ours
+                self._seen_rings.add(name)
+                self._other_rings.add(name)  # another session's, or none's
 
-    def _attach_heap(self, pid: int) -> None:
-        """Attaches to pid's heap ring, unless it is one already read to its end (an exec'd
-        or exited process's ring stays at its name until the next image replaces it)."""
+    def _attach_heap(self, pid: int, name: str) -> None:
+        """Attaches to pid's heap ring `name`, once (a refused ring is warned about once and
+        never attached later, so the warning stays true)."""
         try:
-            info = os.lstat(_heap_ring_path(pid))
+            info = os.lstat(f"/dev/shm/{name}")
         except OSError:
             return
-        if stat.S_ISREG(info.st_mode) and info.st_size < _HEAP_HEADER_BYTES:
+        if (stat.S_ISREG(info.st_mode) and info.st_size < _HEAP_HEADER_BYTES
+                and info.st_uid == _owner(pid)):
             return  # the shim is creating it right now: look again at the next poll
-        ring = (pid, info.st_ino)
-        if ring in self._heaps or ring in self._finished_rings:
-            return
+        self._seen_rings.add(name)
+        self._other_rings.discard(name)
         image = self._images.get(self._image_of_pid.get(pid, 1))
-        tracker = HeapTracker.attach(pid, image.resolver if image else self.resolver, self.warn,
-                                     python=lambda: self._heap_python(pid))
+        tracker = HeapTracker.attach(pid, name, image.resolver if image else self.resolver,
+                                     self.warn, python=lambda: self._heap_python(pid))
         if tracker is None:
-            return
-        # The name may have moved on to a newer ring since the lstat (an exec): the ring is
-        # the one the reader opened.
-        ring = (pid, tracker.reader.inode)
-        if ring in self._finished_rings:
-            tracker.close()
             return
         # The image that made the ring: its fork or exec record is in the perf ring by now
         # (the kernel writes it before the new image runs), drained here. Its stacks are
         # resolved with that image's mappings, never those of the image before an exec
-        # (the main thread may not have taken the exec record yet).
+        # (the main thread may not have taken the exec record yet); a ring of an image
+        # that exec'd since is told apart by its creation time (_ring_image).
         self.sampler.poll(0)
         tracker.image = next(
             (live_image for live_pid, live_image in self.sampler.images() if live_pid == pid),
             None,
         )
-        self._heaps[ring] = tracker
+        self._heaps[(pid, tracker.reader.inode)] = tracker
+
+    def _ring_image(self, pid: int, heap: HeapTracker) -> int | None:
+        """The image of pid that made the ring: the last one started (fork, exec) before
+        the ring was created; None when that is not known."""
+        created = heap.reader.created_ns
+        starts = self._image_starts.get(pid)
+        if not created or not starts:
+            return None
+        made = [image for started, image in starts if started <= created]
+        return made[-1] if made else None
 
     def _heap_image_known(self, pid: int, heap: HeapTracker, final: bool) -> bool:
         """Whether a checkpoint may take the ring's stacks now. A ring attached after its
@@ -537,7 +560,9 @@ class Recorder:
         pending: dict[int, list[PerfMmap]] = {}
         for mmap in batch.mmaps:
             pending.setdefault(mmap.image, []).append(mmap)
-        for kind, image, pid, ppid, parent_image, _, command in batch.processes:
+        for kind, image, pid, ppid, parent_image, time_ns, command in batch.processes:
+            if kind in ("fork", "exec"):
+                self._image_starts.setdefault(pid, []).append((time_ns, image))
             if kind == "fork":
                 self._add_mmaps(pending.pop(parent_image, []))
             self._process_event(kind, image, pid, ppid, parent_image, command or names.get(pid))
@@ -588,7 +613,10 @@ class Recorder:
             pid = ring[0]
             # The image that made the ring (else, gone before it was attached, the pid's
             # last one): after an exec, the old ring's stacks keep the old mappings.
-            current = self._images.get(heap.image if heap.image is not None else -1)
+            made_by = self._ring_image(pid, heap)
+            if made_by is None:
+                made_by = heap.image if heap.image is not None else -1
+            current = self._images.get(made_by)
             if current is None:
                 current = self._images.get(self._image_of_pid.get(pid, 0))
             if current is not None:
@@ -606,12 +634,17 @@ class Recorder:
                 self._heap_mode = (heap.mode, heap.sample_bytes)
                 self._heap_missed = "\n".join(missed)
             if done:
-                # The process exec'd (its new image makes a new ring) or exited.
+                # The process exec'd (its new image makes a new ring) or exited: nobody
+                # writes the ring any more, and it is read to its end.
+                name = heap.reader.name
                 heap.close()
                 del self._heaps[ring]
-                self._finished_rings.add(ring)
-                _remove_left_ring(ring)
+                _remove_left_ring(name, ring[1])
         heap_parts.into(checkpoint)
+        if heap_parts.lost and not self._heap_lost_warned:
+            self._heap_lost_warned = True
+            self.warn("heap events were lost (a shim's ring was full, or /dev/shm had no room"
+                      " for it): counted in heap_lost_events; heap totals are approximate")
         if self._heap_py_stats:
             rings = self._heap_py_stats.values()
             heap_meta = {f"heap_python_{key}": sum(stats[key] for stats in rings)
@@ -798,13 +831,20 @@ class Recorder:
         return any(process.is_alive(pid) for pid in self.sampler.processes())
 
 
-def _remove_left_ring(ring: tuple[int, int]) -> None:
-    """Removes a ring read to its end whose process left it at its name for us (it exited
-    before it was attached); the name of a live process's ring, or of a newer ring, stays."""
-    pid, inode = ring
-    path = _heap_ring_path(pid)
+def _owner(pid: int) -> int | None:
+    """The uid a process runs as (its rings' owner), None when it is gone."""
     try:
-        if os.lstat(path).st_ino == inode and not process.is_alive(pid):
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def _remove_left_ring(name: str, inode: int) -> None:
+    """Removes the name of a ring read to its end whose image is gone (exited, or exec'd):
+    a process that exited before it was attached, or exec'd, left it there for us."""
+    path = f"/dev/shm/{name}"
+    try:
+        if os.lstat(path).st_ino == inode:
             os.unlink(path)
     except OSError:
         pass

@@ -539,6 +539,8 @@ typedef struct {
     thread_sites by_thread;
     way_table ways;
     uint64_t inode;           /* of the ring file attached (the name may move on) */
+    uint64_t created_mono_ns; /* header created_mono_ns: which image of the pid made it */
+    char name[64];            /* its name in /dev/shm */
     uint64_t again;           /* ALLOC_AGAIN records read (totals since attach) */
     uint32_t *dirty;
     size_t ndirty, dirty_cap;
@@ -1033,10 +1035,15 @@ static void release_mapping(HeapReaderObject *r) {
 
 /* ------------------------------------------------------------------ attach */
 
-/* Maps and validates the ring of `pid`; on failure sets a Python exception. */
-static int do_attach(HeapReaderObject *r, int pid) {
+/* Maps and validates the ring `name` (in /dev/shm) of `pid`; on failure sets a Python
+ * exception. */
+static int do_attach(HeapReaderObject *r, int pid, const char *name) {
     char path[96];
-    snprintf(path, sizeof path, RSPROF_HEAP_PATH_PREFIX "%d", pid);
+    if (heapring_name_pid(name) != pid) {
+        PyErr_Format(PyExc_ValueError, "%s is not the name of a heap ring of pid %d", name, pid);
+        return -1;
+    }
+    snprintf(path, sizeof path, "/dev/shm/%s", name);
     /* O_NONBLOCK: never wait in open() on a FIFO planted under the ring's name. */
     int fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
@@ -1180,16 +1187,76 @@ static int do_attach(HeapReaderObject *r, int pid) {
     r->fp_shift = hc.sample_bytes ? FP_SHIFT_SAMPLED : 0;
     r->max_depth = hc.max_depth;
     r->start_time = hc.start_time;
+    r->created_mono_ns = hc.created_mono_ns;
+    snprintf(r->name, sizeof r->name, "%s", name);
     r->pid = pid;
     return 0;
 }
 
+static int ring_header_at(int dir, const char *name, long pid, uid_t uid, struct stat *st,
+                          struct rsprof_heap_header *hc);
+
+/* The name of pid's ring in /dev/shm, for attach(pid): of the regular files owned by the
+ * process's user whose valid header names pid, the newest one not marked exited, else the
+ * newest (an exec'd image's ring, left for its reader).  1: found; 0: none yet, but a
+ * file of that user at such a name has no valid header yet (a ring being created: the
+ * magic is stored last); -1: none. */
+static int find_ring(int pid, char *out, size_t outlen) {
+    struct stat pst;
+    char proc_path[64];
+    snprintf(proc_path, sizeof proc_path, "/proc/%d", pid);
+    uid_t uid = stat(proc_path, &pst) == 0 ? pst.st_uid : geteuid();
+    DIR *dir = opendir("/dev/shm");
+    if (dir == NULL) return 0;
+    uint64_t best_created = 0;
+    bool best_live = false, found = false, pending = false;
+    struct dirent *de;
+    while ((de = readdir(dir)) != NULL) {
+        if (heapring_name_pid(de->d_name) != pid) continue;
+        struct stat st;
+        struct rsprof_heap_header hc;
+        int got = ring_header_at(dirfd(dir), de->d_name, pid, uid, &st, &hc);
+        if (got == 0) pending = true;
+        if (got != 1) continue;
+        bool live = !(hc.flags & RSPROF_HEAP_HF_EXITED);
+        if (found && (best_live && !live)) continue;
+        if (found && best_live == live && hc.created_mono_ns < best_created) continue;
+        found = true;
+        best_live = live;
+        best_created = hc.created_mono_ns;
+        snprintf(out, outlen, "%s", de->d_name);
+    }
+    closedir(dir);
+    return found ? 1 : pending ? 0 : -1;
+}
+
 static PyObject *HeapReader_attach(PyObject *cls, PyObject *args) {
     int pid;
-    if (!PyArg_ParseTuple(args, "i:attach", &pid)) return NULL;
+    const char *given = NULL;
+    if (!PyArg_ParseTuple(args, "i|z:attach", &pid, &given)) return NULL;
     if (pid <= 0) {
         PyErr_SetString(PyExc_ValueError, "pid must be positive");
         return NULL;
+    }
+    char name[64];
+    if (given != NULL) {
+        snprintf(name, sizeof name, "%s", given);
+    } else {
+        /* A ring caught while the shim is still creating it gets up to 200 ms. */
+        int found = find_ring(pid, name, sizeof name);
+        for (int i = 0; found == 0 && i < 200; i++) {
+            Py_BEGIN_ALLOW_THREADS
+            usleep(1000);
+            Py_END_ALLOW_THREADS
+            found = find_ring(pid, name, sizeof name);
+        }
+        if (found != 1) {
+            errno = ENOENT;
+            char path[96];
+            snprintf(path, sizeof path, RSPROF_HEAP_PATH_PREFIX "%d.*", pid);
+            PyErr_SetFromErrnoWithFilename(PyExc_OSError, path); /* FileNotFoundError */
+            return NULL;
+        }
     }
     HeapReaderObject *r = PyObject_New(HeapReaderObject, &HeapReaderType);
     if (r == NULL) return NULL;
@@ -1206,7 +1273,7 @@ static PyObject *HeapReader_attach(PyObject *cls, PyObject *args) {
         Py_DECREF(r);
         return PyErr_NoMemory();
     }
-    if (do_attach(r, pid) < 0) {
+    if (do_attach(r, pid, name) < 0) {
         Py_DECREF(r);
         return NULL;
     }
@@ -1491,57 +1558,55 @@ static PyObject *HeapReader_exit(HeapReaderObject *r, PyObject *args) {
     return HeapReader_close(r, NULL);
 }
 
-/* Removes rings left behind by processes that died without exiting normally (SIGKILL,
- * crash): regular files we own, with a valid header, in our pid namespace, whose process
- * is gone (or whose pid now belongs to a process with another start time). */
 /* Reads the header of the ring file `name` (relative to dir, or a path with AT_FDCWD) as
  * every look at someone else's /dev/shm name must: O_NONBLOCK, so a FIFO planted there does
  * not hang us in open(); O_NOFOLLOW, so a symlink is never followed (ELOOP); and only a
- * regular file we own counts (FIFOs, directories, devices, other users' files do not).
- * -1: no such file of ours; 0: ours, *st set, but no valid header naming pid (scribbled,
- * or a ring still being created: magic is stored last); 1: *st and *hc set. */
-static int ring_header_at(int dir, const char *name, long pid, struct stat *st,
+ * regular file owned by `uid` counts (FIFOs, directories, devices, other users' files do
+ * not).  -1: no such file; 0: one, *st set, but no valid header naming pid (scribbled, or a
+ * ring still being created: magic is stored last); 1: *st and *hc set. */
+static int ring_header_at(int dir, const char *name, long pid, uid_t uid, struct stat *st,
                           struct rsprof_heap_header *hc) {
     int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return -1;
     int got = -1;
-    if (fstat(fd, st) == 0 && S_ISREG(st->st_mode) && st->st_uid == geteuid())
+    if (fstat(fd, st) == 0 && S_ISREG(st->st_mode) && st->st_uid == uid)
         got = pread(fd, hc, sizeof *hc, 0) == (ssize_t)sizeof *hc &&
               hc->magic == RSPROF_HEAP_MAGIC && hc->pid == (int32_t)pid;
     close(fd);
     return got;
 }
 
+/* Removes rings left behind that nobody will read: of processes that died without exiting
+ * normally (SIGKILL, crash), and exited or exec'd images' rings whose session is gone.
+ * Regular files we own, with a valid header, in our pid namespace. */
 static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
     PyObject *removed = PyList_New(0);
     if (removed == NULL) return NULL;
     DIR *dir = opendir("/dev/shm");
     if (dir == NULL) return removed;
     uint64_t my_ns = self_pidns();
-    const char *prefix = RSPROF_HEAP_PATH_PREFIX + sizeof "/dev/shm/" - 1;
-    size_t plen = strlen(prefix);
     struct dirent *de;
     while ((de = readdir(dir)) != NULL) {
-        if (strncmp(de->d_name, prefix, plen) != 0) continue;
-        char *end;
-        long pid = strtol(de->d_name + plen, &end, 10);
-        if (*end != 0 || pid <= 0 || pid > INT32_MAX) continue;
+        long pid = heapring_name_pid(de->d_name);
+        if (pid == 0) continue;
         /* Anything that is not a regular file of ours is skipped silently. */
         struct stat st;
         struct rsprof_heap_header hc;
-        int got = ring_header_at(dirfd(dir), de->d_name, pid, &st, &hc);
+        int got = ring_header_at(dirfd(dir), de->d_name, pid, geteuid(), &st, &hc);
         bool stale = false;
         if (got == 1) {
             if (hc.pidns == 0 || my_ns == 0 || hc.pidns == my_ns) {
                 uint64_t now = heapring_start_time((int)pid);
                 stale = hc.start_time != 0 ? now != hc.start_time : !pid_alive((int)pid);
-                /* Left at exit for the recorder of another live session: its to read
-                 * (unless that pid now names a process younger than the ring's). */
+                /* Exited, or exec'd (its pid lives on in a newer image): nobody writes it.
+                 * (A reader that has it mapped keeps reading after the unlink.) */
+                if (hc.flags & RSPROF_HEAP_HF_EXITED) stale = true;
+                /* Left for the recorder of another live session: its to read (unless
+                 * that pid now names another process than the one recorded). */
                 if (hc.version == RSPROF_HEAP_VERSION && hc.session_pid > 0 &&
-                    hc.session_pid != (int32_t)getpid()) {
-                    uint64_t session = heapring_start_time(hc.session_pid);
-                    if (session != 0 && session <= hc.start_time) stale = false;
-                }
+                    hc.session_pid != (int32_t)getpid() &&
+                    heapring_session_alive(hc.session_pid, hc.session_start))
+                    stale = false;
             }
         } else if (got == 0) {
             /* No valid header.  Swept only when the pid in its name is dead and the file
@@ -1564,17 +1629,20 @@ static PyObject *HeapReader_sweep_stale(PyObject *cls, PyObject *noargs) {
     return removed;
 }
 
-/* session_of(pid) -> int: the session (rsprof pid) named in the header of pid's ring, 0
- * for none, -1 when there is no valid ring of ours at the name (yet: the magic is stored
- * last). */
+/* session_of(name) -> int: the session (rsprof pid) named in the header of the ring `name`
+ * in /dev/shm, 0 for none, -1 when there is no valid ring of ours at the name (yet: the
+ * magic is stored last). */
 static PyObject *HeapReader_session_of(PyObject *cls, PyObject *args) {
-    int pid;
-    if (!PyArg_ParseTuple(args, "i:session_of", &pid)) return NULL;
-    char path[64];
-    snprintf(path, sizeof path, "%s%d", RSPROF_HEAP_PATH_PREFIX, pid);
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s:session_of", &name)) return NULL;
+    long pid = heapring_name_pid(name);
+    if (pid == 0) return PyLong_FromLong(-1);
+    char path[96];
+    snprintf(path, sizeof path, "/dev/shm/%s", name);
     struct stat st;
     struct rsprof_heap_header hc;
-    if (ring_header_at(AT_FDCWD, path, pid, &st, &hc) != 1 || hc.version != RSPROF_HEAP_VERSION)
+    if (ring_header_at(AT_FDCWD, path, pid, geteuid(), &st, &hc) != 1 ||
+        hc.version != RSPROF_HEAP_VERSION)
         return PyLong_FromLong(-1);
     return PyLong_FromLong(hc.session_pid > 0 ? hc.session_pid : 0);
 }
@@ -1594,13 +1662,20 @@ static PyObject *HeapReader_get_inode(HeapReaderObject *r, void *c) {
 static PyObject *HeapReader_get_repeated(HeapReaderObject *r, void *c) {
     return PyLong_FromUnsignedLongLong(r->again);
 }
+static PyObject *HeapReader_get_created_ns(HeapReaderObject *r, void *c) {
+    return PyLong_FromUnsignedLongLong(r->created_mono_ns);
+}
+static PyObject *HeapReader_get_name(HeapReaderObject *r, void *c) {
+    return PyUnicode_FromString(r->name);
+}
 static PyObject *HeapReader_get_closed(HeapReaderObject *r, void *c) {
     return PyBool_FromLong(r->closed);
 }
 
 static PyMethodDef HeapReader_methods[] = {
     {"attach", (PyCFunction)HeapReader_attach, METH_VARARGS | METH_CLASS,
-     "attach(pid) -> HeapReader: map /dev/shm/rsprof-heap.<pid>."},
+     "attach(pid, name=None) -> HeapReader: map pid's ring /dev/shm/<name> (default: its "
+     "newest ring, rsprof-heap.<pid>.<suffix>)."},
     {"poll", (PyCFunction)HeapReader_poll, METH_NOARGS,
      "poll() -> int: drain the events available now; returns how many."},
     {"discard", (PyCFunction)HeapReader_discard, METH_NOARGS,
@@ -1612,7 +1687,7 @@ static PyMethodDef HeapReader_methods[] = {
     {"sweep_stale", (PyCFunction)HeapReader_sweep_stale, METH_NOARGS | METH_STATIC,
      "sweep_stale() -> list[int]: remove rings of dead processes; returns their pids."},
     {"session_of", (PyCFunction)HeapReader_session_of, METH_VARARGS | METH_STATIC,
-     "session_of(pid) -> int: the rsprof session (pid) named by pid's ring, 0 if none, -1 "
+     "session_of(name) -> int: the rsprof session (pid) named by the ring name, 0 if none, -1 "
      "if there is no valid ring at the name."},
     {"set_python", (PyCFunction)HeapReader_set_python, METH_O,
      "set_python(reader) -> None: decode the Python frames of allocations with `reader` (a "
@@ -1631,6 +1706,9 @@ static PyGetSetDef HeapReader_getset[] = {
     {"ring_bytes", (getter)HeapReader_get_ring_bytes, NULL, "data area size in bytes", NULL},
     {"sample_bytes", (getter)HeapReader_get_sample_bytes, NULL, "0 = full capture", NULL},
     {"closed", (getter)HeapReader_get_closed, NULL, "close() was called", NULL},
+    {"created_ns", (getter)HeapReader_get_created_ns, NULL,
+     "CLOCK_MONOTONIC time the ring was created (0: unknown)", NULL},
+    {"name", (getter)HeapReader_get_name, NULL, "the ring's name in /dev/shm", NULL},
     {"inode", (getter)HeapReader_get_inode, NULL,
      "inode of the ring file attached (another process may own the name by now)", NULL},
     {"repeated", (getter)HeapReader_get_repeated, NULL,

@@ -2,7 +2,10 @@
  * the target) and its single reader (native/heapreader.c, inside the profiler).
  * docs/heap-ring.md describes the format and the protocol in prose; this file is the truth.
  *
- * File: /dev/shm/rsprof-heap.<pid> = one header page followed by the data area.
+ * File: /dev/shm/rsprof-heap.<pid>.<16 hex digits> = one header page followed by the data
+ * area.  The suffix is 64 random bits drawn at creation, so nobody can squat the name of a
+ * ring before it exists, and an exec'd image's ring never collides with the next image's
+ * (same pid): readers find a pid's rings by listing /dev/shm and reading their headers.
  *
  *   [0, RSPROF_HEAP_HEADER_SIZE)                    struct rsprof_heap_header
  *   [RSPROF_HEAP_HEADER_SIZE, + ring_size)          data area, ring_size a power of two
@@ -69,9 +72,12 @@
 #define RSPROF_HEAP_VERSION 3u /* 2: Python frames in ALLOC records; 3: ways, ALLOC_AGAIN */
 #define RSPROF_HEAP_HEADER_SIZE 4096u
 #define RSPROF_HEAP_MAX_DEPTH 64u
-/* shm_open() name prefix; the file is /dev/shm/rsprof-heap.<pid>. */
+/* shm_open() name prefix; the file is /dev/shm/rsprof-heap.<pid>.<suffix>, the suffix
+ * RSPROF_HEAP_SUFFIX_HEX lowercase hex digits of a random number. */
 #define RSPROF_HEAP_SHM_PREFIX "/rsprof-heap."
 #define RSPROF_HEAP_PATH_PREFIX "/dev/shm/rsprof-heap."
+#define RSPROF_HEAP_NAME_PREFIX "rsprof-heap." /* the name in /dev/shm */
+#define RSPROF_HEAP_SUFFIX_HEX 16u
 /* Ring size bounds (bytes).  The shim rounds the configured size up to a power of two. */
 #define RSPROF_HEAP_MIN_RING (64u * 1024u)
 #define RSPROF_HEAP_MAX_RING (1024ull * 1024u * 1024u)
@@ -118,6 +124,9 @@ enum {
     RSPROF_HEAP_HF_ALLOC_API = 1u << 6, /* jemalloc's mallocx family or tcmalloc's tc_*
                                            functions are loaded: the program may call them
                                            directly, and those calls are not seen */
+    RSPROF_HEAP_HF_NO_GROWTH = 1u << 7, /* growing the ring's tmpfs pages failed once (a full
+                                           /dev/shm): events beyond them are lost (counted),
+                                           growth is never tried again */
 };
 
 /* Commit word helpers. */
@@ -164,7 +173,12 @@ struct rsprof_heap_header {
     uint32_t max_depth;    /* stack depth limit in effect (<= RSPROF_HEAP_MAX_DEPTH) */
     uint32_t reserved0;
     uint64_t created_ns;   /* CLOCK_REALTIME at creation */
-    uint8_t pad0[56];      /* keep the next group on its own cache line (offset 128) */
+    uint64_t created_mono_ns; /* CLOCK_MONOTONIC at creation (perf's clock: tells which
+                                 image of the pid made the ring), 0 if unknown */
+    uint64_t session_start; /* start time of session_pid's process when the ring was made
+                               (heapring_start_time): that session is alive while
+                               /proc/<session_pid> still has it; 0 if unknown */
+    uint8_t pad0[40];      /* keep the next group on its own cache line (offset 128) */
 
     /* 128: changing, rarely written. */
     uint32_t flags;        /* RSPROF_HEAP_HF_* (atomic or) */
@@ -172,9 +186,11 @@ struct rsprof_heap_header {
     uint64_t lost_events;  /* events dropped because the ring was full (atomic add) */
     uint64_t lost_bytes;   /* their size in ring bytes */
     uint32_t reader_epoch; /* bumped by every reader that attaches (see "Ways") */
-    int32_t session_pid;   /* the rsprof whose `run` started this process tree (its shim's
-                              RSPROF_HEAP_WAIT_PPID), 0 if none: that recorder reads every
-                              ring of its session, one left behind at exit included */
+    int32_t session_pid;   /* the rsprof that reads this process's rings: the one whose `run`
+                              started the process tree (RSPROF_HEAP_WAIT_PPID), or the reader
+                              of the ring of the image before an exec or of the fork parent;
+                              0 if none.  That recorder reads every ring of its session, one
+                              left behind at exit or exec included */
     uint8_t pad1[64 - 32];
 
     /* 192: the writers' reservation cursor (CAS). */
@@ -206,6 +222,8 @@ _Static_assert(offsetof(struct rsprof_heap_header, pidns) == 40, "layout");
 _Static_assert(offsetof(struct rsprof_heap_header, sample_bytes) == 48, "layout");
 _Static_assert(offsetof(struct rsprof_heap_header, max_depth) == 56, "layout");
 _Static_assert(offsetof(struct rsprof_heap_header, created_ns) == 64, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, created_mono_ns) == 72, "layout");
+_Static_assert(offsetof(struct rsprof_heap_header, session_start) == 80, "layout");
 _Static_assert(offsetof(struct rsprof_heap_header, flags) == RSPROF_HEAP_OFF_FLAGS, "layout");
 _Static_assert(offsetof(struct rsprof_heap_header, reader_pid) == RSPROF_HEAP_OFF_READER_PID,
                "layout");
@@ -253,6 +271,27 @@ static inline uint64_t heapring_start_time(int pid) {
     uint64_t v = 0;
     while (*p >= '0' && *p <= '9') v = v * 10 + (uint64_t)(*p++ - '0');
     return v;
+}
+
+/* Is the session (the rsprof that will read this ring, see session_pid) still alive?  The
+ * same process, not merely the same pid: its start time must be the one recorded. */
+static inline int heapring_session_alive(int32_t session_pid, uint64_t session_start) {
+    if (session_pid <= 0) return 0;
+    uint64_t now = heapring_start_time(session_pid);
+    return now != 0 && (session_start == 0 || now == session_start);
+}
+
+/* The pid in a ring's name "rsprof-heap.<pid>.<suffix>", 0 if the name is not one. */
+static inline long heapring_name_pid(const char *name) {
+    size_t plen = sizeof RSPROF_HEAP_NAME_PREFIX - 1;
+    if (strncmp(name, RSPROF_HEAP_NAME_PREFIX, plen) != 0) return 0;
+    const char *p = name + plen;
+    long pid = 0;
+    while (*p >= '0' && *p <= '9' && pid <= 0x7fffffffL) pid = pid * 10 + (*p++ - '0');
+    if (*p++ != '.' || pid <= 0 || pid > 0x7fffffffL) return 0;
+    unsigned n = 0;
+    for (; (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'); p++) n++;
+    return *p == 0 && n == RSPROF_HEAP_SUFFIX_HEX ? pid : 0;
 }
 
 #endif /* RSPROF_HEAPRING_H */

@@ -159,16 +159,18 @@ class HeapBatch(tuple[object, ...]):
 
 @final
 class HeapReader:
-    """Reader of the heap shim's shared-memory ring (/dev/shm/rsprof-heap.<pid>)."""
+    """Reader of the heap shim's shared-memory ring (/dev/shm/rsprof-heap.<pid>.<suffix>)."""
 
     @classmethod
-    def attach(cls, pid: int, /) -> HeapReader: ...
+    def attach(cls, pid: int, name: str | None = None, /) -> HeapReader:
+        """pid's ring `name` in /dev/shm; None: its newest ring not marked exited (else its
+        newest). FileNotFoundError when there is none."""
     @staticmethod
     def sweep_stale() -> list[int]: ...
     @staticmethod
-    def session_of(pid: int, /) -> int:
-        """The rsprof session (its pid) named by pid's ring, 0 if none, -1 if there is no
-        valid ring at the name (yet)."""
+    def session_of(name: str, /) -> int:
+        """The rsprof session (its pid) named by the ring `name` in /dev/shm, 0 if none, -1
+        if there is no valid ring of ours at the name (yet)."""
     @property
     def pid(self) -> int: ...
     @property
@@ -179,7 +181,13 @@ class HeapReader:
     def closed(self) -> bool: ...
     @property
     def inode(self) -> int:
-        """Inode of the ring file attached (another ring may hold the name by now)."""
+        """Inode of the ring file attached."""
+    @property
+    def name(self) -> str:
+        """The ring's name in /dev/shm."""
+    @property
+    def created_ns(self) -> int:
+        """CLOCK_MONOTONIC time the shim created the ring (perf's clock), 0 if unknown."""
     @property
     def repeated(self) -> int:
         """Allocations read as a repeat of a stack their thread sent before."""

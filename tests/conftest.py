@@ -225,3 +225,34 @@ def leaky_heap_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("leaky-heap") / "leaky.db"
     return _record_run(out, "-i", "200ms", "--", str(build_target("leaky.c")),
                        str(LEAKY_TICKS), "25", str(LEAKY_THREADS))
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def heap_rings(pid: int) -> list[Path]:
+    """pid's heap rings in /dev/shm (rsprof-heap.<pid>.<16 hex digits>, native/heapring.h),
+    oldest first (by the header's CLOCK_MONOTONIC creation time)."""
+    import struct
+
+    found = []
+    for path in SHM_DIR.glob(f"rsprof-heap.{pid}.*"):
+        try:
+            with path.open("rb") as ring:
+                head = ring.read(80)
+        except OSError:
+            continue
+        created = struct.unpack_from("<Q", head, 72)[0] if len(head) >= 80 else 0
+        found.append((created, path))
+    return [path for _, path in sorted(found)]
+
+
+def heap_ring_path(pid: int) -> Path:
+    """pid's newest ring; when it has none, a name no ring has (so .exists() is False)."""
+    rings = heap_rings(pid)
+    return rings[-1] if rings else SHM_DIR / f"rsprof-heap.{pid}.none"
+
+
+def guessed_ring_name(pid: int) -> Path:
+    """A well-formed ring name for pid that no shim will draw (64 random bits of suffix)."""
+    return SHM_DIR / f"rsprof-heap.{pid}.{os.urandom(8).hex()}"

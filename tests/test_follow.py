@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from conftest import assert_share, build_target, run_rsprof, start_target
+from conftest import assert_share, build_target, heap_rings, run_rsprof, start_target
 
 
 def _top(profile: Path, *extra: str) -> dict[str, dict[str, Any]]:
@@ -170,8 +170,7 @@ def test_heap_of_children_gone_before_the_drain_saw_them(tmp_path: Path) -> None
                                      "--pid", str(pid)).stdout)
         assert {r["function"]: r for r in mine}["leak_site"]["live_bytes"] == 3 * 4000, pid
     # Read, then removed: nothing of this session is left in /dev/shm.
-    assert not [p for p in Path("/dev/shm").glob("rsprof-heap.*")
-                if p.name.removeprefix("rsprof-heap.") in {str(pid) for pid in pids}]
+    assert not [ring for pid in pids for ring in heap_rings(pid)]
 
 
 def test_heap_split_by_process(tmp_path: Path) -> None:

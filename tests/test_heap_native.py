@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import guessed_ring_name, heap_ring_path, heap_rings
 
 import rsprof
 from rsprof._native import HeapBatch, HeapReader
@@ -42,7 +43,8 @@ FLAG_EXITED = 1  # RSPROF_HEAP_HF_EXITED
 
 
 def ring_path(pid: int) -> Path:
-    return SHM / f"rsprof-heap.{pid}"
+    """pid's newest ring (/dev/shm/rsprof-heap.<pid>.<random suffix>)."""
+    return heap_ring_path(pid)
 
 
 def shim_env(**extra: str) -> dict[str, str]:
@@ -199,7 +201,8 @@ def targets() -> Iterator[list[Target]]:
         killed = t.proc.poll() is None
         t.kill()
         if killed:  # SIGKILL leaves the ring behind: remove it
-            ring_path(t.proc.pid).unlink(missing_ok=True)
+            for ring in heap_rings(t.proc.pid):
+                ring.unlink(missing_ok=True)
         if t.proc.stdout is not None:
             t.proc.stdout.close()
 
@@ -506,9 +509,13 @@ def test_fork_and_exec(target_binary, flags, targets) -> None:
 
     t.signal("exec-go")
     assert t.expect("children-done") == []
-    # children gone (one by exit, one by _exit): their rings too; the parent's remains
+    # children gone (one by exit, one by _exit): the one read to its end went with it; the
+    # quick one, its events unread, is left for the parent's reader (it inherited it as its
+    # session at fork: a recorder following the parent reads it); the parent's remains
     assert not ring_path(child).exists()
-    assert not ring_path(quick).exists()
+    left = ring_path(quick)
+    assert HeapReader.session_of(left.name) == os.getpid()
+    left.unlink()
     assert ring_path(parent).exists()
     rx.poll()
     xtot.add(rx.take())
@@ -585,21 +592,28 @@ def shell_target(targets: list[Target], binary: Path, args: list[str], flags: Pa
 
 @pytest.mark.parametrize("victim_exists", [True, False])
 def test_symlink_at_ring_name_not_followed(target_binary, flags, targets, victim_exists) -> None:
+    """A symlink planted under a ring name of the pid (anyone may create names in /dev/shm)
+    is never followed, by the shim or the reader, and heap tracking goes on."""
     binary = target_binary("heap_sites.c")
     t = shell_target(targets, binary, ["100", str(flags)], flags)
     pid = t.proc.pid
     victim = flags / "victim"
     if victim_exists:
         victim.write_bytes(b"precious")
-    link = ring_path(pid)
+    link = guessed_ring_name(pid)
     link.symlink_to(victim)
     try:
         t.release()
         assert int(t.expect("ready")[0]) == pid
+        reader = attach(pid)
+        assert reader.name != link.name
+        totals = Totals()
         t.signal("go")
-        assert t.expect("done") == []
-        with pytest.raises(ValueError):
-            HeapReader.attach(pid)
+        drain_until(reader, totals, t, "done")
+        assert [1000 * 100, 100, 0, 0] in totals.sites.values()  # leak_site: heap on
+        reader.close()
+        with pytest.raises(ValueError, match="symbolic link"):
+            HeapReader.attach(pid, link.name)
         assert t.finish() == 0
         assert link.is_symlink()  # left alone
         if victim_exists:
@@ -633,17 +647,16 @@ def test_stale_ring_of_dead_process_replaced(target_binary, flags, targets) -> N
     binary = target_binary("heap_sites.c")
     t = shell_target(targets, binary, ["1000", str(flags)], flags)
     pid = t.proc.pid
-    stale = ring_path(pid)
+    stale = guessed_ring_name(pid)
     # a ring left by an earlier process that had this pid (another start time)
     fd = os.open(stale, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     os.write(fd, fake_header(pid, start_time=1))
     os.close(fd)
-    old_ino = stale.stat().st_ino
     try:
         t.release()
         assert int(t.expect("ready")[0]) == pid
         reader = attach(pid)
-        assert stale.stat().st_ino != old_ino
+        assert not stale.exists() and reader.name != stale.name  # dead: removed
         assert reader.ring_bytes != 65536  # the shim's own ring, default size
         symbols = Symbols(binary, pid)
         totals = Totals()
@@ -661,7 +674,7 @@ def test_foreign_file_at_ring_name_refused(target_binary, flags, targets) -> Non
     binary = target_binary("heap_sites.c")
     t = shell_target(targets, binary, ["100", str(flags)], flags)
     pid = t.proc.pid
-    path = ring_path(pid)
+    path = guessed_ring_name(pid)
     content = fake_header(pid, start_time=1)
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     os.write(fd, content)
@@ -672,8 +685,9 @@ def test_foreign_file_at_ring_name_refused(target_binary, flags, targets) -> Non
         assert int(t.expect("ready")[0]) == pid
         t.signal("go")
         assert t.expect("done") == []
-        with pytest.raises(ValueError):
-            HeapReader.attach(pid)
+        assert HeapReader.attach(pid).name != path.name  # its own ring, heap on
+        with pytest.raises(ValueError, match="owned by uid 65534"):
+            HeapReader.attach(pid, path.name)
         assert t.finish() == 0
         assert path.stat().st_uid == 65534 and path.read_bytes() == content
     finally:
@@ -864,7 +878,8 @@ def test_exit_never_waits_for_a_reader_that_is_not_there(target_binary, flags, t
         t.signal("exit")
         assert t.proc.wait(timeout=10) == 0
         assert time.monotonic() - started < 2.5
-        assert HeapReader.session_of(pid) == session.pid  # left for the session's recorder
+        left = ring_path(pid)
+        assert HeapReader.session_of(left.name) == session.pid  # left for its recorder
         assert pid not in HeapReader.sweep_stale()  # not stale while its session lives
         reader = HeapReader.attach(pid)
         totals = Totals()

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_rsprof
+from conftest import heap_rings, run_rsprof
 
 C_SOURCE = "int add(int a, int b) { return a + b; }\nint main(void) { return add(1, 2) - 3; }\n"
 ASM_SOURCE = ".text\n.globl f\nf:\n  movl $42, %eax\n  ret\n"
@@ -87,5 +87,5 @@ def test_program_runs_unchanged_under_rsprof(
     assert sites > 0
     # No ring is left behind in /dev/shm by any process of the run.
     pids = {pid for (pid,) in db.execute("SELECT DISTINCT pid FROM processes")}
-    left = [pid for pid in pids if os.path.exists(f"/dev/shm/rsprof-heap.{pid}")]
+    left = [pid for pid in pids if heap_rings(pid)]
     assert not left, left

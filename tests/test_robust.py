@@ -15,17 +15,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import build_target, profile_meta, record_pid, run_rsprof
+from conftest import (
+    build_target,
+    guessed_ring_name,
+    heap_ring_path,
+    profile_meta,
+    record_pid,
+    run_rsprof,
+)
 
 import rsprof
 from rsprof._native import HeapReader
 
 SHM = Path("/dev/shm")
 SHIM = Path(rsprof.__file__).resolve().parent / "lib" / "librsprof_heap.so"
-
-
-def ring_path(pid: int) -> Path:
-    return SHM / f"rsprof-heap.{pid}"
 
 
 def dead_pid() -> int:
@@ -68,13 +71,13 @@ def cpu_samples(db: Path) -> int:
 def test_fifo_and_directory_in_shm_never_hang_or_abort(
     spinner: subprocess.Popen[str], planted: list[Path], tmp_path: Path
 ) -> None:
-    """A FIFO at a dead pid's ring name (swept before every recording) and at the target's
-    own ring name, then a directory at the target's name: each recording ends on time with
-    exit 0 and its CPU data; the planted files are left alone."""
-    fifo_dead = ring_path(dead_pid())
+    """A FIFO at a dead pid's ring name (swept before every recording) and at a ring name of
+    the target, then a directory there: each recording ends on time with exit 0 and its CPU
+    data; the planted files are left alone."""
+    fifo_dead = guessed_ring_name(dead_pid())
     os.mkfifo(fifo_dead, 0o600)
     planted.append(fifo_dead)
-    fifo_target = ring_path(spinner.pid)
+    fifo_target = guessed_ring_name(spinner.pid)
     os.mkfifo(fifo_target, 0o600)
     planted.append(fifo_target)
     started = time.monotonic()
@@ -105,22 +108,25 @@ def test_fifo_and_directory_in_shm_never_hang_or_abort(
 def test_symlink_at_ring_name_not_followed(planted: list[Path], tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_bytes(b"x" * 8192)
-    link = ring_path(dead_pid())
+    link = guessed_ring_name(dead_pid())
     link.symlink_to(victim)
     planted.append(link)
     HeapReader.sweep_stale()
     assert link.is_symlink() and victim.read_bytes() == b"x" * 8192
+    pid = int(link.name.split(".")[1])
     with pytest.raises(ValueError, match="not a heap ring"):
-        HeapReader.attach(int(link.name.rsplit(".", 1)[1]))
+        HeapReader.attach(pid, link.name)
+    with pytest.raises(FileNotFoundError):
+        HeapReader.attach(pid)  # never picked as the pid's ring
 
 
 def test_scribbled_ring_swept_only_when_its_pid_is_dead(planted: list[Path]) -> None:
     """A ring whose header was scribbled over is swept once its pid is dead (and it is
     old enough not to be a ring being created); one of a live pid is kept."""
     garbage = os.urandom(4096) + bytes(65536)
-    dead = ring_path(dead_pid())
-    live = ring_path(os.getpid())
-    fresh = ring_path(dead_pid() - 1)
+    dead = guessed_ring_name(dead_pid())
+    live = guessed_ring_name(os.getpid())
+    fresh = guessed_ring_name(dead_pid() - 1)
     for path in (dead, live, fresh):
         path.write_bytes(garbage)
         path.chmod(0o600)
@@ -145,20 +151,21 @@ def test_rings_created_exclusive_0600(tmp_path: Path) -> None:
         os.umask(old_umask)
     try:
         assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
-        st = ring_path(proc.pid).lstat()
+        ring = heap_ring_path(proc.pid)
+        st = ring.lstat()
         assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
         assert st.st_uid == os.geteuid()
         # A ring others could write is refused; back at 0600 it is accepted.
-        ring_path(proc.pid).chmod(0o666)
+        ring.chmod(0o666)
         with pytest.raises(ValueError, match="not 0600"):
             HeapReader.attach(proc.pid)
-        ring_path(proc.pid).chmod(0o600)
+        ring.chmod(0o600)
         HeapReader.attach(proc.pid).close()
     finally:
         proc.kill()
         proc.wait()
     HeapReader.sweep_stale()
-    assert not ring_path(proc.pid).exists()  # killed: swept
+    assert not ring.exists()  # killed: swept
 
 
 # ------------------------------------------------------------------ 2. the target's ring
@@ -193,7 +200,7 @@ TRUNCATE_RACE = r'''
 import os, struct, threading, time, sys
 from rsprof._native import HeapReader
 MAGIC = 0x3150414548505352
-pid = os.getpid(); path = f"/dev/shm/rsprof-heap.{pid}"
+pid = os.getpid(); path = f"/dev/shm/rsprof-heap.{pid}.{os.urandom(8).hex()}"
 ring = 1 << 16; size = 4096 + ring
 stat = open("/proc/self/stat").read(); start = int(stat[stat.rindex(")") + 2:].split()[19])
 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -454,14 +461,15 @@ def test_killed_target_ring_removed_when_recording_ends(tmp_path: Path) -> None:
     try:
         wait_for_checkpoints(out, 2)
         target = int(profile_meta(out)["pid"])
-        assert ring_path(target).exists()
+        ring = heap_ring_path(target)
+        assert ring.exists()
         os.kill(target, signal.SIGKILL)
         _, stderr = recorder.communicate(timeout=30)
     finally:
         if recorder.poll() is None:
             recorder.kill()
     assert recorder.returncode == 128 + signal.SIGKILL, stderr  # the target's end, as a shell says
-    assert not ring_path(target).exists()
+    assert not ring.exists()
 
 
 def test_target_stopped_at_the_duration_leaves_no_ring(tmp_path: Path) -> None:
@@ -473,4 +481,4 @@ def test_target_stopped_at_the_duration_leaves_no_ring(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "stopped: duration" in result.stderr
     assert "target stopped by rsprof (SIGTERM)" in result.stderr
-    assert not ring_path(int(profile_meta(out)["pid"])).exists()
+    assert not heap_ring_path(int(profile_meta(out)["pid"])).exists()

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BUILD_DIR, TARGETS, build_target, run_rsprof
+from conftest import BUILD_DIR, TARGETS, build_target, heap_rings, run_rsprof
 
 # Each reproducer must finish well within this; a deadlock shows up as a timeout.
 RUN_TIMEOUT = 90
@@ -96,5 +96,5 @@ def test_profiled_children_leave_no_ring_behind(tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "p.db")
     pids = {pid for (pid,) in db.execute("SELECT DISTINCT pid FROM processes")}
     assert len(pids) > 1, pids  # the children were followed
-    left = [pid for pid in pids if os.path.exists(f"/dev/shm/rsprof-heap.{pid}")]
+    left = [pid for pid in pids if heap_rings(pid)]
     assert left == [], left

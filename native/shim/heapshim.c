@@ -2,7 +2,7 @@
  *
  * Wraps the glibc allocator entry points, and for every allocation writes an ALLOC record
  * (address, size, frame-pointer call stack) and for every free a FREE record (address
- * only) into a lock-free shared-memory ring, /dev/shm/rsprof-heap.<pid>, that the
+ * only) into a lock-free shared-memory ring, /dev/shm/rsprof-heap.<pid>.<random>, that the
  * profiler drains (native/heapreader.c).  The ring format lives in native/heapring.h,
  * the behaviour is described in docs/heap-ring.md.
  *
@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -40,6 +41,10 @@
 #include "heapring.h"
 #include "shimcfi.h"
 #include "shimpy.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 
 #define EXPORT __attribute__((visibility("default")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
@@ -91,11 +96,27 @@ static struct rsprof_heap_header *g_hdr;
 static uint64_t *g_data;
 static size_t g_map_len;
 /* tmpfs pages of the data area allocated so far (bytes from its start, only grows, atomic):
- * a ring is allocated as it fills, not all at creation (see ring_grow), and the fd stays
- * open for that (close-on-exec; a fork child closes it). */
+ * a ring is allocated as it fills, not all at creation (see ring_grow). */
 static uint64_t g_alloc_bytes;
-static int g_ring_fd = -1;
 #define RING_FIRST_ALLOC (256u * 1024u)
+/* Growth needs no fd where the kernel has MADV_POPULATE_WRITE (5.14+): the fd is closed
+ * once the ring is mapped, so the program's fd table holds nothing of ours.  Otherwise
+ * (g_ring_fd >= 0) it is kept, moved high (F_DUPFD_CLOEXEC from RING_FD_FLOOR) and
+ * close-on-exec, and its identity (g_ring_dev, g_ring_ino) is checked before each use:
+ * a program that closes its fds and opens its own file at that number gets it back
+ * untouched, and the shim never uses or closes that fd again (ring_fd_ours). */
+static int g_ring_fd = -1;
+static dev_t g_ring_dev;
+static ino_t g_ring_ino;
+#define RING_FD_FLOOR 512
+static int g_grow_fd;   /* RSPROF_HEAP_GROW_FD=1: grow by the fd even with MADV_POPULATE_WRITE */
+static int g_no_growth; /* growth failed once (or the fd is not ours): never tried again */
+static char g_ring_name[64]; /* shm_open name of the current ring */
+/* The rsprof that reads this process's rings (header session_pid): RSPROF_HEAP_WAIT_PPID,
+ * or inherited from the fork parent's ring or from the pre-exec image's ring. */
+static int32_t g_session_pid;
+static uint64_t g_session_start;
+static int32_t g_parent_reader; /* fork child: the reader of the parent's ring at fork */
 static pid_t g_ring_pid;
 static int g_unlinked;
 static int g_disabled;  /* no ring in this process (image), for good */
@@ -175,10 +196,15 @@ static size_t fmt_u64(char *buf, uint64_t v) {
     return n;
 }
 
-static void shm_name(char *buf, pid_t pid) {
+/* "/rsprof-heap.<pid>.<16 hex digits of rnd>" into buf (64 bytes). */
+static void ring_name(char *buf, pid_t pid, uint64_t rnd) {
     size_t n = sizeof RSPROF_HEAP_SHM_PREFIX - 1;
     memcpy(buf, RSPROF_HEAP_SHM_PREFIX, n);
-    fmt_u64(buf + n, (uint64_t)pid);
+    n += fmt_u64(buf + n, (uint64_t)pid);
+    buf[n++] = '.';
+    for (int i = (int)RSPROF_HEAP_SUFFIX_HEX - 1; i >= 0; i--)
+        buf[n++] = "0123456789abcdef"[(rnd >> (4 * i)) & 15];
+    buf[n] = 0;
 }
 
 static uint64_t env_u64(const char *name, uint64_t dflt) {
@@ -374,54 +400,116 @@ static int64_t draw_countdown(void) {
 
 /* ------------------------------------------------------------------ ring creation */
 
-/* A file already sits at our name.  Decide whether it is ours to replace:
- *   - a regular file we own, with a valid header, whose pid is ours and whose start time
- *     is ours: left by this very process before it exec'd -> mark it exited + execed (an
- *     attached reader then knows to re-attach) and replace it;
- *   - same, but another start time: left by a dead process that had our pid -> stale;
- *   - a header naming another pid that no longer exists -> stale;
- * anything else (a symlink, someone else's file, not a ring, another pid namespace, a
- * live pid) is left alone and tracking is disabled.  Returns 1 if the name was unlinked. */
-static int take_over_existing(const char *name, pid_t pid, uint64_t start, uint64_t pidns) {
-    /* O_NONBLOCK: a FIFO planted under our name must not hang the target. */
-    int fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
-    if (fd < 0) {
-        shim_log(errno == ELOOP ? "ring name is a symlink: not following it, heap tracking off"
-                                : "cannot open existing ring file: heap tracking off");
-        return 0;
-    }
-    struct stat st;
-    int ok = 0;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-        st.st_size < (off_t)RSPROF_HEAP_HEADER_SIZE) {
-        shim_log("existing ring file is not ours: heap tracking off");
-        close(fd);
-        return 0;
-    }
-    struct rsprof_heap_header *h =
-        mmap(NULL, RSPROF_HEAP_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (h == MAP_FAILED) return 0;
-    /* Any version: the header's identity fields have not moved since version 1, and a ring
-     * left by an older shim with our pid is as dead as one of ours. */
-    if (h->magic == RSPROF_HEAP_MAGIC && h->version >= 1 && h->version <= RSPROF_HEAP_VERSION &&
-        (h->pidns == 0 || pidns == 0 || h->pidns == pidns)) {
-        if (h->pid == pid) {
-            if (start != 0 && h->start_time == start) /* our own pre-exec image */
-                __atomic_or_fetch(&h->flags, RSPROF_HEAP_HF_EXITED | RSPROF_HEAP_HF_EXECED,
+/* 64 bits nobody else can predict, for the ring's name: getrandom (GRND_NONBLOCK: never
+ * waits for the entropy pool), else a mix of the time stamp counter, the clock, the pid
+ * and the image's AT_RANDOM bytes. */
+static uint64_t name_random(void) {
+    uint64_t v = 0;
+    if (syscall(SYS_getrandom, &v, sizeof v, 1 /* GRND_NONBLOCK */) == (long)sizeof v) return v;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    v = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
+#if defined(__x86_64__)
+    unsigned lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    v ^= ((uint64_t)hi << 32 | lo) * 0x9E3779B97F4A7C15ULL;
+#endif
+    const uint64_t *at_random = (const uint64_t *)getauxval(AT_RANDOM);
+    if (at_random != NULL) v ^= at_random[0] ^ at_random[1];
+    v ^= v >> 33, v *= 0xff51afd7ed558ccdULL, v ^= v >> 33, v *= 0xc4ceb9fe1a85ec53ULL;
+    return v ^ (v >> 33);
+}
+
+/* Whether an exited ring stays at its name for its session's recorder: events nobody has
+ * read, no reader attached, and that recorder (the rsprof that reads this process tree's
+ * rings) still alive.  Otherwise the name goes: an attached reader keeps its mapping. */
+static int reader_alive(const struct rsprof_heap_header *h);
+static int ring_kept_for_session(const struct rsprof_heap_header *h) {
+    return !reader_alive(h) &&
+           heapring_session_alive(__atomic_load_n(&h->session_pid, __ATOMIC_ACQUIRE),
+                                  h->session_start) &&
+           __atomic_load_n(&h->read_pos, __ATOMIC_ACQUIRE) <
+               __atomic_load_n(&h->write_pos, __ATOMIC_ACQUIRE);
+}
+
+/* Rings already named after our pid: made by this very process before it exec'd (same
+ * start time), or by a dead process that had our pid.  Either way their writer is gone:
+ * mark them exited (+ execed when it was us: an attached reader then looks for our new
+ * ring), and unlink them unless their session's recorder will still read them
+ * (ring_kept_for_session: a process that execs before the recorder attached its ring
+ * loses nothing).  The pre-exec image's reader, or session, becomes ours, so our own ring
+ * is kept for it in turn.  Only regular files we own, with one link and a valid header
+ * naming our pid in our pid namespace, are opened (never a symlink, never a FIFO);
+ * anything else is left alone.  getdents64 and a stack buffer: no allocation. */
+static void settle_previous_rings(pid_t pid, uint64_t start, uint64_t pidns) {
+    int dir = open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0) return;
+    char prefix[32];
+    size_t plen = sizeof RSPROF_HEAP_NAME_PREFIX - 1;
+    memcpy(prefix, RSPROF_HEAP_NAME_PREFIX, plen);
+    plen += fmt_u64(prefix + plen, (uint64_t)pid);
+    prefix[plen++] = '.';
+    _Alignas(8) char buf[4096];
+    for (;;) {
+        long n = syscall(SYS_getdents64, dir, buf, sizeof buf);
+        if (n <= 0) break;
+        for (long off = 0; off < n;) {
+            struct {
+                uint64_t ino;
+                int64_t off;
+                unsigned short reclen;
+                unsigned char type;
+                char name[];
+            } *de = (void *)(buf + off);
+            off += de->reclen;
+            if (strncmp(de->name, prefix, plen) != 0 || heapring_name_pid(de->name) != pid)
+                continue;
+            struct stat st;
+            if (fstatat(dir, de->name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+                st.st_uid != geteuid() || st.st_nlink != 1 ||
+                st.st_size < (off_t)RSPROF_HEAP_HEADER_SIZE)
+                continue;
+            int fd = openat(dir, de->name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+            if (fd < 0) continue;
+            struct stat fst;
+            struct rsprof_heap_header *h = MAP_FAILED;
+            if (fstat(fd, &fst) == 0 && fst.st_dev == st.st_dev && fst.st_ino == st.st_ino &&
+                fst.st_size >= (off_t)RSPROF_HEAP_HEADER_SIZE)
+                h = mmap(NULL, RSPROF_HEAP_HEADER_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                         0);
+            close(fd);
+            if (h == MAP_FAILED) continue;
+            if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == RSPROF_HEAP_MAGIC &&
+                h->version == RSPROF_HEAP_VERSION && h->pid == pid &&
+                (h->pidns == 0 || pidns == 0 || h->pidns == pidns)) {
+                int mine = start != 0 && h->start_time == start; /* our pre-exec image */
+                __atomic_or_fetch(&h->flags,
+                                  RSPROF_HEAP_HF_EXITED | (mine ? RSPROF_HEAP_HF_EXECED : 0),
                                   __ATOMIC_RELEASE);
-            ok = 1; /* either way its creator is gone: only one live process has our pid */
-        } else if (h->pid > 0 && kill(h->pid, 0) != 0 && errno == ESRCH) {
-            ok = 1;
+                if (mine && g_session_pid == 0) {
+                    int32_t reader = __atomic_load_n(&h->reader_pid, __ATOMIC_ACQUIRE);
+                    if (heapring_session_alive(h->session_pid, h->session_start)) {
+                        g_session_pid = h->session_pid;
+                        g_session_start = h->session_start;
+                    } else if (reader > 0 && reader_alive(h)) {
+                        g_session_pid = reader;
+                        g_session_start = heapring_start_time(reader);
+                    }
+                }
+                if (!ring_kept_for_session(h)) unlinkat(dir, de->name, 0);
+            }
+            munmap(h, RSPROF_HEAP_HEADER_SIZE);
         }
     }
-    munmap(h, RSPROF_HEAP_HEADER_SIZE);
-    if (!ok) {
-        shim_log("ring name held by a live or foreign ring: heap tracking off");
-        return 0;
-    }
-    if (shm_unlink(name) != 0 && errno != ENOENT) return 0;
-    return 1;
+    close(dir);
+}
+
+/* The kept fd (fallback growth) still is our ring: the program may have closed it and
+ * opened a file of its own at that number. */
+static int ring_fd_ours(void) {
+    struct stat st;
+    return g_ring_fd >= 0 && fstat(g_ring_fd, &st) == 0 && st.st_dev == g_ring_dev &&
+           st.st_ino == g_ring_ino;
 }
 
 /* Creates and maps this process's ring, publishes g_hdr.  Called with t_guard set and
@@ -431,17 +519,24 @@ static void create_ring(void) {
     pid_t pid = getpid();
     uint64_t start = heapring_start_time(0);
     uint64_t pidns = self_pidns();
-    shm_name(name, pid);
+    /* A fork child whose parent's ring had a live reader and that has no live session
+     * of its own: that reader (a recorder following the parent) is its session. */
+    if (g_parent_reader > 0 && !heapring_session_alive(g_session_pid, g_session_start) &&
+        (kill(g_parent_reader, 0) == 0 || errno != ESRCH))
+        g_session_pid = g_parent_reader, g_session_start = 0;
+    g_parent_reader = 0;
+    settle_previous_rings(pid, start, pidns);
 
     int fd = -1;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        /* O_EXCL: never opens (let alone follows) anything that already exists. */
+    for (int attempt = 0; attempt < 4; attempt++) {
+        /* A fresh random name each time. O_EXCL: never opens (let alone follows) anything
+         * that already exists; someone guessing 64 random bits only costs a retry. */
+        ring_name(name, pid, name_random());
         fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
-        if (fd >= 0 || errno != EEXIST || attempt == 1) break;
-        if (!take_over_existing(name, pid, start, pidns)) break;
+        if (fd >= 0 || errno != EEXIST) break;
     }
     if (fd < 0) {
-        shim_log("shm_open failed: heap tracking off");
+        shim_log("cannot create the ring in /dev/shm: heap tracking off");
         g_disabled = 1;
         return;
     }
@@ -470,12 +565,34 @@ static void create_ring(void) {
         g_disabled = 1;
         return;
     }
-    if (g_ring_fd >= 0) close(g_ring_fd);
-    g_ring_fd = fd;
+    /* Growth by MADV_POPULATE_WRITE on the mapping needs no fd (probed on the first data
+     * page, allocated already). RSPROF_HEAP_GROW_FD=1 keeps the fd instead (tests). */
+    g_no_growth = 0;
+    g_ring_fd = -1;
+    if (first < g_ring_bytes &&
+        (g_grow_fd ||
+         madvise((char *)base + RSPROF_HEAP_HEADER_SIZE, g_page, MADV_POPULATE_WRITE) != 0)) {
+        struct rlimit rl;
+        int floor = RING_FD_FLOOR;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+            rl.rlim_cur <= (rlim_t)floor + 16)
+            floor = rl.rlim_cur > 32 ? (int)rl.rlim_cur - 16 : 3;
+        int high = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+        struct stat st;
+        if (high >= 0) close(fd), fd = high;
+        if (fstat(fd, &st) == 0) {
+            g_ring_fd = fd, g_ring_dev = st.st_dev, g_ring_ino = st.st_ino;
+            fd = -1;
+        }
+    }
+    if (fd >= 0) close(fd);
     __atomic_store_n(&g_alloc_bytes, first, __ATOMIC_RELEASE);
+    if (g_session_pid > 0 && g_session_start == 0)
+        g_session_start = heapring_start_time(g_session_pid);
     struct rsprof_heap_header *h = base;
-    struct timespec ts;
+    struct timespec ts, mono;
     clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &mono);
     h->version = RSPROF_HEAP_VERSION;
     h->header_size = RSPROF_HEAP_HEADER_SIZE;
     h->ring_size = g_ring_bytes;
@@ -486,12 +603,15 @@ static void create_ring(void) {
     h->sample_bytes = g_sample_bytes;
     h->max_depth = g_max_depth;
     h->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    h->session_pid = (int32_t)g_wait_ppid;
+    h->created_mono_ns = (uint64_t)mono.tv_sec * 1000000000ull + (uint64_t)mono.tv_nsec;
+    h->session_pid = g_session_pid;
+    h->session_start = g_session_start;
     h->flags = (g_sample_bytes ? RSPROF_HEAP_HF_SAMPLED : 0) | (g_py ? RSPROF_HEAP_HF_PYTHON : 0);
     __atomic_store_n(&h->magic, RSPROF_HEAP_MAGIC, __ATOMIC_RELEASE); /* header complete */
 
     g_data = (uint64_t *)((char *)base + RSPROF_HEAP_HEADER_SIZE);
     g_map_len = len;
+    memcpy(g_ring_name, name, sizeof g_ring_name);
     g_ring_pid = pid;
     g_unlinked = 0;
     __atomic_store_n(&g_hdr, h, __ATOMIC_RELEASE);
@@ -912,19 +1032,45 @@ static ALWAYS_INLINE void prefetch_ahead(uint64_t pos) {
 #endif
 }
 
+/* Growth failed (no room in /dev/shm) or its fd is no longer our ring: from now on the
+ * events that need more pages are lost (counted), without another try each.  Said once. */
+static NOINLINE void stop_growth(struct rsprof_heap_header *h, const char *why) {
+    if (__atomic_exchange_n(&g_no_growth, 1, __ATOMIC_ACQ_REL)) return;
+    if (h != NULL) __atomic_or_fetch(&h->flags, RSPROF_HEAP_HF_NO_GROWTH, __ATOMIC_RELEASE);
+    shim_log(why);
+}
+
 /* Allocates tmpfs pages for the data area up to byte `upto` (at least), doubling what is
  * allocated so that a ring that fills makes a few dozen calls in all.  No lock: threads
- * that grow at once ask for overlapping ranges, which fallocate allows, and the allocated
- * size only moves up.  Async-signal-safe (a syscall and atomics).  0: no room in /dev/shm. */
+ * that grow at once ask for overlapping ranges, which both ways allow, and the allocated
+ * size only moves up.  Async-signal-safe (syscalls and atomics).  0: no more pages, for
+ * good (stop_growth): a full /dev/shm must not cost every later event a failing call. */
 static NOINLINE int ring_grow(uint64_t upto) {
     uint64_t have = __atomic_load_n(&g_alloc_bytes, __ATOMIC_ACQUIRE);
     if (upto <= have) return 1;
+    if (__atomic_load_n(&g_no_growth, __ATOMIC_ACQUIRE)) return 0;
     uint64_t want = have * 2;
     while (want < upto) want *= 2;
     if (want > g_ring_bytes) want = g_ring_bytes;
-    if (posix_fallocate(g_ring_fd, (off_t)(RSPROF_HEAP_HEADER_SIZE + have),
-                        (off_t)(want - have)) != 0)
+    struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
+    int fd = __atomic_load_n(&g_ring_fd, __ATOMIC_ACQUIRE);
+    if (fd < 0) {
+        /* Faults the pages in through the mapping; EFAULT instead of the SIGBUS a write
+         * would get when tmpfs has no room. */
+        if (madvise((char *)g_data + have, want - have, MADV_POPULATE_WRITE) != 0) {
+            stop_growth(h, "no room in /dev/shm to grow the ring: later events lost");
+            return 0;
+        }
+    } else if (!ring_fd_ours()) {
+        /* Not ours any more: never used, never closed by us again. */
+        __atomic_store_n(&g_ring_fd, -1, __ATOMIC_RELEASE);
+        stop_growth(h, "the ring's fd was closed or reused by the program: ring not grown");
         return 0;
+    } else if (posix_fallocate(fd, (off_t)(RSPROF_HEAP_HEADER_SIZE + have),
+                               (off_t)(want - have)) != 0) {
+        stop_growth(h, "no room in /dev/shm to grow the ring: later events lost");
+        return 0;
+    }
     while (have < want &&
            !__atomic_compare_exchange_n(&g_alloc_bytes, &have, want, 1, __ATOMIC_RELEASE,
                                         __ATOMIC_ACQUIRE)) {
@@ -1158,17 +1304,13 @@ static void finish_ring(void) {
         memcpy(p, c, sizeof c - 1), p += sizeof c - 1, p += fmt_u64(p, st.fp_frames);
         shim_log(line);
     }
-    /* Events nobody has read, in a process of an `rsprof run` session whose recorder is
-     * alive: the ring stays at its name for that recorder, which reads it and removes it
+    /* Events nobody has read, in a process whose session's recorder is alive (the rsprof
+     * that started the process tree, or that read the fork parent's or pre-exec image's
+     * ring): the ring stays at its name for that recorder, which reads it and removes it
      * (a short child, `ls` in a shell script, is often gone before the recorder has seen
      * it, and unlinking took its events with it). No wait: the process exits at once. */
-    if (!reader_alive(h) && g_wait_ppid != 0 && kill((pid_t)g_wait_ppid, 0) == 0 &&
-        __atomic_load_n(&h->read_pos, __ATOMIC_ACQUIRE) <
-            __atomic_load_n(&h->write_pos, __ATOMIC_ACQUIRE))
-        return;
-    char name[64];
-    shm_name(name, g_ring_pid);
-    shm_unlink(name);
+    if (ring_kept_for_session(h)) return;
+    shm_unlink(g_ring_name);
     /* The mapping stays: late frees (other destructors) still land in the ring. */
 }
 
@@ -1206,9 +1348,17 @@ EXPORT void _Exit(int status) { _exit(status); }
 static void atfork_child(void) {
     struct rsprof_heap_header *h = g_hdr;
     __atomic_store_n(&g_hdr, NULL, __ATOMIC_RELEASE);
-    if (h) munmap(h, g_map_len);
-    if (g_ring_fd >= 0) close(g_ring_fd);
+    if (h) {
+        /* The parent's reader reads the child's ring too (create_ring): the ring stays at
+         * its name for it if the child exits before that recorder attached it. */
+        g_parent_reader = __atomic_load_n(&h->reader_pid, __ATOMIC_ACQUIRE);
+        munmap(h, g_map_len);
+    }
+    /* Only an fd proven to be our ring is closed: the program may have put its own file
+     * at that number (an inherited copy of it is the child's, untouched). */
+    if (ring_fd_ours()) close(g_ring_fd);
     g_ring_fd = -1;
+    g_no_growth = 0;
     g_alloc_bytes = 0;
     g_data = NULL;
     g_ring_pid = 0;
@@ -1302,6 +1452,8 @@ static void read_config(void) {
     if (g_exit_wait_ms > 60000) g_exit_wait_ms = 60000;
     g_wait_ppid = env_u64("RSPROF_HEAP_WAIT_PPID", 0);
     if (g_wait_ppid > INT32_MAX) g_wait_ppid = 0; /* no pid: as if unset */
+    g_session_pid = (int32_t)g_wait_ppid;
+    g_grow_fd = env_u64("RSPROF_HEAP_GROW_FD", 0) != 0;
     /* RSPROF_HEAP_UNWIND=fp: frame pointers only (the benchmark's baseline, and a way out
      * should CFI ever misbehave in a target). */
     const char *unwind = getenv("RSPROF_HEAP_UNWIND");

@@ -1,7 +1,7 @@
 /* A target that abuses its own heap ring while rsprof reads it (issue 11).
  *
  * Run under the shim (rsprof run): allocates a little, spins on the CPU, and after
- * DELAY_MS does MODE to /dev/shm/rsprof-heap.<pid>, then keeps spinning until SECONDS:
+ * DELAY_MS does MODE to its ring /dev/shm/rsprof-heap.<pid>.<suffix>, then keeps spinning until SECONDS:
  *   none      nothing (baseline)
  *   truncate  ftruncate the ring file to its header (a reader touching it gets SIGBUS)
  *   kind      commit a record of kind 7
@@ -15,6 +15,7 @@
  * Usage: ring_abuse MODE SECONDS [DELAY_MS]
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -97,8 +98,14 @@ int main(int argc, char **argv) {
     static void *volatile keep[100]; /* a little real heap data (volatile: not elided) */
     for (int i = 0; i < 100; i++) keep[i] = malloc(64 + (size_t)i);
     for (int i = 0; i < 50; i++) free(keep[i]);
-    char path[64];
-    snprintf(path, sizeof path, "/dev/shm/rsprof-heap.%d", (int)getpid());
+    /* Its ring: the one name in /dev/shm of the form rsprof-heap.<pid>.<random suffix>. */
+    char path[320] = "", prefix[64];
+    snprintf(prefix, sizeof prefix, "rsprof-heap.%d.", (int)getpid());
+    DIR *dir = opendir("/dev/shm");
+    for (struct dirent *de; dir != NULL && (de = readdir(dir)) != NULL;)
+        if (strncmp(de->d_name, prefix, strlen(prefix)) == 0)
+            snprintf(path, sizeof path, "/dev/shm/%s", de->d_name);
+    if (dir != NULL) closedir(dir);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) {
         perror("ring");
