@@ -32,8 +32,10 @@ def _binary(allocator: str) -> Path:
 
 
 def _site(rows: list[dict[str, Any]], function: str) -> dict[str, int]:
-    """The function's call sites (one row per line) added up."""
-    matching = [row for row in rows if row["function"] == function]
+    """The function's call sites (one row per line) added up. A C++ function is named with
+    its parameters (`make_strings(long, long)`), as its symbol demangles."""
+    matching = [row for row in rows
+                if row["function"] == function or row["function"].startswith(function + "(")]
     assert matching, [row["function"] for row in rows]
     keys = ("alloc_count", "free_count", "total_alloc_bytes", "live_bytes")
     return {key: sum(row[key] for row in matching) for key in keys}
@@ -83,3 +85,23 @@ def test_program_with_its_own_malloc_is_not_a_silent_full_profile(tmp_path: Path
     assert meta["heap_mode"] == "partial"
     assert said in meta["heap_missed"]
     assert said in meta["warnings"]
+
+
+def test_free_address_taken_in_a_non_pie_program_is_not_a_foreign_malloc(
+        tmp_path: Path) -> None:
+    """A non-PIE executable that takes free's address (GCC's cc1 does) exports free as an
+    undefined symbol at its PLT stub: dlsym finds the stub, not the shim. That is no malloc
+    of the program's own (the stub jumps to the shim): no warning, heap_mode full, every
+    block seen. `rsprof run -- gcc -c x.c` warned for cc1 before."""
+    binary = build_target("heap_freeptr.c", ("-no-pie", "-fno-pie"))
+    out = tmp_path / "p.db"
+    result = run_rsprof("run", "-q", "-o", str(out), "--", str(binary), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "freeptr done 7" in result.stdout
+    assert "not the heap shim's" not in result.stderr, result.stderr
+    meta = profile_meta(out)
+    assert meta["heap_mode"] == "full"
+    assert "heap_missed" not in meta
+    block = _site(top_json(out, "heap"), "make_block")
+    assert (block["alloc_count"], block["free_count"]) == (500, 493)
+    assert block["live_bytes"] == 7 * 1000

@@ -23,6 +23,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
@@ -1868,11 +1869,25 @@ extern __typeof(realloc) shim_self_realloc
  * family, tcmalloc's tc_* and mimalloc's mi_* functions, which a program may call directly
  * (those calls are not seen; exporting them from here would make a program that tests for
  * them, `if (&mallocx)`, believe they exist). */
+/* Whether the process binds NAME to a definition other than OURS. A non-PIE executable
+ * that takes a function's address in its code (GCC's cc1 does with free) exports it as an
+ * undefined symbol whose value is its PLT stub: that stub is the function's canonical
+ * address, so dlsym returns it, yet it jumps to whatever defines the function, the shim.
+ * Only a defined symbol at the address found is another allocator. */
+static int defined_elsewhere(const char *name, void *ours) {
+    void *found = dlsym(RTLD_DEFAULT, name);
+    if (found == ours || found == NULL) return 0;
+    Dl_info info;
+    const ElfW(Sym) *sym = NULL;
+    if (dladdr1(found, &info, (void **)&sym, RTLD_DL_SYMENT) == 0 || sym == NULL) return 1;
+    return sym->st_shndx != SHN_UNDEF;
+}
+
 static void detect_allocator(void) {
-    if (dlsym(RTLD_DEFAULT, "malloc") != (void *)shim_self_malloc ||
-        dlsym(RTLD_DEFAULT, "free") != (void *)shim_self_free ||
-        dlsym(RTLD_DEFAULT, "calloc") != (void *)shim_self_calloc ||
-        dlsym(RTLD_DEFAULT, "realloc") != (void *)shim_self_realloc) {
+    if (defined_elsewhere("malloc", (void *)shim_self_malloc) ||
+        defined_elsewhere("free", (void *)shim_self_free) ||
+        defined_elsewhere("calloc", (void *)shim_self_calloc) ||
+        defined_elsewhere("realloc", (void *)shim_self_realloc)) {
         g_found_flags |= RSPROF_HEAP_HF_MALLOC_ELSEWHERE;
         shim_log("malloc is defined before the shim (executable or earlier library): "
                  "its allocations are not seen");
