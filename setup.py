@@ -44,6 +44,7 @@ class BuildNative(build_ext):
             sources,
             output_dir=self.build_temp,
             include_dirs=[str(NATIVE)],
+            depends=HEADERS,
             # -fexceptions: a bad_alloc thrown by the allocator's operator new unwinds
             # through the shim's wrapper, whose cleanup must run (heapshim.c, guard_end).
             extra_preargs=[*COMMON_CFLAGS, "-fPIC", "-fvisibility=hidden", "-pthread",
@@ -78,15 +79,21 @@ class BuildNative(build_ext):
         if not sources:
             return
         objects = self.compiler.compile(sources, output_dir=self.build_temp,
-                                        extra_preargs=cflags)
+                                        extra_preargs=cflags, depends=HEADERS)
         exe = out_dir / name
         self.compiler.link_executable(objects, str(exe), extra_preargs=ldflags)
         os.chmod(exe, 0o755)
 
 
+# Every header: an object is rebuilt when one changes (a build folder kept from an earlier
+# install had a reader of ring format 3 beside a shim of format 4: heapring.h had changed,
+# no .c file of the extension had).
+HEADERS = sorted(str(p.relative_to(HERE)) for p in NATIVE.rglob("*.h"))
+
 native_ext = Extension(
     "rsprof._native",
     sources=sorted(str(p.relative_to(HERE)) for p in NATIVE.glob("*.c")),
+    depends=HEADERS,
     include_dirs=["native"],
     extra_compile_args=[*COMMON_CFLAGS, "-std=gnu11"],
 )

@@ -22,9 +22,18 @@ void shimcfi_get_stats(shimcfi_stats *out) { memset(out, 0, sizeof *out); }
 
 /* unw_backtrace starts in this function: the entries up to and including the wrapper's
  * return address (ips[n - 1]) are the shim's own frames and are dropped. */
+void shimcfi_memo_reset(shimcfi_memo *memo) { (void)memo; }
+
+/* Never called: this walk reports no memo hits. */
+const uint64_t *shimcfi_memo_frames(const shimcfi_memo *memo, int way) {
+    (void)way;
+    return (const uint64_t *)memo->bytes;
+}
+
 unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
-                      uintptr_t lo, uintptr_t hi, int *truncated, int *way, int *hit) {
-    (void)sp, (void)bp, (void)lo, (void)hi;
+                      uintptr_t lo, uintptr_t hi, int *truncated, shimcfi_memo *memo,
+                      shimcfi_scratch *scratch, int *way, int *hit) {
+    (void)sp, (void)bp, (void)lo, (void)hi, (void)memo, (void)scratch;
     if (way != NULL) *way = -1, *hit = 0; /* no memo: every record carries its stack */
     void *buf[96];
     int got = unw_backtrace(buf, 96);

@@ -30,11 +30,16 @@ from rsprof.collector.symbols import Symbolizer
 from rsprof.storage.writer import Checkpoint, ProfileWriter
 
 from rsprof import __version__
-from rsprof._native import HeapReader, PerfMmap, PerfSampler, PyFrameReader
+from rsprof._native import (
+    HEAP_RING_HEADER_SIZE,
+    HeapReader,
+    PerfMmap,
+    PerfSampler,
+    PyFrameReader,
+)
 
-# The heap ring's header (native/heapring.h, RSPROF_HEAP_HEADER_SIZE): a smaller file is a
-# ring the shim has created but not sized yet.
-_HEAP_HEADER_BYTES = 4096
+# The heap ring's header: a smaller file is a ring the shim has created but not sized yet.
+_HEAP_HEADER_BYTES = HEAP_RING_HEADER_SIZE
 # /dev/shm/rsprof-heap.<pid>.<16 hex digits, random> (native/heapring.h): nobody can squat
 # a ring's name before it exists, and each image of an exec'ing process has a ring of its own.
 _HEAP_RING_PREFIX = "rsprof-heap."

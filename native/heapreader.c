@@ -1737,5 +1737,9 @@ int rsprof_heap_register(PyObject *module) {
     HeapBatchType = PyStructSequence_NewType(&heap_batch_desc);
     if (HeapBatchType == NULL) return -1;
     if (PyModule_AddObjectRef(module, "HeapBatch", (PyObject *)HeapBatchType) < 0) return -1;
+    /* The ring format's numbers, for Python (one definition: heapring.h). */
+    if (PyModule_AddIntConstant(module, "HEAP_RING_VERSION", RSPROF_HEAP_VERSION) < 0 ||
+        PyModule_AddIntConstant(module, "HEAP_RING_HEADER_SIZE", RSPROF_HEAP_HEADER_SIZE) < 0)
+        return -1;
     return PyModule_AddObjectRef(module, "HeapReader", (PyObject *)&HeapReaderType);
 }

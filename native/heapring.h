@@ -69,7 +69,8 @@
 #include <stdint.h>
 
 #define RSPROF_HEAP_MAGIC 0x3150414548505352ULL /* "RSPHEAP1", little-endian */
-#define RSPROF_HEAP_VERSION 3u /* 2: Python frames in ALLOC records; 3: ways, ALLOC_AGAIN */
+#define RSPROF_HEAP_VERSION 4u /* 2: Python frames in ALLOC records; 3: ways, ALLOC_AGAIN;
+                                  4: 64 ways, the way in flags bits 8-15 */
 #define RSPROF_HEAP_HEADER_SIZE 4096u
 #define RSPROF_HEAP_MAX_DEPTH 64u
 /* shm_open() name prefix; the file is /dev/shm/rsprof-heap.<pid>.<suffix>, the suffix
@@ -92,7 +93,7 @@ enum {
     RSPROF_HEAP_REC_ALLOC_AGAIN = 3, /* an allocation with the stack of a named way */
 };
 /* Ways a thread may name (RSPROF_HEAP_HEAD_WAY is 1 .. this, 0 for none). */
-#define RSPROF_HEAP_MAX_WAYS 8u
+#define RSPROF_HEAP_MAX_WAYS 64u
 
 /* Record flags (commit word bits 16-31): informational, the reader needs none of them. */
 enum {
@@ -102,10 +103,10 @@ enum {
     RSPROF_HEAP_RF_TRUNCATED = 1u << 3, /* the stack had more frames than max_depth */
     RSPROF_HEAP_RF_FAILED_REALLOC = 1u << 4, /* realloc failed: old block re-announced */
     RSPROF_HEAP_RF_PYTHON = 1u << 5,    /* Python frames follow the return addresses */
-    /* bits 12-15: the way (+ 1) an ALLOC record names or an ALLOC_AGAIN record repeats;
+    /* bits 8-15: the way (+ 1) an ALLOC record names or an ALLOC_AGAIN record repeats;
      * the reader needs these */
 };
-#define RSPROF_HEAP_RF_WAY(way) ((unsigned)((way) + 1) << 12)
+#define RSPROF_HEAP_RF_WAY(way) ((unsigned)((way) + 1) << 8)
 
 /* Header flags (rsprof_heap_header.flags). */
 enum {
@@ -137,7 +138,7 @@ enum {
 #define RSPROF_HEAP_HEAD_DEPTH(h) ((unsigned)(((h) >> 8) & 0xffu))
 #define RSPROF_HEAP_HEAD_FLAGS(h) ((unsigned)(((h) >> 16) & 0xffffu))
 #define RSPROF_HEAP_HEAD_TID(h) ((uint32_t)((h) >> 32))
-#define RSPROF_HEAP_HEAD_WAY(h) ((unsigned)(((h) >> 28) & 0xfu)) /* way + 1; 0: none */
+#define RSPROF_HEAP_HEAD_WAY(h) ((unsigned)(((h) >> 24) & 0xffu)) /* way + 1; 0: none */
 #define RSPROF_HEAP_AGAIN_WORDS 3u
 #define RSPROF_HEAP_FREE_WORDS 2u
 #define RSPROF_HEAP_ALLOC_WORDS(depth) (3u + (unsigned)(depth))

@@ -157,6 +157,9 @@ class HeapBatch(tuple[object, ...]):
         """(stack_id, tid, alloc_bytes, alloc_count, free_bytes, free_count): `sites` split
         by the allocating thread (a free is charged to the thread that allocated)"""
 
+HEAP_RING_VERSION: int  # native/heapring.h RSPROF_HEAP_VERSION
+HEAP_RING_HEADER_SIZE: int  # native/heapring.h RSPROF_HEAP_HEADER_SIZE
+
 @final
 class HeapReader:
     """Reader of the heap shim's shared-memory ring (/dev/shm/rsprof-heap.<pid>.<suffix>)."""

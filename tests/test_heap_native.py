@@ -26,7 +26,7 @@ import pytest
 from conftest import guessed_ring_name, heap_ring_path, heap_rings
 
 import rsprof
-from rsprof._native import HeapBatch, HeapReader
+from rsprof._native import HEAP_RING_VERSION, HeapBatch, HeapReader
 
 # The shim next to the rsprof package under test (installed, or built in place).
 SHIM = Path(rsprof.__file__).resolve().parent / "lib" / "librsprof_heap.so"
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(not SHIM.exists(), reason="heap shim not built")
 
 # native/heapring.h
 MAGIC = 0x3150414548505352
-VERSION = 3  # native/heapring.h RSPROF_HEAP_VERSION
+VERSION = HEAP_RING_VERSION  # native/heapring.h RSPROF_HEAP_VERSION
 HEADER_SIZE = 4096
 FLAGS_OFFSET = 128  # RSPROF_HEAP_OFF_FLAGS
 FLAG_EXITED = 1  # RSPROF_HEAP_HF_EXITED

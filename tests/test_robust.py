@@ -198,7 +198,7 @@ def run_abuse(out: Path, mode: str, seconds: float, delay_ms: int = 300) -> tupl
 
 TRUNCATE_RACE = r'''
 import os, struct, threading, time, sys
-from rsprof._native import HeapReader
+from rsprof._native import HEAP_RING_HEADER_SIZE, HEAP_RING_VERSION, HeapReader
 MAGIC = 0x3150414548505352
 pid = os.getpid(); path = f"/dev/shm/rsprof-heap.{pid}.{os.urandom(8).hex()}"
 ring = 1 << 16; size = 4096 + ring
@@ -206,7 +206,8 @@ stat = open("/proc/self/stat").read(); start = int(stat[stat.rindex(")") + 2:].s
 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
 try:
     os.ftruncate(fd, size)
-    hdr = struct.pack("<QIIQiIQQQI", MAGIC, 3, 4096, ring, pid, os.geteuid(), start, 0, 0, 64)
+    hdr = struct.pack("<QIIQiIQQQI", MAGIC, HEAP_RING_VERSION, HEAP_RING_HEADER_SIZE, ring, pid,
+                      os.geteuid(), start, 0, 0, 64)
     os.pwrite(fd, hdr, 0)
     run = threading.Event(); stop = False
     def toggle():

@@ -144,7 +144,7 @@ static TLS uint64_t t_rng;       /* xorshift64* state, 0 = not seeded */
 /* Ways (docs/heap-ring.md): bit w set once an ALLOC record named the stack now in memo way
  * w to the reader of epoch t_epoch; then that stack is sent again as 3 words. */
 _Static_assert(SHIMCFI_WAYS <= RSPROF_HEAP_MAX_WAYS, "a way must fit its record field");
-static TLS unsigned t_named_ways;
+static TLS uint64_t t_named_ways;
 static TLS uint32_t t_epoch;
 static TLS int t_recording;      /* > 0: inside record_alloc (a signal may nest another) */
 
@@ -970,8 +970,8 @@ static NOINLINE thread_area *area_slow(void) {
     spin_unlock(&g_area_lock);
     if (a != NULL) {
         /* The memo is exact whichever thread wrote it (it rechecks every word), but a
-         * clean one is cheaper than 4 stale ways that can never hit. */
-        memset(&a->memo, 0, sizeof a->memo);
+         * clean one is cheaper than stale ways that can never hit. */
+        shimcfi_memo_reset(&a->memo);
     } else {
         void *m = mmap(NULL, sizeof(thread_area), PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -1141,11 +1141,13 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
     if (UNLIKELY((uintptr_t)a <= (uintptr_t)AREA_DEAD)) a = NULL;
     uint64_t direct[1];
     uint64_t *ips = direct;
+    const uint64_t *callers = NULL; /* ips[1 ..), or the memo's copy of them after a hit */
     unsigned depth = 1;
     if (LIKELY(a != NULL)) {
         record_level *lv = &a->level[level];
         ips = lv->ips;
         depth = capture(ips, fp, &flags, level == 0 ? &a->memo : NULL, &lv->cfi, &way, &hit);
+        callers = hit ? shimcfi_memo_frames(&a->memo, way) : ips + 1;
     } else {
         direct[0] = ((const uintptr_t *)fp)[1]; /* the return address into malloc's caller */
     }
@@ -1155,7 +1157,7 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
             t_epoch = epoch;
             t_named_ways = 0;
         }
-        if (!hit) t_named_ways &= ~(1u << way); /* the way holds another stack now */
+        if (!hit) t_named_ways &= ~(1ull << way); /* the way holds another stack now */
     }
     /* Python frames: only in a CPython (g_py, decided once at init), so other programs
      * pay one predictable branch. Guarded: the thread-state getter may allocate TLS. */
@@ -1183,7 +1185,8 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
             uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
             d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
             d[(i + 2) & m] = (uint64_t)n;
-            for (unsigned k = 0; k < depth; k++) d[(i + 3 + k) & m] = ips[k];
+            d[(i + 3) & m] = ips[0];
+            for (unsigned k = 1; k < depth; k++) d[(i + 3 + k) & m] = callers[k - 1];
             if (npy) {
                 d[(i + 3 + depth) & m] = npy;
                 for (unsigned k = 0; k < 2 * npy; k++) d[(i + 4 + depth + k) & m] = py[k];
@@ -1192,7 +1195,7 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
                              RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_ALLOC, depth, flags, t_tid),
                              __ATOMIC_RELEASE);
             /* Named only if the record made it into the ring (not lost to a full one). */
-            if (by_way) t_named_ways |= 1u << way;
+            if (by_way) t_named_ways |= 1ull << way;
         }
     }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);

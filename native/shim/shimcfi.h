@@ -23,15 +23,18 @@ void shimcfi_flush(void);
 /* Working memory of a walk, kept off the target's stack (a thread with a 16 KiB stack must
  * not run out of it inside malloc): the caller owns one per thread and nesting level, in
  * memory of its own (docs/heap-ring.md, "Stack use").  Sizes are checked in shimcfi.c. */
-#define SHIMCFI_WAYS 4
+#define SHIMCFI_WAYS 64
 #define SHIMCFI_SCRATCH_BYTES 768
-#define SHIMCFI_MEMO_BYTES 4864
+#define SHIMCFI_MEMO_BYTES (1224u * SHIMCFI_WAYS + 256u)
 typedef struct {
     _Alignas(16) unsigned char bytes[SHIMCFI_SCRATCH_BYTES];
 } shimcfi_scratch; /* a rule's computation: module bounds, CIE, CFA program state */
 typedef struct {
     _Alignas(16) unsigned char bytes[SHIMCFI_MEMO_BYTES];
-} shimcfi_memo; /* a thread's last SHIMCFI_WAYS walks; all zero is empty */
+} shimcfi_memo; /* SHIMCFI_WAYS recent walks of a thread; all zero is empty */
+
+/* Empties a memo that passes to another thread (without touching its ways). */
+void shimcfi_memo_reset(shimcfi_memo *memo);
 
 /* Walks the stack by CFI.  ips[0 .. n) are already filled, ips[n - 1] == pc is the return
  * address into the frame to unwind next, sp the value of the stack pointer in that frame
@@ -39,16 +42,21 @@ typedef struct {
  * [lo, hi).  Appends return addresses (an interrupted pc after a signal frame as pc + 1)
  * up to max entries; sets *truncated when frames remained.  Returns the new count.
  *
- * The thread's last SHIMCFI_WAYS walks are memoized in *memo (exactly: see shimcfi.c).
- * With `memo` NULL it is neither used nor touched (a walk nested in another one's
- * recording: a signal handler that allocates).  Otherwise *way receives the memo way that
- * now holds this walk's stack (-1: none) and *hit whether it was already there (1) or has
- * just been written (0): a caller that has told its reader "way w of this thread is stack
- * S" may say "way w again" after a hit.  `scratch` is used when a rule is computed; one
- * walk at a time per scratch. */
+ * Up to SHIMCFI_WAYS recent walks of the thread are memoized in *memo (exactly: see
+ * shimcfi.c).  With `memo` NULL it is neither used nor touched (a walk nested in another
+ * one's recording: a signal handler that allocates).  Otherwise *way receives the memo way
+ * that now holds this walk's stack (-1: none) and *hit whether it was already there (1) or
+ * has just been written (0): a caller that has told its reader "way w of this thread is
+ * stack S" may say "way w again" after a hit.  On a hit, ips[n ..) are NOT filled: the
+ * frames are at shimcfi_memo_frames(memo, way) (until the thread's next walk), and the
+ * return value counts them.  `scratch` is used when a rule is computed; one walk at a
+ * time per scratch. */
 unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
                       uintptr_t lo, uintptr_t hi, int *truncated, shimcfi_memo *memo,
                       shimcfi_scratch *scratch, int *way, int *hit);
+
+/* The frames after ips[0] of the walk memoized in `way` (after a hit). */
+const uint64_t *shimcfi_memo_frames(const shimcfi_memo *memo, int way);
 
 /* Counters for RSPROF_HEAP_DEBUG and the tests: rules computed (cache misses), rules that
  * did not fit the cache window, frames walked by the frame-pointer fallback. */

@@ -8,7 +8,7 @@
  *   depth     commit an ALLOC record of depth 200
  *   lost      set the lost-event counter to 2^63
  *   size      commit an ALLOC record of 2^63 bytes
- *   way       commit an ALLOC_AGAIN record naming way 12 (there are at most 8)
+ *   way       commit an ALLOC_AGAIN record naming way 200 (there are at most 64)
  *   random    commit records of random words (seed 11)
  *   flood     write ALLOC records with random stacks and addresses as fast as the ring
  *             takes them, for the rest of the run
@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
         if (p >= 0) {
             put((uint64_t)p, 1, 0x7f0000001000ull);
             put((uint64_t)p, 2, 64);
-            commit((uint64_t)p, head_of(3, 0) | (uint64_t)12 << 28);
+            commit((uint64_t)p, head_of(3, 0) | (uint64_t)201 << 24);
         }
     } else if (strcmp(mode, "lost") == 0) {
         __atomic_store_n(hdr64(OFF_LOST), 1ull << 63, __ATOMIC_RELEASE);
