@@ -313,6 +313,36 @@ def test_repeated_stacks_exact_across_readers(target_binary, flags, targets) -> 
     assert t.finish() == 0
 
 
+def test_cycle_of_paths_through_one_wrapper_repeats_its_stacks(target_binary, flags,
+                                                             targets) -> None:
+    """24 sites allocate through one wrapper in turn: malloc is called from one pc at one sp
+    for every path, in a cycle longer than the 4 ways the memo once had (which hit none of
+    them, so every allocation was walked and sent whole). The memo tells the paths apart by
+    their first callers: after each path's first walk, its allocations are repeats
+    (ALLOC_AGAIN), and every site's counts stay exact."""
+    binary = target_binary("heap_wrapper.c")
+    ticks, sites = 2000, 24
+    t = start(targets, [str(binary), str(ticks), str(flags)], flags)
+    pid = int(t.expect("ready")[0])
+    symbols = Symbols(binary, pid)
+    reader = attach(pid)
+    totals = Totals()
+    t.signal("go")
+    drain_until(reader, totals, t, "done")
+    by_site: dict[str | None, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for stack_id, site in totals.sites.items():
+        stack = totals.stacks[stack_id]
+        if symbols.name(stack[0]) == "xalloc":  # the wrapper; its caller is the site
+            for i in range(4):
+                by_site[symbols.name(stack[1])][i] += site[i]
+    for k in range(sites):
+        assert by_site[f"site_{k}"] == [ticks * (100 + k), ticks, ticks * (100 + k), ticks], k
+    assert totals.lost == 0 and totals.dropped == 0 and totals.unknown_frees == 0
+    assert reader.repeated >= 0.99 * ticks * sites, (reader.repeated, ticks * sites)
+    reader.close()
+    assert t.finish() == 0
+
+
 def test_ring_pages_allocated_as_it_fills(target_binary, flags, targets) -> None:
     """A process that allocates a little holds a few hundred KiB of /dev/shm, not its whole
     ring (64 MiB under `rsprof run`: allocating that up front cost every process 26 ms, a
