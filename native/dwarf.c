@@ -28,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "leb128.h"
+
 /* ---- section access ---------------------------------------------------------------------- */
 
 enum { S_INFO, S_ABBREV, S_LINE, S_STR, S_LINE_STR, S_RANGES, S_RNGLISTS, S_ADDR, S_STR_OFFSETS,
@@ -76,33 +78,17 @@ static inline uint16_t rd_u16(Rd *r) { return (uint16_t)rd_uint(r, 2); }
 static inline uint32_t rd_u32(Rd *r) { return (uint32_t)rd_uint(r, 4); }
 static inline uint64_t rd_u64(Rd *r) { return rd_uint(r, 8); }
 
+/* LEB128: native/leb128.h (shared with the CFI interpreter).  A truncated number sets err,
+ * reads 0 and leaves the reader at its end. */
 static inline uint64_t rd_uleb(Rd *r) {
-    uint64_t v = 0;
-    unsigned shift = 0;
-    while (r->p < r->end) {
-        uint8_t b = *r->p++;
-        if (shift < 64) v |= (uint64_t)(b & 0x7f) << shift;
-        shift += 7;
-        if (!(b & 0x80)) return v;
-    }
-    r->err = 1;
+    uint64_t v;
+    if (!rs_uleb128(&r->p, r->end, &v)) r->err = 1;
     return v;
 }
 
 static inline int64_t rd_sleb(Rd *r) {
-    int64_t v = 0;
-    unsigned shift = 0;
-    uint8_t b = 0;
-    while (r->p < r->end) {
-        b = *r->p++;
-        if (shift < 64) v |= (int64_t)((uint64_t)(b & 0x7f) << shift);
-        shift += 7;
-        if (!(b & 0x80)) {
-            if (shift < 64 && (b & 0x40)) v |= -((int64_t)1 << shift);
-            return v;
-        }
-    }
-    r->err = 1;
+    int64_t v;
+    if (!rs_sleb128(&r->p, r->end, &v)) r->err = 1;
     return v;
 }
 
