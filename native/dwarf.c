@@ -44,15 +44,24 @@ typedef struct {
     int err;
 } Rd;
 
+/* A reader of [base + off, base + size).  A missing section (base NULL: a key the caller did
+ * not pass) or an offset past the end gives an empty reader with err set.  Never arithmetic on
+ * a NULL base (NULL + size is undefined, even for size 0), nor an empty reader at NULL (the
+ * readers subtract and compare its pointers, and memchr it): a missing section's reader is
+ * empty at a static byte. */
 static inline Rd rd_at(const uint8_t *base, size_t size, uint64_t off) {
+    static const uint8_t nothing[1];
     Rd r;
-    r.end = base + size;
-    r.err = 0;
-    if (base == NULL || off > size) {
-        r.p = r.end;
+    if (base == NULL) {
+        r.p = r.end = nothing;
+        r.err = 1;
+    } else if (off > size) {
+        r.p = r.end = base + size;
         r.err = 1;
     } else {
         r.p = base + off;
+        r.end = base + size;
+        r.err = 0;
     }
     return r;
 }
