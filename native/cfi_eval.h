@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "leb128.h"
+
 /* ------------------------------------------------------------------ cursors */
 
 typedef struct {
@@ -50,29 +52,23 @@ static inline uint8_t cfi_u8(cfi_cursor *c) {
     return *c->p++;
 }
 
+/* LEB128 numbers: native/leb128.h (shared with the DWARF reader).  A truncated one sets
+ * `bad` and reads 0, as does a read from a cursor already bad. */
 static inline uint64_t cfi_uleb(cfi_cursor *c) {
-    uint64_t v = 0;
-    unsigned shift = 0;
-    for (;;) {
-        uint8_t b = cfi_u8(c);
-        if (c->bad) return 0;
-        if (shift < 64) v |= (uint64_t)(b & 0x7f) << shift;
-        shift += 7;
-        if (!(b & 0x80)) return v;
+    uint64_t v;
+    if (c->bad || !rs_uleb128(&c->p, c->end, &v)) {
+        c->bad = 1;
+        return 0;
     }
+    return v;
 }
 
 static inline int64_t cfi_sleb(cfi_cursor *c) {
-    int64_t v = 0;
-    unsigned shift = 0;
-    uint8_t b;
-    do {
-        b = cfi_u8(c);
-        if (c->bad) return 0;
-        if (shift < 64) v |= (int64_t)((uint64_t)(b & 0x7f) << shift);
-        shift += 7;
-    } while (b & 0x80);
-    if (shift < 64 && (b & 0x40)) v |= -((int64_t)1 << shift);
+    int64_t v;
+    if (c->bad || !rs_sleb128(&c->p, c->end, &v)) {
+        c->bad = 1;
+        return 0;
+    }
     return v;
 }
 

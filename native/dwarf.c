@@ -28,6 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "leb128.h"
+
 /* ---- section access ---------------------------------------------------------------------- */
 
 enum { S_INFO, S_ABBREV, S_LINE, S_STR, S_LINE_STR, S_RANGES, S_RNGLISTS, S_ADDR, S_STR_OFFSETS,
@@ -42,15 +44,24 @@ typedef struct {
     int err;
 } Rd;
 
+/* A reader of [base + off, base + size).  A missing section (base NULL: a key the caller did
+ * not pass) or an offset past the end gives an empty reader with err set.  Never arithmetic on
+ * a NULL base (NULL + size is undefined, even for size 0), nor an empty reader at NULL (the
+ * readers subtract and compare its pointers, and memchr it): a missing section's reader is
+ * empty at a static byte. */
 static inline Rd rd_at(const uint8_t *base, size_t size, uint64_t off) {
+    static const uint8_t nothing[1];
     Rd r;
-    r.end = base + size;
-    r.err = 0;
-    if (base == NULL || off > size) {
-        r.p = r.end;
+    if (base == NULL) {
+        r.p = r.end = nothing;
+        r.err = 1;
+    } else if (off > size) {
+        r.p = r.end = base + size;
         r.err = 1;
     } else {
         r.p = base + off;
+        r.end = base + size;
+        r.err = 0;
     }
     return r;
 }
@@ -76,33 +87,17 @@ static inline uint16_t rd_u16(Rd *r) { return (uint16_t)rd_uint(r, 2); }
 static inline uint32_t rd_u32(Rd *r) { return (uint32_t)rd_uint(r, 4); }
 static inline uint64_t rd_u64(Rd *r) { return rd_uint(r, 8); }
 
+/* LEB128: native/leb128.h (shared with the CFI interpreter).  A truncated number sets err,
+ * reads 0 and leaves the reader at its end. */
 static inline uint64_t rd_uleb(Rd *r) {
-    uint64_t v = 0;
-    unsigned shift = 0;
-    while (r->p < r->end) {
-        uint8_t b = *r->p++;
-        if (shift < 64) v |= (uint64_t)(b & 0x7f) << shift;
-        shift += 7;
-        if (!(b & 0x80)) return v;
-    }
-    r->err = 1;
+    uint64_t v;
+    if (!rs_uleb128(&r->p, r->end, &v)) r->err = 1;
     return v;
 }
 
 static inline int64_t rd_sleb(Rd *r) {
-    int64_t v = 0;
-    unsigned shift = 0;
-    uint8_t b = 0;
-    while (r->p < r->end) {
-        b = *r->p++;
-        if (shift < 64) v |= (int64_t)((uint64_t)(b & 0x7f) << shift);
-        shift += 7;
-        if (!(b & 0x80)) {
-            if (shift < 64 && (b & 0x40)) v |= -((int64_t)1 << shift);
-            return v;
-        }
-    }
-    r->err = 1;
+    int64_t v;
+    if (!rs_sleb128(&r->p, r->end, &v)) r->err = 1;
     return v;
 }
 

@@ -452,7 +452,18 @@ static int perf_open_thread(PerfSampler *self, int32_t tid) {
             close((int)fd);
             continue;
         }
-        if (self->enabled) ioctl((int)fd, PERF_EVENT_IOC_ENABLE, 0);
+        if (self->enabled && ioctl((int)fd, PERF_EVENT_IOC_ENABLE, 0) < 0) {
+            /* Opened but refused to start (a security module may deny it): it would never
+             * sample.  Dropped like any event that failed, its ring with it if it owned it
+             * (no other event sends there yet: this one was the first on the CPU). */
+            if (first_err == 0) first_err = errno;
+            if (owns) {
+                munmap(ring->base, self->map_len);
+                *ring = (perf_ring){-1, NULL};
+            }
+            close((int)fd);
+            continue;
+        }
         self->events[self->n_events++] = (perf_event_fd){tid, self->cpus[c], (int)fd, owns, false};
         opened++;
     }
@@ -1162,8 +1173,20 @@ static PyObject *PerfSampler_enable(PerfSampler *self, PyObject *Py_UNUSED(ignor
         perf_unlock(self);
         return perf_closed_error();
     }
-    /* A thread that is exiting right now may refuse; its EXIT/HUP retires it anyway. */
-    for (size_t i = 0; i < self->n_events; i++) ioctl(self->events[i].fd, PERF_EVENT_IOC_ENABLE, 0);
+    /* The kernel enables an event whose thread has exited without complaint (its EXIT/HUP
+     * retires it; one already HUP has nothing left to sample); a refusal (a security
+     * module's EACCES, say) would leave the recording without samples: undone and raised,
+     * as perf_event_open's own errors are. */
+    for (size_t i = 0; i < self->n_events; i++) {
+        if (self->events[i].hup) continue;
+        if (ioctl(self->events[i].fd, PERF_EVENT_IOC_ENABLE, 0) < 0) {
+            int err = errno;
+            int32_t tid = self->events[i].tid;
+            for (size_t k = 0; k < i; k++) ioctl(self->events[k].fd, PERF_EVENT_IOC_DISABLE, 0);
+            perf_unlock(self);
+            return perf_oserror(err, "PERF_EVENT_IOC_ENABLE", tid);
+        }
+    }
     self->enabled = true;
     perf_unlock(self);
     Py_RETURN_NONE;

@@ -936,3 +936,51 @@ def test_exit_unlinks_a_read_ring(target_binary, flags, targets) -> None:
     assert t.expect("done") == []
     assert t.finish() == 0
     assert not ring_path(pid).exists()
+
+
+def test_long_maps_line_is_not_misread(flags, targets) -> None:
+    """The shim reads /proc/self/maps through a 512-byte line buffer (frame-pointer walk,
+    RSPROF_HEAP_UNWIND=fp). A longer line kept its first 511 bytes and was parsed as whole:
+    the name after the last '/' kept, there a directory's cut name "libc.so-xx...", passed
+    for libc, so this frame-pointer library's allocations were scanned as libc's, and a
+    return address in its frame made the caller appear twice. A cut line is still code, but
+    names no library."""
+    from conftest import C_FLAGS, TARGETS
+
+    # The line is cut 511 bytes in, 438 into the path (it starts at column 73): inside the
+    # component that starts at offset 300 of the path.
+    long_dir = flags / "l"
+    while len(str(long_dir)) < 299:
+        long_dir /= "p" * min(200, max(1, 298 - len(str(long_dir))))
+    long_dir /= "libc.so-" + "x" * 240
+    long_dir.mkdir(parents=True)
+    lib = long_dir / "libheaplong.so"
+    binary = flags / "heap_longpath"
+    subprocess.run(["gcc", *C_FLAGS, "-shared", "-fPIC", "-o", str(lib),
+                    str(TARGETS / "heap_longpath_lib.c")], check=True)
+    subprocess.run(["gcc", *C_FLAGS, "-o", str(binary), str(TARGETS / "heap_longpath.c"),
+                    f"-L{long_dir}", "-lheaplong", f"-Wl,-rpath,{long_dir}"], check=True)
+
+    n = 10
+    t = start(targets, [str(binary), str(n), str(flags)], flags,
+              env=shim_env(RSPROF_HEAP_UNWIND="fp"))
+    pid = int(t.expect("ready")[0])
+    code = [line for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+            if line.endswith(str(lib)) and line.split()[1] == "r-xp"]
+    assert len(code) == 1, code
+    kept = code[0][:511]
+    assert kept.rpartition("/")[2].startswith("libc.so"), kept  # what the shim saw
+    lo, hi = (int(x, 16) for x in code[0].split()[0].split("-"))
+
+    reader = attach(pid)
+    symbols = Symbols(binary, pid)
+    totals = Totals()
+    t.signal("go")
+    drain_until(reader, totals, t, "done")
+    ours = {sid: ips for sid, ips in totals.stacks.items() if lo <= ips[0] < hi}
+    assert sum(totals.sites[sid][1] for sid in ours) == n
+    for ips in ours.values():
+        assert symbols.name(ips[1]) == "main", [hex(ip) for ip in ips]
+        assert len(ips) > 2 and ips[2] != ips[1], [hex(ip) for ip in ips]
+    reader.close()
+    assert t.finish() == 0

@@ -9,8 +9,10 @@ from __future__ import annotations
 import bisect
 import collections
 import errno
+import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -328,3 +330,96 @@ def test_argument_validation(perf_target):
         s.add_thread(os.getpid())
     d = s.take()
     assert d.samples == 0 and d.new_stacks == [] and d.first_time_ns == 0
+
+
+# Run under tests/targets/perf_refuse_enable.c (LD_PRELOAD): PERF_EVENT_IOC_ENABLE refused
+# with EACCES once RSPROF_TEST_ENABLE_OK of them went through. Prints one JSON object.
+REFUSED_ENABLE = r"""
+import json, os, sys, threading, time
+from rsprof._native import PerfSampler
+
+def burn(sampler, seconds=0.3):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    sampler.poll(0)
+    return sampler.take().samples
+
+def refused(call):
+    try:
+        call()
+    except OSError as error:
+        return [error.errno, type(error).__name__, str(error)]
+    return None
+
+out = {}
+me = threading.get_native_id()
+if sys.argv[1] == "enable":
+    # Two threads' events, the first enabled, the second refused: enable() raises and
+    # leaves none enabled; once allowed, enable() works.
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    with PerfSampler(os.getpid(), freq_hz=999) as s:
+        s.add_thread(me)
+        s.add_thread(other.native_id)
+        out["enable"] = refused(s.enable)
+        out["samples_refused"] = burn(s)
+        del os.environ["RSPROF_TEST_ENABLE_OK"]
+        out["enable_again"] = refused(s.enable)
+        out["samples"] = burn(s)
+    stop.set()
+    other.join()
+else:
+    # enable() before any event; the thread added after it cannot start: add_thread raises
+    # and keeps nothing (no event, no ring); once allowed, the same thread is added.
+    with PerfSampler(os.getpid(), freq_hz=999) as s:
+        s.enable()
+        out["add"] = refused(lambda: s.add_thread(me))
+        out["threads_refused"] = s.threads()
+        del os.environ["RSPROF_TEST_ENABLE_OK"]
+        out["add_again"] = refused(lambda: s.add_thread(me))
+        out["threads"] = s.threads()
+        out["samples"] = burn(s)
+out["me"] = me
+print(json.dumps(out))
+"""
+
+
+def _refused_enable(target_binary, mode: str, allowed: int) -> dict[str, Any]:
+    lib = target_binary("perf_refuse_enable.c", ("-shared", "-fPIC"))
+    env = dict(os.environ, LD_PRELOAD=str(lib), RSPROF_TEST_ENABLE_OK=str(allowed))
+    result = subprocess.run([sys.executable, "-P", "-c", REFUSED_ENABLE, mode], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    out: dict[str, Any] = json.loads(result.stdout)
+    return out
+
+
+def test_enable_refused_by_the_kernel_raises(target_binary):
+    """PERF_EVENT_IOC_ENABLE's result was ignored: a refused event never sampled and
+    enable() said nothing. Now it raises the errno (PermissionError for EACCES), and the
+    events it did enable are disabled again."""
+    out = _refused_enable(target_binary, "enable", 1)
+    assert out["enable"] is not None, "enable() succeeded though the kernel refused"
+    err, kind, message = out["enable"]
+    assert err == errno.EACCES and kind == "PermissionError"
+    assert "PERF_EVENT_IOC_ENABLE" in message
+    assert out["samples_refused"] == 0
+    assert out["enable_again"] is None
+    assert out["samples"] > 0
+
+
+def test_thread_whose_event_cannot_start_is_an_add_thread_error(target_binary):
+    """add_thread after enable(): an event the kernel opened but refused to enable was kept,
+    silently, and the thread counted as sampled. Now add_thread raises as for a refused
+    perf_event_open, keeps no event (nor the ring it mapped), and a later try works."""
+    out = _refused_enable(target_binary, "add", 0)
+    assert out["add"] is not None, "add_thread succeeded though the kernel refused"
+    err, kind, message = out["add"]
+    assert err == errno.EACCES and kind == "PermissionError"
+    assert f"perf_event_open(tid={out['me']})" in message
+    assert out["threads_refused"] == []
+    assert out["add_again"] is None
+    assert out["threads"] == [out["me"]]
+    assert out["samples"] > 0

@@ -788,8 +788,11 @@ static uintptr_t parse_hex(const char **p) {
     }
 }
 
-/* One line of /proc/self/maps: "start-end perms offset dev inode   path". */
-static void maps_line(const char *line) {
+/* One line of /proc/self/maps: "start-end perms offset dev inode   path".  `cut`: the line
+ * was longer than read_maps keeps (a long path), so the path is only its first bytes: still
+ * a file's code, but the name after its last kept '/' may be any directory's or a part of
+ * one ("libc.so-build/..." cut to "libc.so-bu"), so it names no library. */
+static void maps_line(const char *line, int cut) {
     const char *p = line;
     uintptr_t start = parse_hex(&p);
     if (*p++ != '-') return;
@@ -799,7 +802,7 @@ static void maps_line(const char *line) {
     if (path == NULL || end <= start) return; /* anonymous (JIT, vdso): not trusted */
     const char *base = strrchr(path, '/') + 1;
     if (g_ncode < MAX_CODE_RANGES) g_code[g_ncode++] = (code_range){start, end};
-    if (is_fpless_lib(base) && g_nfpless < MAX_FPLESS_RANGES)
+    if (!cut && is_fpless_lib(base) && g_nfpless < MAX_FPLESS_RANGES)
         g_fpless[g_nfpless++] = (code_range){start, end};
 }
 
@@ -814,15 +817,19 @@ static NOINLINE void read_maps(void) {
          * above is ever in here. */
         static char buf[4096], line[512];
         size_t len = 0;
+        int cut = 0; /* this line's bytes past `line` are dropped up to its '\n' */
         ssize_t n;
         while ((n = read(fd, buf, sizeof buf)) > 0) {
             for (ssize_t i = 0; i < n; i++) {
                 if (buf[i] == '\n') {
                     line[len] = 0;
-                    maps_line(line);
+                    maps_line(line, cut);
                     len = 0;
+                    cut = 0;
                 } else if (len < sizeof line - 1) {
                     line[len++] = buf[i];
+                } else {
+                    cut = 1;
                 }
             }
         }
