@@ -4,9 +4,11 @@ JIT runtimes (node --perf-basic-prof, python3.12 -X perf) recorded through the C
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tracemalloc
@@ -378,7 +380,9 @@ def _namespaced_target(binary: Path, *unshare: str) -> tuple[subprocess.Popen[st
     writing its map there under its own pid; returns it and its pid as we see it. The
     binary is opened before the mount hides /tmp and executed through its descriptor."""
     script = f"exec 3<{binary} && mount -t tmpfs tmpfs /tmp && exec /proc/self/fd/3 --map"
-    proc = subprocess.Popen(["unshare", *unshare, "sh", "-c", script], stdout=subprocess.PIPE,
+    kill_child = ("--kill-child",) if "--fork" in unshare else ()  # it dies with unshare
+    proc = subprocess.Popen(["unshare", *unshare, *kill_child, "sh", "-c", script],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -408,6 +412,11 @@ def test_map_in_the_targets_own_tmp(tmp_path: Path, unshare: tuple[str, ...]) ->
         result = run_rsprof("-p", str(pid), "-q", "-d", "1500ms", "--cpu-freq", "499",
                             "-o", str(out))
     finally:
+        # The target itself first: with --fork it is the init of its pid namespace, which
+        # survived unshare's SIGKILL and spun on a core (PPID 1) for the rest of the suite.
+        if pid != proc.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
     assert result.returncode == 0, result.stderr
