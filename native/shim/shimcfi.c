@@ -38,6 +38,9 @@
 #include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -336,18 +339,16 @@ static inline int stack_ok(uintptr_t a, uintptr_t lo, uintptr_t hi) {
  * exactly.  The check is a handful of independent loads, where the walk is a chain of
  * dependent ones (stack word -> rule -> next stack word), ~5 ns a frame.
  *
- * The memo is a small cache indexed by (pc, sp): MEMO_SETS sets of 2 ways, the least
- * recently used of a set replaced.  A program often allocates from a cycle of a few dozen
- * call paths (sqlite3 runs ~20 distinct ones per INSERT statement): a memo of the last 4
- * walks replaced in turn hit 5 % of them there, this one 99.9 % (perl, gawk: 98-99 %
- * either way).  Looking a walk up costs one set: two headers, then the check above.  The
+ * The memo holds MEMO_WAYS walks, fully associative: a walk is found by its tag (a hash of
+ * pc and sp) in one compact array, then checked; the way replaced is chosen by a clock
+ * (second chance for ways hit since the hand last passed).  A program often allocates from
+ * a cycle of a few dozen call paths (sqlite3 makes ~25 distinct allocations per INSERT): a
+ * memo of the last 4 walks replaced in turn hit 5 % of them there; sets of a few ways
+ * indexed by hash hit between 77 % and 99.99 % as the paths happened to collide.  The
  * first read of a walk is the return address of its second frame, so a way of another
- * path at the same (pc, sp) is rejected at its first word. */
+ * path at the same (pc, sp) is rejected at its first words. */
 #define MEMO_WAYS SHIMCFI_WAYS
-#define MEMO_ASSOC 4
-#define MEMO_SETS (MEMO_WAYS / MEMO_ASSOC)
-#define MEMO_SET_BITS 4
-_Static_assert(MEMO_SETS == 1u << MEMO_SET_BITS, "MEMO_SET_BITS must match SHIMCFI_WAYS");
+_Static_assert(MEMO_WAYS == 64, "a way is a bit of a 64-bit mask");
 #define MEMO_READS 64
 #define MEMO_OUT 48
 typedef struct {
@@ -369,7 +370,10 @@ typedef struct {
  * touched, a page at a time). */
 typedef struct {
     uint32_t serial;
-    uint8_t next[MEMO_SETS]; /* the way of each set written next (first in, first out) */
+    uint32_t hand;             /* the clock's next way */
+    uint8_t tag8[MEMO_WAYS];   /* each tag's top byte, compared 16 at a time */
+    uint64_t tag[MEMO_WAYS];   /* memo_tag() of each way's walk; 0: none */
+    uint8_t used[MEMO_WAYS];   /* hit since the hand last passed */
     walk_memo way[MEMO_WAYS];
 } memo_set;
 _Static_assert(sizeof(memo_set) <= sizeof(shimcfi_memo), "SHIMCFI_MEMO_BYTES too small");
@@ -379,10 +383,10 @@ void shimcfi_memo_reset(shimcfi_memo *memo) {
     set->serial++;
 }
 
-static inline unsigned memo_set_of(uintptr_t pc, uintptr_t sp) {
-    uint64_t h = ((uint64_t)pc ^ ((uint64_t)sp << 21) ^ ((uint64_t)sp >> 3)) *
-                 0x9E3779B97F4A7C15ULL;
-    return (unsigned)(h >> (64 - MEMO_SET_BITS));
+/* The tag of walks from (pc or key, sp): never 0, the tag of no walk. */
+static inline uint64_t memo_tag(uint64_t pc_or_key, uintptr_t sp) {
+    return (((uint64_t)pc_or_key ^ ((uint64_t)sp << 21) ^ ((uint64_t)sp >> 3)) *
+            0x9E3779B97F4A7C15ULL) | 1;
 }
 
 /* m == NULL: a walk nested in another one (malloc in a signal handler that interrupted
@@ -500,16 +504,32 @@ static inline int memo_matches(const walk_memo *m, uint64_t generation, uint32_t
     return 1;
 }
 
-/* Looks the walk up in one set, among its ways of that key; the way found, or -1.
- * *shared: a way of key 0 holds a walk from the same pc and sp that is not this one. */
-static inline int memo_find(const memo_set *set, unsigned s, uint64_t key, uint64_t generation,
+/* Looks the walk up among the ways of that tag and key; the way found, or -1.  *shared: a
+ * way of key 0 holds a walk from the same pc and sp that is not this one. */
+static inline int memo_find(memo_set *set, uint64_t tag, uint64_t key, uint64_t generation,
                             uint32_t serial, const uint64_t *ips, uintptr_t sp, uintptr_t bp,
                             unsigned max, int *shared) {
-    for (unsigned k = 0; k < MEMO_ASSOC; k++) {
-        const walk_memo *m = &set->way[MEMO_ASSOC * s + k];
+    /* The ways whose tag's top byte is this one's (1/256 of the others on average). */
+    uint64_t candidates = 0;
+#if defined(__SSE2__)
+    __m128i t8 = _mm_set1_epi8((char)(tag >> 56));
+    for (unsigned i = 0; i < MEMO_WAYS; i += 16) {
+        __m128i row = _mm_loadu_si128((const __m128i *)&set->tag8[i]);
+        candidates |= (uint64_t)(uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(row, t8)) << i;
+    }
+#else
+    for (unsigned i = 0; i < MEMO_WAYS; i++)
+        candidates |= (uint64_t)(set->tag8[i] == (uint8_t)(tag >> 56)) << i;
+#endif
+    for (; candidates; candidates &= candidates - 1) {
+        unsigned w = (unsigned)__builtin_ctzll(candidates);
+        if (set->tag[w] != tag) continue;
+        const walk_memo *m = &set->way[w];
         if (m->key != key) continue;
-        if (memo_matches(m, generation, serial, ips[0], sp, bp, max))
-            return (int)(MEMO_ASSOC * s + k);
+        if (memo_matches(m, generation, serial, ips[0], sp, bp, max)) {
+            set->used[w] = 1;
+            return (int)w;
+        }
         if (m->generation == generation && m->serial == serial && m->pc == ips[0] &&
             m->sp == sp)
             *shared = 1;
@@ -534,8 +554,8 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
     uint64_t key = 0;
     int shared = 0;
     /* By (pc, sp): a call site reached by one path at a time (or a few) hits here. */
-    unsigned s = memo_set_of(pc, sp);
-    int w = memo_find(set, s, 0, generation, serial, ips, sp, bp, max, &shared);
+    uint64_t tag = memo_tag(pc, sp);
+    int w = memo_find(set, tag, 0, generation, serial, ips, sp, bp, max, &shared);
     if (w < 0 && shared) {
         /* Allocation wrappers (sqlite3Malloc, xmalloc, a program's own pool) call malloc
          * from one pc at one sp for many paths.  Those are told apart by their first few
@@ -546,8 +566,8 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
         key = pc;
         for (unsigned i = 1; i < got; i++) key = (key ^ ips[i]) * 0x100000001B3ULL;
         key |= 1; /* never 0, the key of the ways by (pc, sp) */
-        s = memo_set_of((uintptr_t)key, sp);
-        w = memo_find(set, s, key, generation, serial, ips, sp, bp, max, &shared);
+        tag = memo_tag(key, sp);
+        w = memo_find(set, tag, key, generation, serial, ips, sp, bp, max, &shared);
     }
     if (w >= 0) {
         /* The frames stay in the memo: the caller takes them if it needs them
@@ -557,8 +577,15 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
         *hit = 1;
         return 1 + set->way[w].n_out;
     }
-    unsigned k = set->next[s]++ % MEMO_ASSOC;
-    walk_memo *m = &set->way[MEMO_ASSOC * s + k];
+    /* The clock: ways hit since the hand last passed get a second chance. */
+    unsigned k = set->hand % MEMO_WAYS;
+    while (set->used[k]) {
+        set->used[k] = 0;
+        k = (k + 1) % MEMO_WAYS;
+    }
+    set->hand = k + 1;
+    walk_memo *m = &set->way[k];
+    set->tag[k] = 0;
     m->generation = 0; /* invalid while it is rewritten */
     m->sp = sp;
     m->n_reads = 0;
@@ -577,7 +604,9 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
         memcpy(m->out, ips + 1, (size_t)(got - 1) * sizeof *ips);
         m->serial = serial;
         m->generation = generation;
-        *way = (int)(MEMO_ASSOC * s + k);
+        set->tag[k] = tag;
+        set->tag8[k] = (uint8_t)(tag >> 56);
+        *way = (int)k;
     }
     return got;
 }

@@ -25,7 +25,7 @@ void shimcfi_flush(void);
  * memory of its own (docs/heap-ring.md, "Stack use").  Sizes are checked in shimcfi.c. */
 #define SHIMCFI_WAYS 64
 #define SHIMCFI_SCRATCH_BYTES 768
-#define SHIMCFI_MEMO_BYTES (1224u * SHIMCFI_WAYS + 256u)
+#define SHIMCFI_MEMO_BYTES (1224u * SHIMCFI_WAYS + 704u)
 typedef struct {
     _Alignas(16) unsigned char bytes[SHIMCFI_SCRATCH_BYTES];
 } shimcfi_scratch; /* a rule's computation: module bounds, CIE, CFA program state */
