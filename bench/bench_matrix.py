@@ -56,7 +56,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-RSPROF = [sys.executable, "-m", "rsprof"]
+# -P: never the source tree in the current folder (`python -m` would put it first on the path)
+RSPROF = [sys.executable, "-P", "-m", "rsprof"]
 RSPROF_RUN = [*RSPROF, "run", "-q", "--cpu-freq", "999"]
 CPUTIME_SRC = Path(__file__).resolve().parent / "targets" / "cputime.c"
 
