@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import rsprof
-from rsprof._native import HeapReader
+from rsprof._native import HEAP_RING_NAME_PREFIX, HeapReader
 
 REPO = Path(__file__).resolve().parents[1]
 SHIM = Path(rsprof.__file__).resolve().parent / "lib" / "librsprof_heap.so"
@@ -154,7 +154,7 @@ def run_with_reader(argv: list[str], env: dict[str, str]) -> Run:
     proc = subprocess.Popen([*argv, "--wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True, env=env)
     deadline = time.monotonic() + 10
-    while not list(Path("/dev/shm").glob(f"rsprof-heap.{proc.pid}.*")):
+    while not list(Path("/dev/shm").glob(f"{HEAP_RING_NAME_PREFIX}{proc.pid}.*")):
         if time.monotonic() > deadline or proc.poll() is not None:
             proc.kill()
             raise RuntimeError("the target created no ring: is the shim built?")

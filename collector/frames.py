@@ -21,15 +21,14 @@ from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.callsite import PYTHON_ADDRESS_BASE
 from rsprof.storage.writer import LocationKey, ProfileWriter
 
-from rsprof._native import PyFrameReader
+from rsprof._native import KERNEL_ADDRESS, TRUNCATED_ADDRESS, PyFrameReader
 
-# The root frame of a stack whose walk stopped at an address outside every mapping.
-# Address 0 is never a caller, so it cannot collide with a real frame.
-TRUNCATED_ADDRESS = 0
+# The root frame of a stack whose walk stopped at an address outside every mapping
+# (TRUNCATED_ADDRESS, 0: never a caller, so it cannot collide with a real frame) and the
+# leaf of a sample taken in kernel mode (KERNEL_ADDRESS, 1: the time the program spent in
+# system calls and faults, on top of the user stack that entered them). Both addresses are
+# native/stackwords.h's, exported by rsprof._native.
 TRUNCATED_FUNCTION = "[truncated]"
-# The leaf of a sample taken in kernel mode (native/perf.c PERF_KERNEL_ADDRESS): the time
-# the program spent in system calls and faults, on top of the user stack that entered them.
-KERNEL_ADDRESS = 1
 KERNEL_FUNCTION = "[kernel]"
 # The instructions that enter the kernel from user code (syscall, int 0x80, sysenter): the
 # user address of a kernel sample that follows one is a return address, any other is the

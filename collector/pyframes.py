@@ -24,7 +24,14 @@ from typing import Protocol
 from rsprof.collector.pythreads import ThreadNames
 from rsprof.collector.symbols.elf import PT_LOAD, ElfError, ElfFile
 
-from rsprof._native import PyFrameReader
+from rsprof._native import (
+    PY_FRAME_ENTRY_BIT,
+    PY_FRAME_FUNCTION_BITS,
+    PY_FRAME_FUNCTION_SHIFT,
+    PY_FRAME_LINE_BITS,
+    PY_MARK,
+    PyFrameReader,
+)
 
 # Offsets per (major, minor), x86-64 / arm64 (LP64). -1: the field does not exist there.
 _COMMON = {
@@ -396,9 +403,11 @@ class PythonSampler(Protocol):
     def set_python(self, image: int, reader: PyFrameReader | None, /) -> None: ...
 
 
-# The words native/perf.c appends to a sample's native addresses (PERF_PY_MARK, then one
-# PERF_PY_FRAME per Python frame, innermost first).
-PY_MARK = 0xFFFFFFFFFFFFFFF0
+# The words native/perf.c and native/heapreader.c append to a stack's native addresses:
+# PY_MARK, then one word per Python frame, innermost first (native/stackwords.h).
+_FUNCTION_MASK = (1 << PY_FRAME_FUNCTION_BITS) - 1
+_LINE_MASK = (1 << PY_FRAME_LINE_BITS) - 1
+_LINE_SIGN = 1 << (PY_FRAME_LINE_BITS - 1)
 
 
 def split_python(ips: Sequence[int]) -> tuple[Sequence[int], list[tuple[int, int, bool]]]:
@@ -408,7 +417,8 @@ def split_python(ips: Sequence[int]) -> tuple[Sequence[int], list[tuple[int, int
     mark = ips.index(PY_MARK)
     frames = []
     for word in ips[mark + 1:]:
-        line = word & 0xFFFFFFFF
-        frames.append(((word >> 32) & 0x3FFFFFFF, line - (1 << 32) if line >> 31 else line,
-                       bool(word >> 62 & 1)))
+        line = word & _LINE_MASK
+        frames.append(((word >> PY_FRAME_FUNCTION_SHIFT) & _FUNCTION_MASK,
+                       line - (_LINE_MASK + 1) if line & _LINE_SIGN else line,
+                       bool(word >> PY_FRAME_ENTRY_BIT & 1)))
     return ips[:mark], frames

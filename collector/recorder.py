@@ -32,6 +32,8 @@ from rsprof.storage.writer import Checkpoint, ProfileWriter
 from rsprof import __version__
 from rsprof._native import (
     HEAP_RING_HEADER_SIZE,
+    HEAP_RING_NAME_PREFIX,
+    HEAP_RING_SUFFIX_HEX,
     HeapReader,
     PerfMmap,
     PerfSampler,
@@ -40,18 +42,18 @@ from rsprof._native import (
 
 # The heap ring's header: a smaller file is a ring the shim has created but not sized yet.
 _HEAP_HEADER_BYTES = HEAP_RING_HEADER_SIZE
-# /dev/shm/rsprof-heap.<pid>.<16 hex digits, random> (native/heapring.h): nobody can squat
-# a ring's name before it exists, and each image of an exec'ing process has a ring of its own.
-_HEAP_RING_PREFIX = "rsprof-heap."
-_HEAP_RING_SUFFIX_HEX = 16
 
 
 def _ring_pid(name: str) -> int | None:
-    """The pid in a ring's name, None if `name` is not one (heapring_name_pid in C)."""
-    if not name.startswith(_HEAP_RING_PREFIX):
+    """The pid in a ring's name, None if `name` is not one (heapring_name_pid in C).
+
+    A ring is /dev/shm/rsprof-heap.<pid>.<16 hex digits, random> (native/heapring.h; the
+    prefix and the digits' count are exported by rsprof._native): nobody can squat a ring's
+    name before it exists, and each image of an exec'ing process has a ring of its own."""
+    if not name.startswith(HEAP_RING_NAME_PREFIX):
         return None
-    pid_text, dot, suffix = name[len(_HEAP_RING_PREFIX):].partition(".")
-    if (not dot or not pid_text.isdigit() or len(suffix) != _HEAP_RING_SUFFIX_HEX
+    pid_text, dot, suffix = name[len(HEAP_RING_NAME_PREFIX):].partition(".")
+    if (not dot or not pid_text.isdigit() or len(suffix) != HEAP_RING_SUFFIX_HEX
             or suffix.strip("0123456789abcdef")):
         return None
     pid = int(pid_text)

@@ -42,6 +42,7 @@
 
 #include "heapring.h"
 #include "pyframes.h"
+#include "stackwords.h"
 
 #define FP_SHIFT_SAMPLED 16
 /* After this many bytes the reader zeroes what it consumed and publishes read_pos, so
@@ -75,10 +76,8 @@
 #define KEY_MAX (RSPROF_HEAP_MAX_DEPTH + 1 + 2 * RSPROF_HEAP_MAX_PY_FRAMES)
 /* Marker before the shim's raw Python words in a stack key (never announced). */
 #define PY_RAW_MARK 0xFFFFFFFFFFFFFFF1ULL
-/* Marker before decoded Python frames in an announced stack: the CPU sampler's format
- * (native/perf.c, collector/pyframes.py PY_MARK): 1 << 63 | entry << 62 | function id << 32
- * | line, innermost first. */
-#define PY_MARK 0xFFFFFFFFFFFFFFF0ULL
+/* Decoded Python frames in an announced stack are the CPU sampler's: RS_PY_MARK, then one
+ * RS_PY_FRAME word per frame, innermost first (stackwords.h). */
 
 /* ------------------------------------------------------------------ SIGBUS guard */
 
@@ -241,7 +240,7 @@ typedef struct {
     uint32_t depth;
     uint32_t dirty;  /* on the dirty list since the last take() */
     uint64_t ann_off;   /* stacks with Python frames: what take() announces (native ips,  */
-    uint32_t ann_depth; /* PY_MARK, decoded frames; or native only), 0 = the key itself */
+    uint32_t ann_depth; /* RS_PY_MARK, decoded frames; or native only), 0 = the key itself */
     uint32_t pad;
     int64_t alloc_bytes, alloc_count, free_bytes, free_count; /* since the last take(), in
                                                                  units (see fp_shift) */
@@ -668,7 +667,7 @@ static int decode_python(HeapReaderObject *r, uint32_t id, unsigned native) {
      * function id 0 ("[python code freed]"), so the frames around it still splice. */
     bool partial = false;
     if (r->py != NULL) {
-        ann[n++] = PY_MARK;
+        ann[n++] = RS_PY_MARK;
         pthread_mutex_lock(r->py_lock);
         for (unsigned k = 0; k < npy; k++) {
             uint64_t w0 = t->ips[si->off + native + 1 + 2 * k];
@@ -681,7 +680,7 @@ static int decode_python(HeapReaderObject *r, uint32_t id, unsigned native) {
                 line = 0;
                 partial = true;
             }
-            ann[n++] = 1ull << 63 | (w0 & 1) << 62 | (uint64_t)function << 32 | (uint32_t)line;
+            ann[n++] = RS_PY_FRAME(function, line, w0 & 1);
         }
         pthread_mutex_unlock(r->py_lock);
         if (partial) r->py_partial++;
@@ -1737,9 +1736,11 @@ int rsprof_heap_register(PyObject *module) {
     HeapBatchType = PyStructSequence_NewType(&heap_batch_desc);
     if (HeapBatchType == NULL) return -1;
     if (PyModule_AddObjectRef(module, "HeapBatch", (PyObject *)HeapBatchType) < 0) return -1;
-    /* The ring format's numbers, for Python (one definition: heapring.h). */
+    /* The ring format's numbers and names, for Python (one definition: heapring.h). */
     if (PyModule_AddIntConstant(module, "HEAP_RING_VERSION", RSPROF_HEAP_VERSION) < 0 ||
-        PyModule_AddIntConstant(module, "HEAP_RING_HEADER_SIZE", RSPROF_HEAP_HEADER_SIZE) < 0)
+        PyModule_AddIntConstant(module, "HEAP_RING_HEADER_SIZE", RSPROF_HEAP_HEADER_SIZE) < 0 ||
+        PyModule_AddStringConstant(module, "HEAP_RING_NAME_PREFIX", RSPROF_HEAP_NAME_PREFIX) < 0 ||
+        PyModule_AddIntConstant(module, "HEAP_RING_SUFFIX_HEX", RSPROF_HEAP_SUFFIX_HEX) < 0)
         return -1;
     return PyModule_AddObjectRef(module, "HeapReader", (PyObject *)&HeapReaderType);
 }

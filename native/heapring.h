@@ -75,9 +75,9 @@
 #define RSPROF_HEAP_MAX_DEPTH 64u
 /* shm_open() name prefix; the file is /dev/shm/rsprof-heap.<pid>.<suffix>, the suffix
  * RSPROF_HEAP_SUFFIX_HEX lowercase hex digits of a random number. */
-#define RSPROF_HEAP_SHM_PREFIX "/rsprof-heap."
-#define RSPROF_HEAP_PATH_PREFIX "/dev/shm/rsprof-heap."
 #define RSPROF_HEAP_NAME_PREFIX "rsprof-heap." /* the name in /dev/shm */
+#define RSPROF_HEAP_SHM_PREFIX "/" RSPROF_HEAP_NAME_PREFIX
+#define RSPROF_HEAP_PATH_PREFIX "/dev/shm/" RSPROF_HEAP_NAME_PREFIX
 #define RSPROF_HEAP_SUFFIX_HEX 16u
 /* Ring size bounds (bytes).  The shim rounds the configured size up to a power of two. */
 #define RSPROF_HEAP_MIN_RING (64u * 1024u)

@@ -4,6 +4,7 @@
 #include <Python.h>
 
 #include "rs_unwind.h"
+#include "stackwords.h"
 
 int rsprof_perf_register(PyObject *module);   /* perf.c: PerfSampler */
 int rsprof_heap_register(PyObject *module);   /* heapreader.c: HeapReader */
@@ -56,11 +57,31 @@ static struct PyModuleDef native_module = {
     native_methods, NULL, NULL, NULL, NULL,
 };
 
+/* The stack words' encoding (one definition: stackwords.h), for collector/frames.py and
+ * collector/pyframes.py. PY_MARK does not fit a C long: added as an unsigned object. */
+static int native_add_stack_words(PyObject *module) {
+    PyObject *mark = PyLong_FromUnsignedLongLong(RS_PY_MARK);
+    if (mark == NULL) return -1;
+    int rc = PyModule_AddObjectRef(module, "PY_MARK", mark);
+    Py_DECREF(mark);
+    if (rc < 0 ||
+        PyModule_AddIntConstant(module, "TRUNCATED_ADDRESS", RS_TRUNCATED_ADDRESS) < 0 ||
+        PyModule_AddIntConstant(module, "KERNEL_ADDRESS", RS_KERNEL_ADDRESS) < 0 ||
+        PyModule_AddIntConstant(module, "PY_FRAME_ENTRY_BIT", RS_PY_FRAME_ENTRY_BIT) < 0 ||
+        PyModule_AddIntConstant(module, "PY_FRAME_FUNCTION_SHIFT",
+                                RS_PY_FRAME_FUNCTION_SHIFT) < 0 ||
+        PyModule_AddIntConstant(module, "PY_FRAME_FUNCTION_BITS", RS_PY_FRAME_FUNCTION_BITS) < 0 ||
+        PyModule_AddIntConstant(module, "PY_FRAME_LINE_BITS", RS_PY_FRAME_LINE_BITS) < 0)
+        return -1;
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL) return NULL;
-    if (rsprof_perf_register(m) < 0 || rsprof_heap_register(m) < 0 ||
-        rsprof_dwarf_register(m) < 0 || rsprof_pyframes_register(m) < 0) {
+    if (native_add_stack_words(m) < 0 || rsprof_perf_register(m) < 0 ||
+        rsprof_heap_register(m) < 0 || rsprof_dwarf_register(m) < 0 ||
+        rsprof_pyframes_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -51,6 +51,7 @@
 #include "perf_tables.h"
 #include "pyframes.h"
 #include "rs_unwind.h"
+#include "stackwords.h"
 
 /* A record's size is a u16, so no record (and no call chain in one) is larger than this. */
 #define PERF_MAX_RECORD 65536u
@@ -58,9 +59,6 @@
 #define PERF_COMM_LEN 16
 #define PERF_BUILD_ID_MAX 20
 #define PERF_MAX_CPUS 4096
-/* The [kernel] frame on top of a stack sampled in kernel mode (collector/frames.py
- * KERNEL_ADDRESS): address 1 is never code, and no return address either. */
-#define PERF_KERNEL_ADDRESS 1u
 /* 65535 - header, ip, pid/tid, time, abi, 3 regs, size, dyn_size (80 bytes), 8-aligned */
 #define PERF_MAX_STACK_BYTES 65448
 /* x86_64 perf register numbers (arch/x86/include/uapi/asm/perf_regs.h): the record holds
@@ -71,14 +69,9 @@
 #define PERF_UNWIND_REGS ((1ULL << PERF_X86_BP) | (1ULL << PERF_X86_SP) | (1ULL << PERF_X86_IP))
 
 /* Python frames read at drain time (docs/native.md, "Python frames in CPU samples"): an
- * interned chain is image, native ips, then PERF_PY_MARK and one word per Python frame,
- * innermost first: bit 63 set, bit 62 the frame's `entry` flag, bits 32-61 the reader's
- * function id (< 2^18), bits 0-31 the line. Native addresses are user addresses (< 2^47)
- * or [vsyscall]'s (0xffffffffff600000), so neither kind of word can be taken for one. */
-#define PERF_PY_MARK 0xFFFFFFFFFFFFFFF0ULL
-#define PERF_PY_FRAME(function, line, entry)                                           \
-    ((1ULL << 63) | ((uint64_t)((entry) != 0) << 62) | ((uint64_t)(function) << 32) | \
-     (uint64_t)(uint32_t)(line))
+ * interned chain is image, native ips, then RS_PY_MARK and one RS_PY_FRAME word per Python
+ * frame, innermost first (stackwords.h). A sample taken in kernel mode has
+ * RS_KERNEL_ADDRESS on top of its user stack. */
 /* With a Python reader the rings are drained at least this often (ms): a sample's Python
  * frames are those its thread runs when the drain reads them. */
 #define PERF_PY_DRAIN_MS 1
@@ -593,7 +586,7 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
     memcpy(&misc, rec + 4, sizeof misc);  /* header: type u32, misc u16, size u16 */
     bool in_kernel = (misc & PERF_RECORD_MISC_CPUMODE_MASK) == PERF_RECORD_MISC_KERNEL;
     uint32_t top = in_kernel ? 1 : 0;
-    if (in_kernel) self->chain[1] = PERF_KERNEL_ADDRESS;
+    if (in_kernel) self->chain[1] = RS_KERNEL_ADDRESS;
 
     if (self->stack_bytes > 0) {
         uint32_t walked =
@@ -673,10 +666,10 @@ static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, 
         return depth;
     }
     uint64_t *out = self->chain + 1 + depth;
-    out[0] = PERF_PY_MARK;
+    out[0] = RS_PY_MARK;
     for (int i = 0; i < n; i++)
-        out[1 + i] = PERF_PY_FRAME(self->pyframes[i].function, self->pyframes[i].line,
-                                   self->pyframes[i].entry);
+        out[1 + i] = RS_PY_FRAME(self->pyframes[i].function, self->pyframes[i].line,
+                                 self->pyframes[i].entry);
     st->attached++;
     st->frames += (uint64_t)n;
     return depth + 1 + (uint32_t)n;

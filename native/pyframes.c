@@ -26,6 +26,7 @@
 
 #include "pyframes.h"
 #include "heapring.h"
+#include "shim/shimpy_layout.h"
 
 #define PYF_MAX_DEPTH RS_PY_MAX_DEPTH /* deeper chains are cut (counted in `truncated`) */
 #define PYF_MAX_THREADS 4096      /* thread states looked at per walk */
@@ -955,7 +956,47 @@ int rs_pyreader_from_object(PyObject *obj, rs_pyreader **core, pthread_mutex_t *
     return 0;
 }
 
+/* dict[key] = value, consuming the reference to value (NULL: an error already set). */
+static int pyf_set(PyObject *dict, const char *key, PyObject *value) {
+    if (value == NULL) return -1;
+    int rc = PyDict_SetItemString(dict, key, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+/* The heap shim's own offsets (shim/shimpy_layout.h), for tests to compare with
+ * collector/pyframes.py's: SHIM_PY_LAYOUTS = {(3, 11): {field: offset}, (3, 12): ...};
+ * SHIM_PY_DEBUG_313 = {field: (index of its uint64 in _Py_DebugOffsets after the cookie,
+ * or -1; the value when -1)}, with the version and free_threaded words it checks. */
+static int pyf_add_shim_layouts(PyObject *module) {
+    int rc = -1;
+    PyObject *l311 = PyDict_New(), *l312 = PyDict_New(), *d313 = PyDict_New(), *all = NULL;
+    if (l311 == NULL || l312 == NULL || d313 == NULL) goto done;
+#define SHIMPY_FIELD(name, v311, v312, index313, value313)                     \
+    if (pyf_set(l311, #name, PyLong_FromLong(v311)) < 0 ||                     \
+        pyf_set(l312, #name, PyLong_FromLong(v312)) < 0 ||                     \
+        pyf_set(d313, #name, Py_BuildValue("(ii)", index313, value313)) < 0)   \
+        goto done;
+    SHIMPY_LAYOUT_FIELDS(SHIMPY_FIELD)
+#undef SHIMPY_FIELD
+    if (pyf_set(d313, "version", Py_BuildValue("(ii)", SHIMPY_DEBUG_VERSION, 0)) < 0 ||
+        pyf_set(d313, "free_threaded", Py_BuildValue("(ii)", SHIMPY_DEBUG_FREE_THREADED, 0)) < 0)
+        goto done;
+    all = Py_BuildValue("{(ii)O(ii)O}", 3, 11, l311, 3, 12, l312);
+    if (all == NULL || PyModule_AddObjectRef(module, "SHIM_PY_LAYOUTS", all) < 0 ||
+        PyModule_AddObjectRef(module, "SHIM_PY_DEBUG_313", d313) < 0)
+        goto done;
+    rc = 0;
+done:
+    Py_XDECREF(l311);
+    Py_XDECREF(l312);
+    Py_XDECREF(d313);
+    Py_XDECREF(all);
+    return rc;
+}
+
 int rsprof_pyframes_register(PyObject *module) {
+    if (pyf_add_shim_layouts(module) < 0) return -1;
     PyFrameType = PyStructSequence_NewType(&pyframe_desc);
     if (PyFrameType == NULL) return -1;
     if (PyType_Ready(&PyFrameReaderType) < 0) return -1;

@@ -23,9 +23,8 @@ typedef struct {
     uint64_t modules_loaded;  /* modules whose CFI this space parsed or took from the cache */
 } rs_unwind_stats;
 
-/* The address a truncated stack ends with: address 0, never a caller
- * (collector/frames.py TRUNCATED_ADDRESS). */
-#define RS_TRUNCATED_ADDRESS 0u
+/* A truncated stack ends with RS_TRUNCATED_ADDRESS (stackwords.h). */
+#include "stackwords.h"
 
 rs_space *rs_space_new(int32_t pid);
 void rs_space_free(rs_space *space);

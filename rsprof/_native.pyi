@@ -9,8 +9,24 @@ from typing import Any, Self, final
 
 from typing_extensions import Buffer
 
-# A call stack as the kernel or the shim saw it: return addresses, innermost first.
+# A call stack as the C side announces it, leaf first (native/stackwords.h): not only return
+# addresses but marker words too. First native addresses: a CPU sample's ip or an
+# allocation's caller, then return addresses (resolved at address - 1); a CPU sample taken
+# in kernel mode has KERNEL_ADDRESS on top, and one whose CFI walk stopped early ends with
+# TRUNCATED_ADDRESS. Then, when Python frames were read, the word PY_MARK and one word per
+# Python frame, innermost first: the reader's function id in PY_FRAME_FUNCTION_BITS bits at
+# PY_FRAME_FUNCTION_SHIFT, the entry flag at bit PY_FRAME_ENTRY_BIT, the line (signed) in
+# the low PY_FRAME_LINE_BITS bits (collector.pyframes.split_python takes them apart).
 Stack = tuple[int, ...]
+
+# The stack words' encoding (native/stackwords.h).
+TRUNCATED_ADDRESS: int  # RS_TRUNCATED_ADDRESS: the [truncated] root, 0
+KERNEL_ADDRESS: int  # RS_KERNEL_ADDRESS: the [kernel] leaf, 1
+PY_MARK: int  # RS_PY_MARK: the native addresses end, Python frame words follow
+PY_FRAME_ENTRY_BIT: int  # RS_PY_FRAME_ENTRY_BIT
+PY_FRAME_FUNCTION_SHIFT: int  # RS_PY_FRAME_FUNCTION_SHIFT
+PY_FRAME_FUNCTION_BITS: int  # RS_PY_FRAME_FUNCTION_BITS
+PY_FRAME_LINE_BITS: int  # RS_PY_FRAME_LINE_BITS
 
 @final
 class PerfMmap(tuple[int, int, int, str, bytes | None, int]):
@@ -159,6 +175,8 @@ class HeapBatch(tuple[object, ...]):
 
 HEAP_RING_VERSION: int  # native/heapring.h RSPROF_HEAP_VERSION
 HEAP_RING_HEADER_SIZE: int  # native/heapring.h RSPROF_HEAP_HEADER_SIZE
+HEAP_RING_NAME_PREFIX: str  # native/heapring.h RSPROF_HEAP_NAME_PREFIX: a ring's name in /dev/shm
+HEAP_RING_SUFFIX_HEX: int  # native/heapring.h RSPROF_HEAP_SUFFIX_HEX: hex digits after <pid>.
 
 @final
 class HeapReader:
@@ -238,6 +256,13 @@ class DwarfReader:
 
 def cfi_functions(path: str, /) -> tuple[list[tuple[int, int]], int, float]:
     """FDE function ranges (link-time addresses, sorted), unwind-table rows, build ms."""
+
+# The heap shim's own CPython offsets (native/shim/shimpy_layout.h), exported only so that
+# tests check them against collector/pyframes.py's: {(3, 11): {field: offset}, (3, 12): ...}
+# and, for 3.13, {field: (index of its uint64 in _Py_DebugOffsets after the cookie, or -1;
+# the value when -1)}.
+SHIM_PY_LAYOUTS: dict[tuple[int, int], dict[str, int]]
+SHIM_PY_DEBUG_313: dict[str, tuple[int, int]]
 
 @final
 class PyFrame(tuple[str, str, int, int, bool]):

@@ -230,13 +230,20 @@ def leaky_heap_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 SHM_DIR = Path("/dev/shm")
 
 
+def _ring_prefix(pid: int) -> str:
+    """The start of pid's ring names, "rsprof-heap.<pid>." (native/heapring.h)."""
+    from rsprof._native import HEAP_RING_NAME_PREFIX
+
+    return f"{HEAP_RING_NAME_PREFIX}{pid}."
+
+
 def heap_rings(pid: int) -> list[Path]:
     """pid's heap rings in /dev/shm (rsprof-heap.<pid>.<16 hex digits>, native/heapring.h),
     oldest first (by the header's CLOCK_MONOTONIC creation time)."""
     import struct
 
     found = []
-    for path in SHM_DIR.glob(f"rsprof-heap.{pid}.*"):
+    for path in SHM_DIR.glob(f"{_ring_prefix(pid)}*"):
         try:
             with path.open("rb") as ring:
                 head = ring.read(80)
@@ -250,9 +257,9 @@ def heap_rings(pid: int) -> list[Path]:
 def heap_ring_path(pid: int) -> Path:
     """pid's newest ring; when it has none, a name no ring has (so .exists() is False)."""
     rings = heap_rings(pid)
-    return rings[-1] if rings else SHM_DIR / f"rsprof-heap.{pid}.none"
+    return rings[-1] if rings else SHM_DIR / f"{_ring_prefix(pid)}none"
 
 
 def guessed_ring_name(pid: int) -> Path:
     """A well-formed ring name for pid that no shim will draw (64 random bits of suffix)."""
-    return SHM_DIR / f"rsprof-heap.{pid}.{os.urandom(8).hex()}"
+    return SHM_DIR / f"{_ring_prefix(pid)}{os.urandom(8).hex()}"

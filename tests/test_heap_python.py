@@ -7,18 +7,18 @@ frames; `rsprof top heap -g lines` then shows the leak at its file and line."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sqlite3
+import struct
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from conftest import PYTHONS, TARGETS, profile_meta, python_binary, run_rsprof, top_json
-from rsprof.collector.pyframes import LAYOUTS
+from rsprof.collector.pyframes import _DEBUG_FIELDS_313, LAYOUTS, debug_offsets_layout
 
-from rsprof._native import HeapReader
+from rsprof._native import SHIM_PY_DEBUG_313, SHIM_PY_LAYOUTS, HeapReader
 from rsprof.session import SHIM_PATH
 
 SCRIPT = TARGETS / "pyleak.py"
@@ -156,19 +156,38 @@ def test_python_off_keeps_native_stacks(tmp_path: Path) -> None:
     assert sum(int(r["live_bytes"]) for r in rows) >= LEAK_COUNT * LEAK_SIZE  # type: ignore[call-overload]
 
 
-def _c_layout(name: str) -> dict[str, int]:
-    source = (Path(__file__).parents[1] / "native/shim/shimpy.c").read_text()
-    body = re.search(rf"static const py_layout {name} = \{{(.*?)\}};", source, re.S)
-    assert body is not None
-    return {key: int(value) for key, value in re.findall(r"\.(\w+) = (-?\d+)", body.group(1))}
+# The fields the shim reads (native/shim/shimpy_layout.h), whatever the version.
+SHIM_FIELDS = set(SHIM_PY_DEBUG_313) - {"version", "free_threaded"}
 
 
-@pytest.mark.parametrize(("name", "version"), [("LAYOUT_311", (3, 11)), ("LAYOUT_312", (3, 12))])
-def test_shim_offsets_match_the_reader_table(name: str, version: tuple[int, int]) -> None:
-    """The shim's offsets (C, in the target) and the reader's (checked against every
-    installed Python's headers by test_pyframes.py) are the same numbers."""
-    shim = _c_layout(name)
-    assert shim and all(LAYOUTS[version][key] == value for key, value in shim.items()), shim
+@pytest.mark.parametrize("version", [(3, 11), (3, 12)])
+def test_shim_offsets_match_the_reader_table(version: tuple[int, int]) -> None:
+    """The shim's offsets (C, in the target; its table as compiled, exported by the
+    extension) and the reader's (checked against every installed Python's headers by
+    test_pyframes.py) are the same numbers, field by field."""
+    shim = SHIM_PY_LAYOUTS[version]
+    assert set(shim) == SHIM_FIELDS
+    assert shim == {field: LAYOUTS[version][field] for field in shim}
+
+
+def test_shim_313_debug_offsets_match_the_reader() -> None:
+    """3.13: the shim takes its offsets from _Py_DebugOffsets as the reader does
+    (debug_offsets_layout): the same words, and the same values for the fields 3.13 does not
+    publish. A synthetic _Py_DebugOffsets whose every word differs, read both ways."""
+    assert set(SHIM_PY_LAYOUTS) | {(3, 13)} == set(LAYOUTS)  # every supported version
+    words = [1000 + 8 * index for index in range(72)]
+    words[SHIM_PY_DEBUG_313["version"][0]] = 0x030D00F0  # 3.13.0 final
+    words[SHIM_PY_DEBUG_313["free_threaded"][0]] = 0
+    data = b"xdebugpy" + struct.pack("<72Q", *words)
+    reader = debug_offsets_layout(data, (3, 13, 0))
+    assert reader is not None
+    shim = {field: words[index] if index >= 0 else value
+            for field, (index, value) in SHIM_PY_DEBUG_313.items() if field in SHIM_FIELDS}
+    assert shim == {field: reader[field] for field in shim}
+    for field, (index, _) in SHIM_PY_DEBUG_313.items():
+        assert (index >= 0) == (field in _DEBUG_FIELDS_313), field
+        if index >= 0:
+            assert _DEBUG_FIELDS_313[field] == index, field
 
 
 def test_non_python_program_pays_nothing() -> None:

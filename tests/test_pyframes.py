@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BUILD_DIR, assert_share
-from rsprof.collector.pyframes import LAYOUTS, find_runtime, open_reader
+from rsprof.collector.pyframes import LAYOUTS, find_runtime, open_reader, split_python
 
 from rsprof._native import PyFrameReader
 
@@ -394,3 +394,14 @@ def test_splice_plan_pairs_evaluator_frames_with_python_groups() -> None:
     assert splice_plan([True, False], [False, False]) is None  # no entry frame: cut
     assert splice_plan([True, True], [True]) is None  # native deeper than Python
     assert splice_plan([True], [True, True]) is None  # Python deeper than native
+
+
+def test_stack_words_are_the_documented_ones() -> None:
+    """The stack words' encoding (native/stackwords.h, exported to split_python) is the one
+    docs/native.md documents: native addresses, 0xFFFFFFFFFFFFFFF0, then per Python frame
+    1 << 63 | entry << 62 | function id << 32 | line (signed), innermost first."""
+    native = (0x401000, 0x7F0000402000)
+    words = (0xFFFFFFFFFFFFFFF0, 1 << 63 | 1 << 62 | 7 << 32 | 42,
+             1 << 63 | (1 << 18) - 1 << 32 | (-1 & 0xFFFFFFFF))
+    assert split_python((*native, *words)) == (native, [(7, 42, True), ((1 << 18) - 1, -1, False)])
+    assert split_python(native) == (native, [])

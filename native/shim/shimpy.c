@@ -13,15 +13,16 @@
  *   pthread key), so another thread's state is never dereferenced;
  * then the state's native_thread_id must be our tid.
  *
- * What is read, with offsets per version (3.11, 3.12: the table below, the same numbers as
- * collector/pyframes.py LAYOUTS, checked by tests; 3.13: its own _Py_DebugOffsets at the
- * start of _PyRuntime): thread state -> current frame -> previous ..., each frame's code
- * object, instruction pointer, owner and entry flag, the code object's type, qualname,
- * filename, location table and first line (for the tag). Checks on everything, so that a
- * wrong assumption gives a native-only record, never a fault: pointers non-NULL, 8-aligned
- * and below 2^47; the code object's type is PyCode_Type; a frame that is its own previous
- * ends the walk as garbage; at most 1024 frames are visited and RSPROF_HEAP_MAX_PY_FRAMES
- * kept (a deeper chain is dropped whole: it could not be spliced).
+ * What is read, with offsets per version (shimpy_layout.h: 3.11, 3.12 from the table, the
+ * same numbers as collector/pyframes.py LAYOUTS, checked by tests; 3.13: its own
+ * _Py_DebugOffsets at the start of _PyRuntime): thread state -> current frame -> previous
+ * ..., each frame's code object, instruction pointer, owner and entry flag, the code
+ * object's type, qualname, filename, location table and first line (for the tag). Checks
+ * on everything, so that a wrong assumption gives a native-only record, never a fault:
+ * pointers non-NULL, 8-aligned and below 2^47; the code object's type is PyCode_Type; a
+ * frame that is its own previous ends the walk as garbage; at most 1024 frames are visited
+ * and RSPROF_HEAP_MAX_PY_FRAMES kept (a deeper chain is dropped whole: it could not be
+ * spliced).
  */
 #define _GNU_SOURCE
 #include "shimpy.h"
@@ -32,26 +33,26 @@
 #include <unistd.h>
 
 #include "heapring.h"
+#include "shimpy_layout.h"
 
+/* One long per field of shimpy_layout.h, -1 where the version has no such field. */
 typedef struct {
-    long tstate_native_thread_id, tstate_cframe, cframe_current_frame, tstate_current_frame;
-    long frame_code, frame_instr, frame_previous, frame_owner, owner_cstack, frame_is_entry;
-    long code_qualname, code_filename, code_linetable, code_firstlineno, code_adaptive;
+#define SHIMPY_FIELD(name, v311, v312, index313, value313) long name;
+    SHIMPY_LAYOUT_FIELDS(SHIMPY_FIELD)
+#undef SHIMPY_FIELD
 } py_layout;
 
 /* From each version's own headers (tests/targets/pyoffsets.c; collector/pyframes.py LAYOUTS;
  * tests/test_heap_python.py checks that both tables agree). */
 static const py_layout LAYOUT_311 = {
-    .tstate_native_thread_id = 160, .tstate_cframe = 56, .cframe_current_frame = 8,
-    .tstate_current_frame = -1, .frame_code = 32, .frame_instr = 56, .frame_previous = 48,
-    .frame_owner = 69, .owner_cstack = -1, .frame_is_entry = 68, .code_qualname = 128,
-    .code_filename = 112, .code_linetable = 136, .code_firstlineno = 72, .code_adaptive = 184,
+#define SHIMPY_FIELD(name, v311, v312, index313, value313) .name = v311,
+    SHIMPY_LAYOUT_FIELDS(SHIMPY_FIELD)
+#undef SHIMPY_FIELD
 };
 static const py_layout LAYOUT_312 = {
-    .tstate_native_thread_id = 144, .tstate_cframe = 56, .cframe_current_frame = 0,
-    .tstate_current_frame = -1, .frame_code = 0, .frame_instr = 56, .frame_previous = 8,
-    .frame_owner = 70, .owner_cstack = 3, .frame_is_entry = -1, .code_qualname = 128,
-    .code_filename = 112, .code_linetable = 136, .code_firstlineno = 68, .code_adaptive = 192,
+#define SHIMPY_FIELD(name, v311, v312, index313, value313) .name = v312,
+    SHIMPY_LAYOUT_FIELDS(SHIMPY_FIELD)
+#undef SHIMPY_FIELD
 };
 
 static py_layout g_l;
@@ -68,18 +69,16 @@ static inline uintptr_t load(uintptr_t base, long off) {
 }
 
 /* 3.13: _Py_DebugOffsets at the start of _PyRuntime, as uint64 words after the cookie
- * (indices as in collector/pyframes.py _DEBUG_FIELDS_313). */
+ * (indices in shimpy_layout.h, as in collector/pyframes.py _DEBUG_FIELDS_313). */
 static int layout_313(const uint64_t *runtime) {
-    if (memcmp(runtime, "xdebugpy", 8) != 0) return 0;
+    if (memcmp(runtime, SHIMPY_DEBUG_COOKIE, 8) != 0) return 0;
     const uint64_t *w = runtime + 1;
-    if (w[0] >> 16 != 0x030D || w[1] != 0) return 0; /* version, free_threaded */
+    if (w[SHIMPY_DEBUG_VERSION] >> 16 != 0x030D || w[SHIMPY_DEBUG_FREE_THREADED] != 0) return 0;
     g_l = (py_layout){
-        .tstate_native_thread_id = (long)w[24], .tstate_cframe = -1, .cframe_current_frame = -1,
-        .tstate_current_frame = (long)w[22], .frame_code = (long)w[29],
-        .frame_instr = (long)w[30], .frame_previous = (long)w[28], .frame_owner = (long)w[32],
-        .owner_cstack = 3, .frame_is_entry = -1, .code_qualname = (long)w[36],
-        .code_filename = (long)w[34], .code_linetable = (long)w[37],
-        .code_firstlineno = (long)w[38], .code_adaptive = (long)w[42],
+#define SHIMPY_FIELD(name, v311, v312, index313, value313) \
+        .name = (index313) >= 0 ? (long)w[(index313) >= 0 ? (index313) : 0] : (value313),
+        SHIMPY_LAYOUT_FIELDS(SHIMPY_FIELD)
+#undef SHIMPY_FIELD
     };
     const long *f = (const long *)&g_l;
     for (unsigned i = 0; i < sizeof g_l / sizeof(long); i++)
