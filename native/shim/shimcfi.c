@@ -494,21 +494,33 @@ static unsigned walk(walk_memo *m, shimcfi_scratch *scratch, uint64_t *ips, unsi
 
 /* Every word a memo read was inside this thread's stack when it was read, and the stack
  * of a thread does not move, so reading them again is safe. */
-static inline int memo_matches(const walk_memo *m, uint64_t generation, uint32_t serial,
-                               uintptr_t pc, uintptr_t sp, uintptr_t bp, unsigned max) {
-    if (m->generation != generation || m->serial != serial || m->pc != pc || m->sp != sp ||
-        m->max != max || (m->used_bp && m->bp != bp))
-        return 0;
-    for (unsigned i = 0; i < m->n_reads; i++)
-        if (*(const uintptr_t *)(sp + m->offset[i]) != m->value[i]) return 0;
-    return 1;
+static inline int memo_same_start(const walk_memo *m, uint64_t generation, uint32_t serial,
+                                   uintptr_t pc, uintptr_t sp, uintptr_t bp, unsigned max) {
+    return m->generation == generation && m->serial == serial && m->pc == pc && m->sp == sp &&
+           m->max == max && !(m->used_bp && m->bp != bp);
 }
 
-/* Looks the walk up among the ways of that tag and key; the way found, or -1.  *shared: a
- * way of key 0 holds a walk from the same pc and sp that is not this one. */
+/* The first read of m whose word differs now, or -1: every word the same, the same walk. */
+static inline int memo_diverges(const walk_memo *m, uintptr_t sp) {
+    for (unsigned i = 0; i < m->n_reads; i++)
+        if (*(const uintptr_t *)(sp + m->offset[i]) != m->value[i]) return (int)i;
+    return -1;
+}
+
+/* Where this walk leaves a walk of the same pc and sp (shimcfi_walk): read `index` of way
+ * `way`, at `offset` above sp, now holds `word`. */
+typedef struct {
+    int way, index;
+    uint32_t offset;
+    uintptr_t word;
+} memo_fork;
+
+/* Looks the walk up among the ways of that tag and key; the way found, or -1.  With key 0,
+ * *fork receives the first way that starts like this walk (same pc, sp, bp where used) and
+ * where it departs from it (way -1: none). */
 static inline int memo_find(memo_set *set, uint64_t tag, uint64_t key, uint64_t generation,
                             uint32_t serial, const uint64_t *ips, uintptr_t sp, uintptr_t bp,
-                            unsigned max, int *shared) {
+                            unsigned max, memo_fork *fork) {
     /* The ways whose tag's top byte is this one's (1/256 of the others on average). */
     uint64_t candidates = 0;
 #if defined(__SSE2__)
@@ -525,20 +537,22 @@ static inline int memo_find(memo_set *set, uint64_t tag, uint64_t key, uint64_t 
         unsigned w = (unsigned)__builtin_ctzll(candidates);
         if (set->tag[w] != tag) continue;
         const walk_memo *m = &set->way[w];
-        if (m->key != key) continue;
-        if (memo_matches(m, generation, serial, ips[0], sp, bp, max)) {
+        if (m->key != key || !memo_same_start(m, generation, serial, ips[0], sp, bp, max))
+            continue;
+        int at = memo_diverges(m, sp);
+        if (at < 0) {
             set->used[w] = 1;
             return (int)w;
         }
-        if (m->generation == generation && m->serial == serial && m->pc == ips[0] &&
-            m->sp == sp)
-            *shared = 1;
+        if (fork != NULL && fork->way < 0) {
+            fork->way = (int)w;
+            fork->index = at;
+            fork->offset = m->offset[at];
+            fork->word = *(const uintptr_t *)(sp + m->offset[at]);
+        }
     }
     return -1;
 }
-
-/* Frames walked before the look-up by key (see shimcfi_walk). */
-#define MEMO_PREFIX 4
 
 unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
                       uintptr_t lo, uintptr_t hi, int *truncated, shimcfi_memo *memo,
@@ -552,22 +566,23 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
     uint32_t serial = set->serial;
     uintptr_t pc = ips[0];
     uint64_t key = 0;
-    int shared = 0;
     /* By (pc, sp): a call site reached by one path at a time (or a few) hits here. */
     uint64_t tag = memo_tag(pc, sp);
-    int w = memo_find(set, tag, 0, generation, serial, ips, sp, bp, max, &shared);
-    if (w < 0 && shared) {
+    memo_fork fork = {-1, 0, 0, 0};
+    int w = memo_find(set, tag, 0, generation, serial, ips, sp, bp, max, &fork);
+    if (w < 0 && fork.way >= 0) {
         /* Allocation wrappers (sqlite3Malloc, xmalloc, a program's own pool) call malloc
-         * from one pc at one sp for many paths.  Those are told apart by their first few
-         * callers, walked for real (a few rule look-ups), and looked up by them. */
-        int trunc = 0;
-        unsigned got = walk(NULL, scratch, ips, 1, max < 1 + MEMO_PREFIX ? max : 1 + MEMO_PREFIX,
-                            sp, bp, lo, hi, &trunc);
-        key = pc;
-        for (unsigned i = 1; i < got; i++) key = (key ^ ips[i]) * 0x100000001B3ULL;
-        key |= 1; /* never 0, the key of the ways by (pc, sp) */
+         * from one pc at one sp for many paths.  A walk is deterministic: until it reads a
+         * word that differs, it reads where the walk of the way it started like (its fork)
+         * read.  So where it departs from that way (which read, at which offset, holding
+         * what) tells the paths apart, at no cost, and they are looked up by that key.  The
+         * way stays in the memo as long as its paths are looked up through it. */
+        set->used[fork.way] = 1;
+        key = (((uint64_t)(unsigned)fork.way << 40 ^ (uint64_t)fork.index << 32 ^ fork.offset) *
+                   0x9E3779B97F4A7C15ULL ^
+               fork.word) | 1; /* never 0, the key of the ways by (pc, sp) */
         tag = memo_tag(key, sp);
-        w = memo_find(set, tag, key, generation, serial, ips, sp, bp, max, &shared);
+        w = memo_find(set, tag, key, generation, serial, ips, sp, bp, max, NULL);
     }
     if (w >= 0) {
         /* The frames stay in the memo: the caller takes them if it needs them
