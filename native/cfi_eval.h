@@ -233,6 +233,14 @@ static inline void cfi_cfa_expr(const uint8_t *e, uint64_t len, cfi_state *s) {
     }
 }
 
+/* factor * data_align as the CFI means it, without the undefined behaviour of a signed
+ * multiplication (or negation) that overflows: malformed CFI can hold any factor, and the
+ * product is computed modulo 2^64 (its two's complement bits), a garbage offset that the
+ * callers' range checks then refuse. */
+static inline int64_t cfi_scaled(uint64_t factor, int64_t data_align) {
+    return (int64_t)(factor * (uint64_t)data_align);
+}
+
 /* A register rule.  rsp given any rule but same_value: the caller's rsp is not the CFA,
  * which neither caller can follow. */
 static inline void cfi_set_reg(cfi_state *s, uint64_t reg, uint64_t ra_reg, uint8_t rule,
@@ -316,7 +324,7 @@ static inline __attribute__((always_inline)) int cfi_step(cfi_program *pr, cfi_s
             *delta = lo * cie->code_align;
             advance = 1;
         } else if (hi == 0x80) { /* offset */
-            cfi_set_reg(s, lo, cie->ra_reg, CFI_REG_CFA, (int64_t)cfi_uleb(c) * cie->data_align);
+            cfi_set_reg(s, lo, cie->ra_reg, CFI_REG_CFA, cfi_scaled(cfi_uleb(c), cie->data_align));
         } else if (hi == 0xc0 || op == 0x06) { /* restore, restore_extended */
             reg = hi == 0xc0 ? lo : cfi_uleb(c);
             if (pr->initial == NULL) return CFI_STEP_ERROR;
@@ -343,7 +351,7 @@ static inline __attribute__((always_inline)) int cfi_step(cfi_program *pr, cfi_s
             case 0x05: /* offset_extended */
                 reg = cfi_uleb(c);
                 cfi_set_reg(s, reg, cie->ra_reg, CFI_REG_CFA,
-                            (int64_t)cfi_uleb(c) * cie->data_align);
+                            cfi_scaled(cfi_uleb(c), cie->data_align));
                 break;
             case 0x07: cfi_set_reg(s, cfi_uleb(c), cie->ra_reg, CFI_REG_UNDEF, 0); break;
             case 0x08: cfi_set_reg(s, cfi_uleb(c), cie->ra_reg, CFI_REG_SAME, 0); break;
@@ -409,16 +417,17 @@ static inline __attribute__((always_inline)) int cfi_step(cfi_program *pr, cfi_s
                 break;
             case 0x11: /* offset_extended_sf */
                 reg = cfi_uleb(c);
-                cfi_set_reg(s, reg, cie->ra_reg, CFI_REG_CFA, cfi_sleb(c) * cie->data_align);
+                cfi_set_reg(s, reg, cie->ra_reg, CFI_REG_CFA,
+                            cfi_scaled((uint64_t)cfi_sleb(c), cie->data_align));
                 break;
             case 0x12: /* def_cfa_sf */
                 reg = cfi_uleb(c);
-                s->cfa_off = cfi_sleb(c) * cie->data_align;
+                s->cfa_off = cfi_scaled((uint64_t)cfi_sleb(c), cie->data_align);
                 s->cfa = cfi_cfa_reg(reg);
                 s->unfollowed = 0;
                 break;
             case 0x13: /* def_cfa_offset_sf */
-                s->cfa_off = cfi_sleb(c) * cie->data_align;
+                s->cfa_off = cfi_scaled((uint64_t)cfi_sleb(c), cie->data_align);
                 if (s->cfa != CFI_CFA_RSP && s->cfa != CFI_CFA_RBP) s->cfa = CFI_CFA_BAD;
                 break;
             case 0x14: case 0x15: /* val_offset(_sf): the value cfa + n, not a save slot */
@@ -438,7 +447,7 @@ static inline __attribute__((always_inline)) int cfi_step(cfi_program *pr, cfi_s
             case 0x2f:                            /* GNU_negative_offset_extended */
                 reg = cfi_uleb(c);
                 cfi_set_reg(s, reg, cie->ra_reg, CFI_REG_CFA,
-                            -(int64_t)cfi_uleb(c) * cie->data_align);
+                            cfi_scaled(0 - cfi_uleb(c), cie->data_align));
                 break;
             default:
                 return CFI_STEP_ERROR; /* unknown opcode: its operand length is unknown */

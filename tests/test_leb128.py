@@ -36,6 +36,24 @@ def test_edge_cases_decode_without_undefined_behaviour(tmp_path: Path) -> None:
     assert result.stdout.strip() == "leb128 ok"
 
 
+def test_factored_offsets_that_overflow_are_defined(tmp_path: Path) -> None:
+    """tests/targets/cfi_scale_cases.c: CFA programs whose factor times data alignment
+    overflows 64 bits (offset, offset_extended(_sf), def_cfa(_offset)_sf,
+    GNU_negative_offset_extended) give the product modulo 2^64, under
+    -fsanitize=undefined. Before: "signed integer overflow" at the first of them."""
+    binary = tmp_path / "cfi_scale_cases"
+    subprocess.run(
+        ["gcc", "-std=gnu11", "-O1", "-g", "-Wall", "-Wextra",
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+         "-I", str(ROOT / "native"), "-o", str(binary),
+         str(ROOT / "tests" / "targets" / "cfi_scale_cases.c")],
+        check=True,
+    )
+    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "cfi scale ok"
+
+
 def _uleb(v: int) -> bytes:
     out = bytearray()
     while True:
