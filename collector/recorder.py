@@ -293,7 +293,15 @@ class Recorder:
         if self.options.python:
             self._python = PythonImages(self.sampler, self.warn)
             self._python.poll()
-        self.sampler.enable()
+        try:
+            self.sampler.enable()
+        except OSError as error:  # a security module may refuse PERF_EVENT_IOC_ENABLE
+            if error.errno in (errno.EACCES, errno.EPERM):
+                raise PermissionDenied(
+                    f"perf events on PID {self.target.pid} could not be started:"
+                    f" permission denied; {PERMISSION_HINT}"
+                ) from error
+            raise
         # Threads created while the events were being opened, by a thread that had none yet,
         # inherited nothing: open theirs now. (Drain first: a FORK record says a thread did
         # inherit, and a second event would sample it twice.)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from conftest import rsprof_env
 
 from rsprof._native import PerfBatch, PerfMmap, PerfSampler
 
@@ -408,6 +409,26 @@ def test_enable_refused_by_the_kernel_raises(target_binary):
     assert out["samples_refused"] == 0
     assert out["enable_again"] is None
     assert out["samples"] > 0
+
+
+def test_refused_enable_is_a_permission_error_of_the_cli(target_binary, tmp_path):
+    """The recorder's enable() refused (EACCES, as from a security module): one line that
+    names the fix and exit 4, like a refused perf_event_open; it was exit 1 (internal)."""
+    lib = target_binary("perf_refuse_enable.c", ("-shared", "-fPIC"))
+    target = subprocess.Popen(["sleep", "30"])
+    try:
+        env = {**rsprof_env(), "LD_PRELOAD": str(lib), "RSPROF_TEST_ENABLE_OK": "0"}
+        result = subprocess.run(
+            [sys.executable, "-P", "-m", "rsprof", "-p", str(target.pid), "-q", "-d", "1s",
+             "-o", str(tmp_path / "p.db")],
+            env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    finally:
+        target.kill()
+        target.wait()
+    assert result.returncode == 4, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "could not be started: permission denied" in lines[0], lines
+    assert "Traceback" not in result.stderr
 
 
 def test_thread_whose_event_cannot_start_is_an_add_thread_error(target_binary):
