@@ -75,8 +75,11 @@ def record_options(func: click.decorators.FC) -> click.decorators.FC:
                      help="Checkpoint interval."),
         click.option("-d", "--duration", callback=_duration,
                      help="Stop after this long (e.g. 10s, 5m, 1h); default: until Ctrl-C."),
-        click.option("--cpu-freq", type=click.IntRange(1, 100_000), default=99,
-                     show_default=True, help="CPU samples per second per thread."),
+        # -F is perf's name for it, --rate/-r py-spy's.
+        click.option("--cpu-freq", "-F", "--rate", "-r", "cpu_freq",
+                     type=click.IntRange(1, 100_000), default=99, show_default=True,
+                     help="CPU samples per second per thread (-F as in perf, --rate/-r as"
+                          " in py-spy)."),
         click.option("--stack-bytes", type=click.IntRange(0, 65448), default=DEFAULT_STACK_BYTES,
                      show_default=True, callback=_stack_bytes,
                      help="User stack bytes copied per CPU sample and unwound by CFI (multiple"

@@ -135,3 +135,28 @@ def test_list_shows_the_profile(split_profile: Path) -> None:
     result = run_rsprof("list", "--dir", str(split_profile.parent))
     assert result.returncode == 0, result.stderr
     assert "split.db" in result.stdout and "split" in result.stdout
+
+
+@pytest.mark.parametrize("option", ["-F", "--rate", "-r", "--cpu-freq"])
+def test_frequency_by_the_names_perf_and_py_spy_users_type(option: str, tmp_path: Path) -> None:
+    """perf's -F and py-spy's --rate/-r are --cpu-freq, for `run` and for attaching."""
+    out = tmp_path / "run.db"
+    result = run_rsprof("run", "-q", option, "499", "-d", "300ms", "-o", str(out), "--",
+                        "sleep", "5")
+    assert result.returncode == 0, result.stderr
+    target = start_target(build_target("split.c"), "2", "0")
+    attached = tmp_path / "attach.db"
+    try:
+        result = run_rsprof("-p", str(target.pid), "-q", option, "299", "-d", "300ms",
+                            "-o", str(attached))
+    finally:
+        target.kill()
+        target.wait()
+    assert result.returncode == 0, result.stderr
+    for path, hz in ((out, "499"), (attached, "299")):
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            value = db.execute("SELECT value FROM meta WHERE key = 'cpu_freq_hz'").fetchone()
+        finally:
+            db.close()
+        assert value == (hz,), (option, path, value)
