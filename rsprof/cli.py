@@ -343,9 +343,12 @@ def query(file: Path, sql: str, as_json: bool, as_csv: bool) -> None:
 @cli.command("list", context_settings=CONTEXT)
 @click.option("-d", "--dir", "directory", type=click.Path(path_type=Path), default=Path("."),
               show_default=True, help="Folder to look in.")
-def list_(directory: Path) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON list of objects (file, pid, process, start_time_ms, duration_ms,"
+                   " samples, lost_samples, state).")
+def list_(directory: Path, as_json: bool) -> None:
     """Profiles in a folder, newest first."""
-    render.profile_list(analysis.list_profiles(directory))
+    render.profile_list(analysis.list_profiles(directory), as_json=as_json)
 
 
 @cli.command(context_settings=CONTEXT)

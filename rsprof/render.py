@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from datetime import datetime
-from typing import IO
+from typing import IO, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -44,7 +44,7 @@ def human_bytes(value: int) -> str:
     return f"{size:.1f} GiB"
 
 
-def write_json(objects: Sequence[object], out: IO[str] | None = None) -> None:
+def write_json(objects: Sequence[object] | dict[str, Any], out: IO[str] | None = None) -> None:
     stream = out or sys.stdout
     json.dump(objects, stream, indent=2)
     stream.write("\n")
@@ -158,7 +158,15 @@ def _duration(ms: int) -> str:
     return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def profile_list(profiles: list[ProfileSummary]) -> None:
+def profile_list(profiles: list[ProfileSummary], as_json: bool = False) -> None:
+    if as_json:  # every profile, [] for none: scripts need no stderr to tell
+        write_json([
+            {"file": str(p.path), "pid": p.pid, "process": p.process,
+             "start_time_ms": p.start_time_ms, "duration_ms": p.duration_ms,
+             "samples": p.samples, "lost_samples": p.lost_samples, "state": p.state}
+            for p in profiles
+        ])
+        return
     if not profiles:
         print("no profiles found", file=sys.stderr)
         return

@@ -175,7 +175,7 @@ def diff(old: Path, new: Path, kind: str, limit: int, as_json: bool, **options: 
             else:
                 report_render.heap_diff(heap)
     if as_json:
-        render.write_json([result])  # one object, in a list for symmetry with top --json
+        render.write_json(result)  # one object, as --help says
 
 
 @click.command("export", context_settings=CONTEXT)

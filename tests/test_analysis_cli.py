@@ -138,8 +138,9 @@ def test_diff_reports_share_changes_biggest_first(
     split_cpu_profile: Path, split_cpu_profile_1to1: Path
 ) -> None:
     # OLD heavy:light = 1:1, NEW 3:1 under work(): heavy's share rises, light's falls.
-    [result] = _json("diff", str(split_cpu_profile_1to1), str(split_cpu_profile),
-                     "--json", "-n", "0")
+    result = _json("diff", str(split_cpu_profile_1to1), str(split_cpu_profile),
+                   "--json", "-n", "0")
+    assert isinstance(result, dict)  # one object, as --help says (it was a 1-element list)
     cpu = {d["function"]: d for d in result["cpu"]}
     # heavy - light went from 0 to half of the main thread's share (a third of the samples
     # or so, less on a loaded machine): compared with each other, not with fixed shares.
@@ -152,12 +153,12 @@ def test_diff_reports_share_changes_biggest_first(
 
 
 def test_diff_marks_new_and_gone(split_cpu_profile: Path, leaky_heap_profile: Path) -> None:
-    [result] = _json("diff", str(leaky_heap_profile), str(split_cpu_profile),
-                     "--json", "-n", "0", "--kind", "cpu")
+    result = _json("diff", str(leaky_heap_profile), str(split_cpu_profile),
+                   "--json", "-n", "0", "--kind", "cpu")
     cpu = {d["function"]: d for d in result["cpu"]}
     assert cpu["heavy"]["status"] == "new" and cpu["heavy"]["old_total_pct"] == 0
-    [back] = _json("diff", str(split_cpu_profile), str(leaky_heap_profile),
-                   "--json", "-n", "0", "--kind", "cpu")
+    back = _json("diff", str(split_cpu_profile), str(leaky_heap_profile),
+                 "--json", "-n", "0", "--kind", "cpu")
     assert {d["function"]: d["status"] for d in back["cpu"]}["heavy"] == "gone"
 
 

@@ -135,6 +135,13 @@ def test_list_shows_the_profile(split_profile: Path) -> None:
     result = run_rsprof("list", "--dir", str(split_profile.parent))
     assert result.returncode == 0, result.stderr
     assert "split.db" in result.stdout and "split" in result.stdout
+    listed = run_rsprof("list", "--dir", str(split_profile.parent), "--json")
+    assert listed.returncode == 0, listed.stderr
+    [entry] = json.loads(listed.stdout)
+    assert entry["file"] == str(split_profile) and entry["state"] == "finished"
+    assert entry["samples"] > 0 and entry["duration_ms"] > 0 and entry["pid"] > 0
+    empty = run_rsprof("list", "--dir", str(split_profile.parent / "none"), "--json")
+    assert empty.returncode == 6  # no such folder: the same error as without --json
 
 
 @pytest.mark.parametrize("option", ["-F", "--rate", "-r", "--cpu-freq"])
