@@ -53,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,6 +143,17 @@ def environ(name: str) -> dict[str, str]:
     return os.environ | ENV.get(name, {})
 
 
+def runnable(names: list[str]) -> Iterator[tuple[str, list[str], dict[str, str]]]:
+    """Each program's name, command and environment; one that is not installed is said in
+    its table's row and skipped."""
+    for name in names:
+        argv = ALL[name]
+        if not installed(argv):
+            print(f"{name:<12} (not installed)")
+            continue
+        yield name, argv, environ(name)
+
+
 def timed(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
     start = time.monotonic()
     subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
@@ -158,12 +170,7 @@ def remove(work: Path, stem: str) -> None:
 def wall_table(names: list[str], work: Path, repeat: int, heaptrack: str | None) -> None:
     print(f"{'program':<12} {'plain s':>8} {'rsprof s':>9} {'ratio':>6} "
           f"{'heaptrack s':>12} {'ratio':>6}")
-    for name in names:
-        argv = ALL[name]
-        if not installed(argv):
-            print(f"{name:<12} (not installed)")
-            continue
-        env = environ(name)
+    for name, argv, env in runnable(names):
         plain, ours, theirs = [], [], []
         for _ in range(repeat):
             plain.append(timed(argv, work, env))
@@ -274,12 +281,7 @@ def cpu_table(names: list[str], work: Path, repeat: int, heaptrack: str | None,
     print(f"{'program':<12} {'plain s':>8} {'--no-heap s':>12} {'heap on s':>10} "
           f"{'heaptrack s':>12} {'on/off':>7} {'ht/plain':>9}")
     checks: list[tuple[str, Counts, Counts]] = []
-    for name in names:
-        argv = ALL[name]
-        if not installed(argv):
-            print(f"{name:<12} (not installed)")
-            continue
-        env = environ(name)
+    for name, argv, env in runnable(names):
         warnings: set[str] = set()
         cpu: dict[str, list[float]] = {m: [] for m in MODES}
         for k in range(repeat):

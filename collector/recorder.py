@@ -296,11 +296,7 @@ class Recorder:
         try:
             self.sampler.enable()
         except OSError as error:  # a security module may refuse PERF_EVENT_IOC_ENABLE
-            if error.errno in (errno.EACCES, errno.EPERM):
-                raise PermissionDenied(
-                    f"perf events on PID {self.target.pid} could not be started:"
-                    f" permission denied; {PERMISSION_HINT}"
-                ) from error
+            self._raise_if_refused(error, "could not be started")
             raise
         # Threads created while the events were being opened, by a thread that had none yet,
         # inherited nothing: open theirs now. (Drain first: a FORK record says a thread did
@@ -342,15 +338,19 @@ class Recorder:
         except OSError:
             return False
 
+    def _raise_if_refused(self, error: OSError, what: str, call: str = "perf events") -> None:
+        """A permission refusal of perf_event_open or its ioctls is one line naming the fix
+        (exit 4); other errors are the caller's."""
+        if error.errno in (errno.EACCES, errno.EPERM):
+            raise PermissionDenied(
+                f"{call} on PID {self.target.pid} {what}: permission denied; {PERMISSION_HINT}"
+            ) from error
+
     def _open_thread(self, tid: int) -> bool:
         try:
             self.sampler.add_thread(tid)
         except OSError as error:
-            if error.errno in (errno.EACCES, errno.EPERM):
-                raise PermissionDenied(
-                    f"perf_event_open on PID {self.target.pid} refused: permission denied;"
-                    f" {PERMISSION_HINT}"
-                ) from error
+            self._raise_if_refused(error, "refused", "perf_event_open")
             if error.errno == errno.ESRCH:
                 return False  # the thread exited between listing and opening
             raise

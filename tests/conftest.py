@@ -98,13 +98,16 @@ def rsprof_env() -> dict[str, str]:
 
 
 def run_rsprof(*args: str, timeout: float = 120, cwd: Path | None = None,
-               input_text: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Runs the real `rsprof` command line (python -m rsprof) and captures its output."""
+               input_text: str | None = None,
+               extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs the real `rsprof` command line (python -m rsprof) and captures its output;
+    `extra_env` is added to rsprof_env()."""
     import sys
 
     return subprocess.run(
         [sys.executable, "-P", "-m", "rsprof", *args],
-        capture_output=True, text=True, timeout=timeout, env=rsprof_env(), cwd=cwd,
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env={**rsprof_env(), **(extra_env or {})},
         input=input_text, stdin=None if input_text is not None else subprocess.DEVNULL,
     )
 

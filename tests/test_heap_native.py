@@ -130,11 +130,14 @@ class Totals:
         self.execed = batch.execed
         self.sample_bytes = batch.sample_bytes
 
-    def by_function(self, symbols: Symbols) -> dict[str | None, list[int]]:
-        """Sites summed by the function of their first frame."""
+    def by_function(self, symbols: Symbols, frame: int = 0) -> dict[str | None, list[int]]:
+        """Sites summed by the function of their first frame (or of frame `frame`: 1 is the
+        caller of an allocation wrapper); stacks without that frame are left out."""
         out: dict[str | None, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
         for stack_id, site in self.sites.items():
-            fn = symbols.name(self.stacks[stack_id][0])
+            if len(self.stacks[stack_id]) <= frame:
+                continue
+            fn = symbols.name(self.stacks[stack_id][frame])
             for k in range(4):
                 out[fn][k] += site[k]
         return out
@@ -329,12 +332,8 @@ def test_cycle_of_paths_through_one_wrapper_repeats_its_stacks(target_binary, fl
     totals = Totals()
     t.signal("go")
     drain_until(reader, totals, t, "done")
-    by_site: dict[str | None, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    for stack_id, site in totals.sites.items():
-        stack = totals.stacks[stack_id]
-        if symbols.name(stack[0]) == "xalloc":  # the wrapper; its caller is the site
-            for i in range(4):
-                by_site[symbols.name(stack[1])][i] += site[i]
+    by_site = totals.by_function(symbols, frame=1)  # the wrapper's caller is the site
+    assert totals.by_function(symbols)["xalloc"][1] == ticks * sites
     for k in range(sites):
         assert by_site[f"site_{k}"] == [ticks * (100 + k), ticks, ticks * (100 + k), ticks], k
     assert totals.lost == 0 and totals.dropped == 0 and totals.unknown_frees == 0

@@ -18,22 +18,29 @@ ROOT = Path(__file__).parent.parent
 U64 = (1 << 64) - 1
 
 
-def test_edge_cases_decode_without_undefined_behaviour(tmp_path: Path) -> None:
-    """tests/targets/leb128_cases.c: values, bytes used and the cursor's state for 0x7f (-1),
-    64-bit minimum and maximum, 9- and 10-byte numbers, overlong and truncated input. Built
-    here, not by build_target (whose cache key is the target's source, not the headers it
-    includes). Before the fix: "left shift of 1 by 63 places cannot be represented"."""
-    binary = tmp_path / "leb128_cases"
+def _run_sanitized(tmp_path: Path, target: str, says: str) -> None:
+    """Builds tests/targets/TARGET.c against native/ with the address and undefined-behaviour
+    sanitizers (any report ends it with an error), runs it, and expects it to say `says`.
+    Built here, not by build_target, whose cache key is the target's source, not the headers
+    it includes."""
+    binary = tmp_path / target
     subprocess.run(
         ["gcc", "-std=gnu11", "-O1", "-g", "-Wall", "-Wextra",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
          "-I", str(ROOT / "native"), "-o", str(binary),
-         str(ROOT / "tests" / "targets" / "leb128_cases.c")],
+         str(ROOT / "tests" / "targets" / f"{target}.c")],
         check=True,
     )
     result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip() == "leb128 ok"
+    assert result.stdout.strip() == says
+
+
+def test_edge_cases_decode_without_undefined_behaviour(tmp_path: Path) -> None:
+    """tests/targets/leb128_cases.c: values, bytes used and the cursor's state for 0x7f (-1),
+    64-bit minimum and maximum, 9- and 10-byte numbers, overlong and truncated input.
+    Before the fix: "left shift of 1 by 63 places cannot be represented"."""
+    _run_sanitized(tmp_path, "leb128_cases", "leb128 ok")
 
 
 def test_factored_offsets_that_overflow_are_defined(tmp_path: Path) -> None:
@@ -41,17 +48,7 @@ def test_factored_offsets_that_overflow_are_defined(tmp_path: Path) -> None:
     overflows 64 bits (offset, offset_extended(_sf), def_cfa(_offset)_sf,
     GNU_negative_offset_extended) give the product modulo 2^64, under
     -fsanitize=undefined. Before: "signed integer overflow" at the first of them."""
-    binary = tmp_path / "cfi_scale_cases"
-    subprocess.run(
-        ["gcc", "-std=gnu11", "-O1", "-g", "-Wall", "-Wextra",
-         "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-         "-I", str(ROOT / "native"), "-o", str(binary),
-         str(ROOT / "tests" / "targets" / "cfi_scale_cases.c")],
-        check=True,
-    )
-    result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.strip() == "cfi scale ok"
+    _run_sanitized(tmp_path, "cfi_scale_cases", "cfi scale ok")
 
 
 def _uleb(v: int) -> bytes:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import rsprof_env
+from conftest import run_rsprof
 
 from rsprof._native import PerfBatch, PerfMmap, PerfSampler
 
@@ -417,11 +417,9 @@ def test_refused_enable_is_a_permission_error_of_the_cli(target_binary, tmp_path
     lib = target_binary("perf_refuse_enable.c", ("-shared", "-fPIC"))
     target = subprocess.Popen(["sleep", "30"])
     try:
-        env = {**rsprof_env(), "LD_PRELOAD": str(lib), "RSPROF_TEST_ENABLE_OK": "0"}
-        result = subprocess.run(
-            [sys.executable, "-P", "-m", "rsprof", "-p", str(target.pid), "-q", "-d", "1s",
-             "-o", str(tmp_path / "p.db")],
-            env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        result = run_rsprof("-p", str(target.pid), "-q", "-d", "1s", "-o", str(tmp_path / "p.db"),
+                            timeout=60,
+                            extra_env={"LD_PRELOAD": str(lib), "RSPROF_TEST_ENABLE_OK": "0"})
     finally:
         target.kill()
         target.wait()
