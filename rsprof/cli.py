@@ -31,7 +31,7 @@ from rsprof.exit_codes import (
     EXIT_PERMISSION,
     EXIT_USAGE,
 )
-from rsprof.options import CONTEXT, DEFAULT_STACK_BYTES
+from rsprof.options import CONTEXT, DEFAULT_STACK_BYTES, profile_file
 from rsprof.storage import analysis
 from rsprof.storage.errors import ProfileError, ProfileExists
 from rsprof.storage.reader import Profile
@@ -355,11 +355,7 @@ def list_(directory: Path, as_json: bool) -> None:
 @click.argument("file", type=click.Path(path_type=Path), required=False)
 def view(file: Path | None) -> None:
     """Open a saved profile in the TUI (the newest in this folder by default)."""
-    if file is None:
-        found = analysis.list_profiles(Path.cwd())
-        if not found:
-            raise Failure("no profile in this folder; give a FILE", EXIT_DATABASE)
-        file = found[0].path
+    file = profile_file(file)
     Profile(file).close()  # one clear error for a missing or foreign file, before Textual
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise Failure(

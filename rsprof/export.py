@@ -58,7 +58,7 @@ def export(
                                  param_hint="'--diff-base'")
     with Profile(profile_path) as profile:
         selection = select(profile, query)
-        require_samples(selection, query, profile_path)
+        require_samples(selection, query, profile_path, profile.summary().duration_ms)
         table = fmt in ("json", "csv") and query.kind == "heap"
         growing = growing_sites(profile) if table else set()
     base = None

@@ -3,11 +3,14 @@ export): pprof's filters, granularity, thread and time range."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
 
 from rsprof.durations import parse_duration
+from rsprof.storage.analysis import list_profiles
+from rsprof.storage.errors import ProfileError
 from rsprof.storage.filters import FrameFilter
 from rsprof.storage.granularity import GRANULARITIES
 from rsprof.storage.samples import TimeRange
@@ -18,6 +21,17 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 # User stack bytes copied per CPU sample for CFI unwinding (`--stack-bytes`); chosen by
 # measurement, see docs/benchmarks.md ("CFI unwinding").
 DEFAULT_STACK_BYTES = 16384
+
+
+def profile_file(file: Path | None) -> Path:
+    """FILE, or else the newest profile in the current folder (as `view` and `list` see
+    them): `rsprof run -- app && rsprof top cpu` reads what was just recorded."""
+    if file is not None:
+        return file
+    found = list_profiles(Path.cwd())
+    if not found:
+        raise ProfileError("no profile in this folder; give a FILE")
+    return found[0].path
 
 
 def _point(_ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:

@@ -179,6 +179,6 @@ def profile_list(profiles: list[ProfileSummary], as_json: bool = False) -> None:
             if p.start_time_ms else "?"
         )
         name = p.process if p.pid is None else f"{p.process} ({p.pid})"
-        state = " (recording)" if p.state == "recording" else ""
+        state = f" ({p.state})" if p.state in ("recording", "abandoned") else ""
         table.add_row(p.path.name, name, start, _duration(p.duration_ms) + state, str(p.samples))
     _console().print(table)

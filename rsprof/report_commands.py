@@ -18,6 +18,7 @@ from rsprof.options import (
     build_query,
     check_kind,
     granularity_option,
+    profile_file,
     sample_options,
     value_index,
 )
@@ -26,7 +27,7 @@ from rsprof.storage.callgraph import peek as peek_entries
 from rsprof.storage.callgraph import traces as distinct_traces
 from rsprof.storage.diff import cpu_diff, heap_diff
 from rsprof.storage.reader import Profile
-from rsprof.storage.selection import SampleQuery, Selection, select
+from rsprof.storage.selection import SampleQuery, Selection, empty_reason, select
 
 NO_HEAP_HINT = (
     "this profile has no heap data; start the program with `rsprof run -- CMD`, or with"
@@ -40,6 +41,17 @@ SAMPLE_INDEX_OPTION = click.option(
          " alloc_space, alloc_objects (heap).")
 
 
+FILE_ARGUMENT = click.argument("file", type=click.Path(path_type=Path), required=False)
+
+
+def _say_if_empty(profile: Profile, selection: Selection, query: SampleQuery) -> None:
+    """An empty selection is not an error (exit 0), but it is said, on stderr: an empty table
+    alone reads as "nothing happened" when the range or thread asked for missed the data."""
+    reason = empty_reason(selection, query, profile.summary().duration_ms)
+    if reason:
+        click.echo(f"rsprof: {reason}", err=True)
+
+
 def _filter_note(query: SampleQuery, selection: Selection, index: int) -> str:
     if not query.filters.active:
         return ""
@@ -50,7 +62,7 @@ def _filter_note(query: SampleQuery, selection: Selection, index: int) -> str:
 
 @click.command(context_settings=CONTEXT)
 @click.argument("kind", metavar="cpu|heap")
-@click.argument("file", type=click.Path(path_type=Path))
+@FILE_ARGUMENT
 @click.option("-n", "--limit", type=click.IntRange(0), default=20, show_default=True,
               help="Rows to show (0 = all).")
 @click.option("-t", "--threshold", type=float, default=0.0, help="Hide rows under this percent.")
@@ -61,12 +73,13 @@ def _filter_note(query: SampleQuery, selection: Selection, index: int) -> str:
 @sample_options
 @click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
-def top(kind: str, file: Path, limit: int, threshold: float, cum: bool, sort: str,
+def top(kind: str, file: Path | None, limit: int, threshold: float, cum: bool, sort: str,
         granularity: str, as_json: bool, as_csv: bool, **options: Any) -> None:
     """Top functions by CPU samples, or call sites by heap bytes.
 
     --focus/--ignore/--show/--hide take regexes with pprof's meanings; percentages stay
-    relative to every sample in the time range and thread, as in pprof.
+    relative to every sample in the time range and thread, as in pprof. FILE: the newest
+    profile in this folder by default.
     """
     check_kind(kind)
     if as_json and as_csv:
@@ -74,9 +87,10 @@ def top(kind: str, file: Path, limit: int, threshold: float, cum: bool, sort: st
     fmt = "json" if as_json else "csv" if as_csv else "table"
     narrowed = any(options[k] is not None for k in options)
     query = build_query(kind, options)
-    with Profile(file) as profile:
+    with Profile(profile_file(file)) as profile:
         if kind == "cpu":
             selection = select(profile, query)
+            _say_if_empty(profile, selection, query)
             rows = analysis.rank_cpu(selection, granularity=granularity, sort_by_total=cum,
                                      threshold_pct=threshold, limit=limit)
             note = _filter_note(query, selection, 0) if fmt == "table" else ""
@@ -89,11 +103,13 @@ def top(kind: str, file: Path, limit: int, threshold: float, cum: bool, sort: st
         rows_heap = analysis.top_heap(profile, limit=limit, sort=sort,
                                       query=query if narrowed else None,
                                       granularity=granularity)
+        if not rows_heap:
+            _say_if_empty(profile, select(profile, query), query)
         render.heap_rows(rows_heap, fmt)
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("file", type=click.Path(path_type=Path))
+@FILE_ARGUMENT
 @KIND_OPTION
 @SAMPLE_INDEX_OPTION
 @granularity_option("functions")
@@ -101,12 +117,14 @@ def top(kind: str, file: Path, limit: int, threshold: float, cum: bool, sort: st
 @click.option("-n", "--limit", type=click.IntRange(0), default=0, help="Stacks to show (0 = all).")
 @sample_options
 @click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
-def traces(file: Path, kind: str, sample_index: str | None, granularity: str, no_threads: bool,
-           limit: int, as_json: bool, **options: Any) -> None:
-    """Each distinct stack with its weight, heaviest first (as pprof -traces)."""
+def traces(file: Path | None, kind: str, sample_index: str | None, granularity: str,
+           no_threads: bool, limit: int, as_json: bool, **options: Any) -> None:
+    """Each distinct stack with its weight, heaviest first (as pprof -traces). FILE: the
+    newest profile in this folder by default."""
     query = build_query(kind, options)
-    with Profile(file) as profile:
+    with Profile(profile_file(file)) as profile:
         selection = select(profile, query)
+        _say_if_empty(profile, selection, query)
     index = value_index(selection, sample_index)
     found = distinct_traces(selection, value_index=index, granularity=granularity,
                             per_thread=not no_threads and kind == "cpu")
@@ -116,27 +134,34 @@ def traces(file: Path, kind: str, sample_index: str | None, granularity: str, no
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("file", type=click.Path(path_type=Path))
-@click.argument("regex")
+@click.argument("file_or_regex", metavar="[FILE]")
+@click.argument("regex", metavar="REGEX", required=False)
 @KIND_OPTION
 @SAMPLE_INDEX_OPTION
 @granularity_option("functions")
 @sample_options
 @click.option("--json", "as_json", is_flag=True, help="JSON array of objects.")
-def peek(file: Path, regex: str, kind: str, sample_index: str | None, granularity: str,
-         as_json: bool, **options: Any) -> None:
-    """Callers and callees of every function matching REGEX, with weights (as pprof -peek)."""
+def peek(file_or_regex: str, regex: str | None, kind: str, sample_index: str | None,
+         granularity: str, as_json: bool, **options: Any) -> None:
+    """Callers and callees of every function matching REGEX, with weights (as pprof -peek).
+    FILE: the newest profile in this folder by default."""
+    file = Path(file_or_regex) if regex is not None else None
+    if regex is None:
+        regex = file_or_regex
     try:
         pattern = re.compile(regex)
     except re.error as error:
         raise click.BadParameter(f"{regex!r} is not a valid regex: {error}",
                                  param_hint="REGEX") from None
     query = build_query(kind, options)
-    with Profile(file) as profile:
+    with Profile(profile_file(file)) as profile:
         selection = select(profile, query)
+        reason = empty_reason(selection, query, profile.summary().duration_ms)
     index = value_index(selection, sample_index)
     found = peek_entries(selection, pattern, value_index=index, granularity=granularity)
-    if not found and not as_json:
+    if reason:
+        click.echo(f"rsprof: {reason}", err=True)
+    elif not found and not as_json:
         click.echo(f"rsprof: no function matches {regex!r}", err=True)
     report_render.peek(found, selection.samples.sample_types[index][1], as_json=as_json)
 
@@ -179,7 +204,7 @@ def diff(old: Path, new: Path, kind: str, limit: int, as_json: bool, **options: 
 
 
 @click.command("export", context_settings=CONTEXT)
-@click.argument("file", type=click.Path(path_type=Path))
+@FILE_ARGUMENT
 @click.option("-f", "--format", "fmt", default="pprof", show_default=True,
               metavar="|".join(FORMATS), help="Output format.")
 @KIND_OPTION
@@ -191,11 +216,11 @@ def diff(old: Path, new: Path, kind: str, limit: int, as_json: bool, **options: 
 @click.option("--per-thread", is_flag=True, help="folded: one root frame per thread.")
 @granularity_option("functions")
 @sample_options
-def export_command(file: Path, fmt: str, kind: str, output: Path | None, diff_base: Path | None,
-                   sample_index: str | None, per_thread: bool, granularity: str,
-                   **options: Any) -> None:
+def export_command(file: Path | None, fmt: str, kind: str, output: Path | None,
+                   diff_base: Path | None, sample_index: str | None, per_thread: bool,
+                   granularity: str, **options: Any) -> None:
     """Write a profile as pprof (gzipped profile.proto), folded stacks, speedscope JSON, or
-    the top table as JSON / CSV.
+    the top table as JSON / CSV. FILE: the newest profile in this folder by default.
 
     \b
     rsprof export app.db -o cpu.pb.gz && go tool pprof -top cpu.pb.gz
@@ -203,9 +228,9 @@ def export_command(file: Path, fmt: str, kind: str, output: Path | None, diff_ba
     rsprof export app.db -f folded -o - | flamegraph.pl > cpu.svg
     """
     query = build_query(kind, options)
-    target, selection = export(file, fmt=fmt, query=query, output=output, base_path=diff_base,
-                               sample_index=sample_index, per_thread=per_thread,
-                               granularity=granularity)
+    target, selection = export(profile_file(file), fmt=fmt, query=query, output=output,
+                               base_path=diff_base, sample_index=sample_index,
+                               per_thread=per_thread, granularity=granularity)
     if target != "-":
         kept = len(selection.samples.samples)
         click.echo(f"rsprof: wrote {target} ({fmt}, {kind}, {kept} stacks)", err=True)

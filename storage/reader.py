@@ -128,8 +128,39 @@ class Profile:
             duration_ms=duration,
             samples=samples,
             lost_samples=lost,
-            state=meta.get("state", "?"),
+            state=_state(self.path, meta.get("state", "?")),
         )
+
+
+def _state(path: Path, stored: str) -> str:
+    """"recording" only while a recorder holds the file's lock (storage/writer.py takes an
+    exclusive flock for its lifetime): a recorder killed with SIGKILL leaves "recording" in
+    meta, and its file is "abandoned" (readable: every checkpoint it wrote is there)."""
+    if stored != "recording":
+        return stored
+    held = flock_held(path)
+    return "abandoned" if held is False else stored
+
+
+def flock_held(path: Path) -> bool | None:
+    """Whether some process holds a flock on the file, from /proc/locks (read, not taken: a
+    lock taken to test would make a recorder starting at that moment fail); None when it
+    cannot be told (no /proc/locks, the file gone)."""
+    try:
+        st = path.stat()
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            lines = locks.read().splitlines()
+    except OSError:
+        return None
+    # "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF" (device major:minor in hex, inode)
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in lines:
+        fields = line.split()
+        if "->" in fields:  # a waiter, not a holder
+            continue
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want:
+            return True
+    return False
 
 
 

@@ -118,6 +118,12 @@ class TimeRange:
     since_s: float | None = None
     until_s: float | None = None
 
+    def describe(self) -> str:
+        """As the options say it: "--since 10s --until 12s"."""
+        parts = [f"{name} {value:g}s" for name, value in
+                 (("--since", self.since_s), ("--until", self.until_s)) if value is not None]
+        return " ".join(parts) or "(whole recording)"
+
 
 def load_samples(
     profile: Profile,

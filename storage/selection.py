@@ -45,16 +45,32 @@ def select(profile: Profile, query: SampleQuery) -> Selection:
     return Selection(samples, totals)
 
 
-def require_samples(selection: Selection, query: SampleQuery, path: object) -> None:
-    """Exports refuse to write an empty profile; the message says why it is empty."""
+def empty_reason(selection: Selection, query: SampleQuery, duration_ms: int | None = None) -> str:
+    """Why `selection` holds no samples, as one line ("" when it holds some): what was
+    asked for and, for a time range, how long the recording lasts."""
     if selection.samples.samples:
-        return
-    if not any(selection.unfiltered_total):
-        what = "CPU samples" if query.kind == "cpu" else "heap data"
-        narrowed = (query.tid is not None or query.pid is not None
-                    or query.time_range != TimeRange())
-        where = " in the selected time range / thread / process" if narrowed else ""
-        hint = "" if query.kind == "cpu" or narrowed else (
-            " (record with `rsprof run -- CMD` to track the heap)")
-        raise EmptySelection(f"{path}: no {what}{where}{hint}")
-    raise EmptySelection(f"{path}: the filters ({query.filters.describe()}) kept no samples")
+        return ""
+    if any(selection.unfiltered_total):
+        return f"the filters ({query.filters.describe()}) kept no samples"
+    what = "CPU samples" if query.kind == "cpu" else "heap data"
+    narrowed = []
+    if query.time_range != TimeRange():
+        lasts = f"; the recording lasts {duration_ms / 1000:.1f} s" if duration_ms else ""
+        narrowed.append(f"in the time range {query.time_range.describe()}{lasts}")
+    if query.tid is not None:
+        narrowed.append(f"of thread {query.tid}")
+    if query.pid is not None:
+        narrowed.append(f"of process {query.pid}")
+    if narrowed:
+        return f"no {what} " + ", ".join(narrowed)
+    if query.kind == "heap":
+        return f"no {what} (record with `rsprof run -- CMD` to track the heap)"
+    return f"no {what}"
+
+
+def require_samples(selection: Selection, query: SampleQuery, path: object,
+                    duration_ms: int | None = None) -> None:
+    """Exports refuse to write an empty profile; the message says why it is empty."""
+    reason = empty_reason(selection, query, duration_ms)
+    if reason:
+        raise EmptySelection(f"{path}: {reason}")

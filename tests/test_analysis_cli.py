@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -208,7 +209,7 @@ def test_bad_input_gets_one_clear_line(split_cpu_profile: Path, tmp_path: Path) 
         (("export", str(split_cpu_profile), "--kind", "heap", "-o", str(tmp_path / "h")), 1,
          "no heap data"),
         (("export", str(split_cpu_profile), "--since", "100s", "-o", str(tmp_path / "c")), 1,
-         "no CPU samples in the selected time range"),
+         "no CPU samples in the time range --since 100s; the recording lasts"),
         (("export", str(split_cpu_profile), "--focus", "no_such_fn", "-o", str(tmp_path / "f")),
          1, "kept no samples"),
         (("top", "cpu", str(split_cpu_profile), "--focus", "("), 2, "not a valid regex"),
@@ -256,3 +257,49 @@ def test_sql_views_answer_what_top_answers(
     conn.close()
     again = _json("query", str(old), "SELECT function, total FROM cpu_functions", "--json")
     assert {r["function"]: r["total"] for r in again}["work"] == top["work"]["total"]
+
+
+def test_reports_read_the_newest_profile_here_without_a_file(split_cpu_profile: Path,
+                                                             tmp_path: Path) -> None:
+    """As `view` does: `rsprof run -- app && rsprof top cpu` reads what was just recorded.
+    `peek REGEX` alone is the regex; an empty folder says to give a FILE (exit 6)."""
+    here = tmp_path / "here"
+    here.mkdir()
+    shutil.copy(split_cpu_profile, here / "split.db")
+    with_file = run_rsprof("top", "cpu", str(split_cpu_profile), "--json", "-n", "0")
+    without = run_rsprof("top", "cpu", "--json", "-n", "0", cwd=here)
+    assert without.returncode == 0, without.stderr
+    assert json.loads(without.stdout) == json.loads(with_file.stdout)
+    traced = run_rsprof("traces", "--json", "-n", "3", cwd=here)
+    assert traced.returncode == 0 and json.loads(traced.stdout), traced.stderr
+    peeked = run_rsprof("peek", "heavy", "--json", cwd=here)
+    assert peeked.returncode == 0, peeked.stderr
+    assert [e["function"] for e in json.loads(peeked.stdout)] == ["heavy"]
+    exported = run_rsprof("export", "-f", "folded", cwd=here)
+    assert exported.returncode == 0, exported.stderr
+    assert (here / "split.cpu.folded").read_text().count("heavy") > 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args in (("top", "cpu"), ("traces",), ("peek", "heavy"), ("export",)):
+        result = run_rsprof(*args, cwd=empty)
+        assert result.returncode == 6, (args, result.stderr)
+        assert result.stderr.strip() == "rsprof: error: no profile in this folder; give a FILE"
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("top", "cpu", "--since", "100s"),
+     "no CPU samples in the time range --since 100s; the recording lasts"),
+    (("top", "cpu", "--tid", "1"), "no CPU samples of thread 1"),
+    (("traces", "--until", "0s"), "no CPU samples in the time range --until 0s"),
+    (("peek", "heavy", "--focus", "no_such_function"),
+     "the filters (focus=no_such_function) kept no samples"),
+])
+def test_an_empty_selection_says_why(split_cpu_profile: Path, args: tuple[str, ...],
+                                     said: str) -> None:
+    """Not an error (exit 0, the empty table or []), but one line on stderr saying what was
+    asked for: an empty table alone reads as "nothing ran"."""
+    at = 2 if args[0] == "top" else 1  # FILE after `top cpu`, else after the command
+    result = run_rsprof(*args[:at], str(split_cpu_profile), *args[at:])
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"rsprof: {said}"), result.stderr

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,33 @@ def test_list_shows_the_profile(split_profile: Path) -> None:
     assert entry["samples"] > 0 and entry["duration_ms"] > 0 and entry["pid"] > 0
     empty = run_rsprof("list", "--dir", str(split_profile.parent / "none"), "--json")
     assert empty.returncode == 6  # no such folder: the same error as without --json
+
+
+def test_list_tells_an_abandoned_recording_from_a_live_one(split_profile: Path,
+                                                           tmp_path: Path) -> None:
+    """A recorder killed with SIGKILL leaves state "recording" in meta; `list` asks whether a
+    recorder still holds the file's lock (/proc/locks, nothing taken) and says "abandoned"
+    when none does, "recording" while one does."""
+    copy = tmp_path / "killed.db"
+    shutil.copy(split_profile, copy)
+    db = sqlite3.connect(copy)
+    db.execute("UPDATE meta SET value = 'recording' WHERE key = 'state'")
+    db.commit()
+    db.close()
+
+    def listed() -> tuple[str, str]:
+        table = run_rsprof("list", "--dir", str(tmp_path))
+        as_json = run_rsprof("list", "--dir", str(tmp_path), "--json")
+        assert table.returncode == 0 and as_json.returncode == 0, table.stderr + as_json.stderr
+        [entry] = json.loads(as_json.stdout)
+        return entry["state"], table.stdout
+
+    state, table = listed()
+    assert state == "abandoned" and "(abandoned)" in table
+    with open(copy, "rb") as held:  # as storage/writer.py holds it while recording
+        fcntl.flock(held, fcntl.LOCK_EX)
+        state, table = listed()
+    assert state == "recording" and "(recording)" in table
 
 
 @pytest.mark.parametrize("option", ["-F", "--rate", "-r", "--cpu-freq"])
