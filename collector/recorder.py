@@ -115,6 +115,9 @@ class RecordResult:
     # samples counted with them (collector/shimframes.py).
     heap_tracking_samples: int = 0
     counted_samples: int = 0
+    # Bytes allocated minus bytes freed over the recording, as the heap rings told (blocks
+    # allocated before a ring was read are not in it): the live heap a progress line shows.
+    heap_live_bytes: int = 0
 
 
 def heap_tracking_share(result: RecordResult) -> float:
@@ -190,6 +193,9 @@ class Recorder:
         self._written_tids: set[int] = set()
         # Called once sampling is enabled; `rsprof run` releases the held child from here.
         self.on_attached: Callable[[], None] | None = None
+        # Called (in the recording thread) after each checkpoint is written, with the
+        # running totals and the seconds since sampling began: the headless progress line.
+        self.on_checkpoint: Callable[[RecordResult, float], None] | None = None
         # What was last written to meta: (heap_mode, sample bytes), heap_missed.
         self._heap_meta_written: tuple[tuple[str, int], str] | None = None
         self._heap_missed = ""  # the target's MISSED messages, one per line
@@ -225,6 +231,11 @@ class Recorder:
         if self.stop_reason is None:
             self.stop_reason = reason
         self.stop_event.set()
+
+    @property
+    def heap_rings(self) -> int:
+        """Heap shim rings being read now (an attached target started with the shim)."""
+        return len(self._heaps)
 
     @property
     def checkpoints_written(self) -> int:
@@ -411,7 +422,10 @@ class Recorder:
                 if deadline is not None and now >= deadline:
                     self.request_stop("duration")
                     break
-                if self._checkpoint():
+                exited = self._checkpoint()
+                if self.on_checkpoint is not None:
+                    self.on_checkpoint(self._totals, time.monotonic() - started)
+                if exited:
                     self.request_stop("target-exited")
                     break
                 next_checkpoint += self.options.interval_s
@@ -686,6 +700,8 @@ class Recorder:
         totals.checkpoints += 1
         totals.samples += batch.samples
         totals.lost_samples += batch.lost
+        totals.heap_live_bytes += sum(d.alloc_bytes - d.free_bytes
+                                      for d in heap_parts.heap.values())
         if self._python is not None and self._python.runtimes:
             self._write_python_meta()
         self._count_heap_tracking(cpu)

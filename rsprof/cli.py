@@ -89,7 +89,9 @@ def record_options(func: click.decorators.FC) -> click.decorators.FC:
                      help="Python frames of CPython 3.11-3.13 targets, read from outside and"
                           " spliced into the native stacks in place of the interpreter's"
                           " _PyEval_EvalFrameDefault; off: native frames only."),
-        click.option("-q", "--quiet", is_flag=True, help="Record headless (no TUI)."),
+        click.option("-q", "--quiet", count=True,
+                     help="Record headless (no TUI): one line saying what is recorded, then"
+                          " progress on a terminal; -qq: only the summary at the end."),
         click.option("-a", "--append", is_flag=True, help="Append to an existing profile."),
         click.option("--follow/--no-follow", default=None,
                      help="Also sample the processes the target starts, each as its own"
@@ -167,7 +169,7 @@ def _record(
     cpu_freq: int,
     stack_bytes: int,
     python: str,
-    quiet: bool,
+    quiet: int,
     append: bool,
     follow: bool | None,
     child: session.Launched | None = None,
@@ -176,12 +178,13 @@ def _record(
     from rsprof.collector.recorder import RecordOptions
 
     path = output or session.default_output(target.name)
-    quiet = quiet or not (sys.stdin.isatty() and sys.stdout.isatty())
+    headless = quiet > 0 or not (sys.stdin.isatty() and sys.stdout.isatty())
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
         python=python == "on", follow=(child is not None) if follow is None else follow,
     )
-    outcome = session.record(target, path, options, append=append, quiet=quiet, child=child)
+    outcome = session.record(target, path, options, append=append, quiet=headless, child=child,
+                             progress=quiet < 2)
     click.echo(session.describe(outcome), err=True)
     return outcome
 

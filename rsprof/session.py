@@ -207,17 +207,26 @@ def record(
     append: bool = False,
     quiet: bool = True,
     child: Launched | None = None,
+    progress: bool = False,
 ) -> SessionOutcome:
+    """Records `target` into `output`: with the TUI, or `quiet` (headless). `progress`
+    (headless only): say at once what is recorded and how to stop it, then, on a terminal,
+    a progress line rewritten at each checkpoint, as py-spy record does."""
     writer = ProfileWriter(output, append=append)
     recorder = Recorder(target, writer, options, child=child)
+    line = ProgressLine(target, output, options, child, recorder) if quiet and progress else None
     if quiet:  # with the TUI on screen, warnings are said once it has closed
-        recorder.on_warning = _print_warning
+        recorder.on_warning = _print_warning if line is None else line.warning
+    if line is not None:
+        recorder.on_checkpoint = line.update
     result: RecordResult | None = None
     exit_code: int | None = None
     tui = None if quiet else TuiProcess(output, recorder)
     try:
-        result = _record(recorder, child, tui)
+        result = _record(recorder, child, tui, line)
     except BaseException as error:
+        if line is not None:
+            line.clear()
         if child is not None:  # first: a launched target never outlives a failed recording
             stop_child(child)
         if isinstance(error, StorageFullError):
@@ -229,6 +238,8 @@ def record(
         if tui is not None:
             tui.close()
         raise
+    if line is not None:
+        line.clear()
     if not quiet:
         for message in recorder.warnings:
             _print_warning(message)
@@ -248,6 +259,77 @@ def record(
 
 def _print_warning(message: str) -> None:
     print(f"rsprof: warning: {message}", file=sys.stderr, flush=True)
+
+
+class ProgressLine:
+    """Headless recording's words on stderr: one line when sampling has begun (what, where
+    to, how to stop), then on a terminal one progress line, rewritten in place at each
+    checkpoint (elapsed, samples, live heap), cleared before the summary or a warning."""
+
+    def __init__(self, target: Target, output: Path, options: RecordOptions,
+                 child: Launched | None, recorder: Recorder) -> None:
+        self.target = target
+        self.output = output
+        self.options = options
+        self.child = child
+        self.recorder = recorder
+        self.heap = False  # heap tracked: said at the start, shown in the progress line
+        self.shown = False  # a progress line is on the terminal
+        self.on_terminal = sys.stderr.isatty()
+
+    def started(self) -> None:
+        what = (f"running {self.target.cmdline or self.target.name} (pid {self.target.pid})"
+                if self.child is not None else
+                f"recording {self.target.name} (pid {self.target.pid})")
+        if self.child is not None:  # its ring appears after exec: the shim is what tells
+            preload = _value(self.child.environment, b"LD_PRELOAD") or b""
+            heap = self.options.heap and os.fsencode(SHIM_PATH) in preload
+        else:
+            heap = self.options.heap and self.recorder.heap_rings > 0
+        self.heap = heap
+        kinds = "CPU and heap" if heap else "CPU"
+        until = (f" for {_seconds(self.options.duration_s)}" if self.options.duration_s
+                 else "")
+        stop = "Ctrl-C to stop" if self.child is None else "Ctrl-C stops it and the program"
+        print(f"rsprof: {what}: {kinds} at {self.options.freq_hz} Hz{until} into"
+              f" {self.output}; {stop}", file=sys.stderr, flush=True)
+
+    def update(self, totals: RecordResult, elapsed_s: float) -> None:
+        if not self.on_terminal:
+            return
+        text = f"rsprof: {_seconds(elapsed_s)}, {totals.samples:,} samples"
+        if totals.lost_samples:
+            text += f" ({totals.lost_samples:,} lost)"
+        if self.heap or self.recorder.heap_rings:
+            text += f", heap live {_bytes(totals.heap_live_bytes)}"
+        print(f"\r\x1b[K{text}", end="", file=sys.stderr, flush=True)
+        self.shown = True
+
+    def warning(self, message: str) -> None:
+        self.clear()
+        _print_warning(message)
+
+    def clear(self) -> None:
+        if self.shown:
+            print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+            self.shown = False
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def _bytes(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
 
 
 def _finish_quietly(writer: ProfileWriter, reason: str) -> None:
@@ -315,7 +397,8 @@ def stopping_signal(stop_reason: str) -> int | None:
 
 
 def _record(
-    recorder: Recorder, child: Launched | None, tui: TuiProcess | None
+    recorder: Recorder, child: Launched | None, tui: TuiProcess | None,
+    line: ProgressLine | None,
 ) -> RecordResult:
     """Runs the recorder in this thread until something stops it. Ctrl-C, SIGTERM and
     SIGHUP (the terminal closed) stop it the same way, so the file is always finalized."""
@@ -328,6 +411,8 @@ def _record(
     def attached() -> None:
         # Release the child once sampling is enabled: the first checkpoint callback is
         # too late, so the recorder exposes an attach hook.
+        if line is not None:
+            line.started()
         if child is not None:
             release(child)
         if tui is not None:
@@ -369,8 +454,8 @@ def describe(outcome: SessionOutcome) -> str:
     # stacks the CFI walk could not finish end in a [truncated] root: say how many
     truncated = f", {r.truncated_samples} with truncated stacks" if r.truncated_samples else ""
     text = (
-        f"rsprof: recorded {r.samples} samples{lost}{truncated} from {r.threads} threads in"
-        f" {r.checkpoints} checkpoints to {outcome.path} (stopped: {r.stop_reason})"
+        f"rsprof: recorded {r.samples} samples{lost}{truncated} from {_count(r.threads, 'thread')}"
+        f" in {_count(r.checkpoints, 'checkpoint')} to {outcome.path} (stopped: {r.stop_reason})"
     )
     code = outcome.target_exit_code
     if code is not None and outcome.target_stopped:

@@ -1,0 +1,106 @@
+"""Headless recording says what it does (rsprof/session.py ProgressLine): at once, what is
+recorded and how to stop it; on a terminal, a progress line rewritten at each checkpoint;
+with -qq, only the summary. As py-spy record does."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import rsprof_env, run_rsprof
+
+
+def _first_line(proc: subprocess.Popen[bytes], timeout: float) -> tuple[str, float]:
+    """The first line proc writes on stderr, and how long after `started` it came."""
+    assert proc.stderr is not None
+    started = time.monotonic()
+    data = b""
+    while b"\n" not in data:
+        left = timeout - (time.monotonic() - started)
+        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, left))
+        assert ready, f"no line on stderr within {timeout} s: {data!r}"
+        chunk = os.read(proc.stderr.fileno(), 4096)
+        assert chunk, f"stderr closed: {data!r}"
+        data += chunk
+    return data.split(b"\n")[0].decode(), time.monotonic() - started
+
+
+def test_attach_says_what_it_records_and_how_to_stop(spinner: subprocess.Popen[str],
+                                                     tmp_path: Path) -> None:
+    """`rsprof -p PID -q` prints its start line as soon as sampling runs (the time from the
+    command is printed: the goal is 1 s, Python start-up and the attach included), then the
+    summary when Ctrl-C stops it."""
+    out = tmp_path / "attach.db"
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "rsprof", "-p", str(spinner.pid), "-q", "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=rsprof_env())
+    try:
+        line, _ = _first_line(proc, timeout=30)
+        took = time.monotonic() - started
+        print(f"start line {took:.2f} s after the command")
+        assert line == (f"rsprof: recording split-main (pid {spinner.pid}): CPU at 99 Hz into"
+                        f" {out}; Ctrl-C to stop"), line
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, rest
+    [summary] = rest.decode().strip().splitlines()  # not a terminal: no progress lines
+    assert summary.startswith("rsprof: recorded ") and "(stopped: interrupted)" in summary
+
+
+def test_quieter_says_only_the_summary(tmp_path: Path) -> None:
+    result = run_rsprof("run", "-qq", "-d", "300ms", "-o", str(tmp_path / "qq.db"), "--",
+                        "sleep", "5")
+    assert result.returncode == 0, result.stderr
+    [summary] = result.stderr.strip().splitlines()
+    assert summary.startswith("rsprof: recorded ") and "(stopped: duration)" in summary
+    said = run_rsprof("run", "-q", "-d", "300ms", "-o", str(tmp_path / "q.db"), "--",
+                      "sleep", "5")
+    start, summary = said.stderr.strip().splitlines()
+    assert start.startswith("rsprof: running sleep 5 (pid ") and "for 0.3 s" in start, start
+    assert "Ctrl-C stops it and the program" in start and summary.startswith("rsprof: recorded")
+
+
+def test_progress_on_a_terminal_is_rewritten_in_place(tmp_path: Path) -> None:
+    """On a terminal (stderr a pty): a progress line per checkpoint, each starting with
+    "\\r" and an erase, the heap's live bytes included under `run`; the summary starts on a
+    cleared line."""
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "rsprof", "run", "-q", "-i", "100ms", "-d", "1s",
+         "-o", str(tmp_path / "tty.db"), "--", "sleep", "5"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=secondary,
+        env=rsprof_env())
+    os.close(secondary)
+    said = b""
+    try:
+        while True:
+            ready, _, _ = select.select([primary], [], [], 60)
+            assert ready, said
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # EIO: the other side closed
+                break
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        os.close(primary)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, said
+    text = said.decode()
+    progress = [part for part in text.split("\r\x1b[K") if part.startswith("rsprof: ")
+                and " samples" in part and "recorded" not in part]
+    assert len(progress) >= 3, text
+    assert all("heap live " in part for part in progress), progress
+    assert "\r\x1b[Krsprof: recorded " in text, text
