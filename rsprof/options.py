@@ -47,12 +47,13 @@ def sample_options(func: click.decorators.FC) -> click.decorators.FC:
     decorators = [
         click.option("--focus", "--filter", "focus", metavar="REGEX",
                      help="Only samples with a frame matching REGEX (function, file or module);"
-                          " --filter is rsprof's name for it."),
+                          " --filter: the same (the original rsprof's name)."),
         click.option("--ignore", metavar="REGEX", help="Drop samples with a frame matching REGEX."),
         click.option("--show", metavar="REGEX", help="Keep only frames matching REGEX."),
         click.option("--hide", metavar="REGEX", help="Remove frames matching REGEX."),
         click.option("--tid", type=click.IntRange(1, 2**31 - 1),
-                     help="Only this thread (CPU)."),
+                     help="Only this thread (CPU: the sampled thread; heap: the allocating"
+                          " thread)."),
         click.option("--pid", "process_pid", type=click.IntRange(1, 2**31 - 1),
                      help="Only this process, of a recording that followed children."),
         click.option("--since", callback=_point, metavar="TIME",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
@@ -25,8 +26,11 @@ HEAP_KEYS = [f.name for f in fields(HeapSiteRow)]
 def _console() -> Console:
     # Piped output is read by programs and wide terminals alike: never wrap it at 80.
     width = None if sys.stdout.isatty() else 200
+    # NO_COLOR (no-color.org): rich drops colours but keeps bold and dim; no colour system
+    # at all writes no escape sequence.
+    plain = bool(os.environ.get("NO_COLOR"))
     return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width,
-                   markup=False, emoji=False)
+                   markup=False, emoji=False, **({"color_system": None} if plain else {}))
 
 
 def _location(file: str, line: int) -> str:

@@ -41,6 +41,15 @@ SAMPLE_INDEX_OPTION = click.option(
          " alloc_space, alloc_objects (heap).")
 
 
+def _completing(words: tuple[str, ...]) -> Any:
+    """Shell completion of a free-form parameter that takes one of `words` (click completes
+    Choice parameters only; `top`'s KIND and `--format` check their values themselves, to
+    say what is wrong in their own words)."""
+    def complete(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+        return [word for word in words if word.startswith(incomplete)]
+    return complete
+
+
 FILE_ARGUMENT = click.argument("file", type=click.Path(path_type=Path), required=False)
 
 
@@ -61,7 +70,7 @@ def _filter_note(query: SampleQuery, selection: Selection, index: int) -> str:
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("kind", metavar="cpu|heap")
+@click.argument("kind", metavar="cpu|heap", shell_complete=_completing(("cpu", "heap")))
 @FILE_ARGUMENT
 @click.option("-n", "--limit", type=click.IntRange(0), default=20, show_default=True,
               help="Rows to show (0 = all).")
@@ -206,7 +215,8 @@ def diff(old: Path, new: Path, kind: str, limit: int, as_json: bool, **options: 
 @click.command("export", context_settings=CONTEXT)
 @FILE_ARGUMENT
 @click.option("-f", "--format", "fmt", default="pprof", show_default=True,
-              metavar="|".join(FORMATS), help="Output format.")
+              metavar="|".join(FORMATS), help="Output format.",
+              shell_complete=_completing(tuple(FORMATS)))
 @KIND_OPTION
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Output file ('-' for stdout); default FILE's name with .KIND.pb.gz etc.")

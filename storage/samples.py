@@ -70,7 +70,7 @@ class Frame:
 class Sample:
     frames: tuple[Frame, ...]  # leaf first
     values: list[int]  # one per SampleSet.sample_types
-    tid: int | None = None  # CPU samples only
+    tid: int | None = None  # CPU: the sampled thread (heap samples are merged over threads)
     thread_name: str = ""
     freed: tuple[int, int] = (0, 0)  # heap: (objects, bytes) freed in the range
 

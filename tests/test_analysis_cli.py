@@ -6,13 +6,17 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import pty
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LEAKY_THREADS, LEAKY_TICKS, assert_share, run_rsprof, top_json
+from conftest import LEAKY_THREADS, LEAKY_TICKS, assert_share, rsprof_env, run_rsprof, top_json
 
 
 def _by_function(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -303,3 +307,53 @@ def test_an_empty_selection_says_why(split_cpu_profile: Path, args: tuple[str, .
     assert result.returncode == 0, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"rsprof: {said}"), result.stderr
+
+
+def _on_a_terminal(args: tuple[str, ...], env: dict[str, str]) -> str:
+    """What `rsprof ARGS` writes to stdout when stdout is a terminal (a pty)."""
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "rsprof", *args],
+                            stdin=subprocess.DEVNULL, stdout=secondary,
+                            stderr=subprocess.DEVNULL, env={**rsprof_env(), **env})
+    os.close(secondary)
+    said = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # EIO: the other side closed
+                break
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        os.close(primary)
+        proc.wait(timeout=60)
+    return said.decode()
+
+
+def test_no_color_writes_no_escape_sequence(split_cpu_profile: Path) -> None:
+    """NO_COLOR (no-color.org) on a terminal: not even bold headers."""
+    args = ("top", "cpu", str(split_cpu_profile), "-n", "0")
+    styled = _on_a_terminal(args, {"TERM": "xterm-256color"})
+    assert "\x1b[1m" in styled and "heavy" in styled  # the test can fail: bold is there
+    plain = _on_a_terminal(args, {"TERM": "xterm-256color", "NO_COLOR": "1"})
+    assert "\x1b[" not in plain and "heavy" in plain, plain
+
+
+@pytest.mark.parametrize(("words", "offered"), [
+    ("rsprof top ", ["cpu", "heap"]),
+    ("rsprof top h", ["heap"]),
+    ("rsprof export -f ", ["pprof", "folded", "speedscope", "json", "csv"]),
+    ("rsprof traces --kind ", ["cpu", "heap"]),
+])
+def test_completion_offers_kinds_and_formats(words: str, offered: list[str]) -> None:
+    """Click's bash completion, as README's `eval "$(_RSPROF_COMPLETE=bash_source rsprof)"`
+    asks it: KIND of `top` and the export formats, not only the Choice options."""
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "rsprof"], capture_output=True, text=True, timeout=60,
+        env={**rsprof_env(), "_RSPROF_COMPLETE": "bash_complete", "COMP_WORDS": words,
+             "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))})
+    assert result.returncode == 0, result.stderr
+    got = [line.split(",", 1)[1] for line in result.stdout.splitlines()]
+    assert sorted(got) == sorted(offered), result.stdout
