@@ -30,7 +30,7 @@ def _console() -> Console:
     # at all writes no escape sequence.
     plain = bool(os.environ.get("NO_COLOR"))
     return Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width,
-                   markup=False, emoji=False, **({"color_system": None} if plain else {}))
+                   markup=False, emoji=False, color_system=None if plain else "auto")
 
 
 def _location(file: str, line: int) -> str:
