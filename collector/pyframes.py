@@ -269,6 +269,12 @@ def open_reader(pid: int) -> PyFrameReader | None:
     runtime = find_runtime(pid)
     if runtime is None or runtime.layout is None:
         return None
+    return reader_for(pid, runtime)
+
+
+def reader_for(pid: int, runtime: PythonRuntime) -> PyFrameReader:
+    """The frame reader of a supported runtime (runtime.layout set) of `pid`."""
+    assert runtime.layout is not None
     return PyFrameReader(pid, runtime.runtime, runtime.code_type, runtime.unicode_type,
                          runtime.layout)
 
@@ -408,6 +414,14 @@ class PythonSampler(Protocol):
 _FUNCTION_MASK = (1 << PY_FRAME_FUNCTION_BITS) - 1
 _LINE_MASK = (1 << PY_FRAME_LINE_BITS) - 1
 _LINE_SIGN = 1 << (PY_FRAME_LINE_BITS - 1)
+
+
+def encode_python(frames: Sequence[tuple[int, int, bool]]) -> list[int]:
+    """(function id, line, entry) per frame as the words that follow PY_MARK (the inverse of
+    split_python's decoding, for stacks made in Python: `rsprof dump`)."""
+    return [1 << 63 | int(entry) << PY_FRAME_ENTRY_BIT
+            | (function & _FUNCTION_MASK) << PY_FRAME_FUNCTION_SHIFT | (line & _LINE_MASK)
+            for function, line, entry in frames]
 
 
 def split_python(ips: Sequence[int]) -> tuple[Sequence[int], list[tuple[int, int, bool]]]:

@@ -309,3 +309,26 @@ class PyFrameReader:
         """`size` (<= 256 KiB) bytes of the target, None when they cannot all be read."""
     def string(self, address: int, max: int = 1024, /) -> str | None:
         """The compact str object at `address` of at most `max` code points, else None."""
+
+
+class StoppedProcess:
+    """Every thread of a process stopped with ptrace until resume() (native/snapshot.c):
+    their registers and stack tops are copied at once; signals that arrive meanwhile are
+    delivered on resume."""
+
+    def __init__(self, pid: int, stack_bytes: int = 65536) -> None: ...
+    @property
+    def pid(self) -> int: ...
+    def threads(self) -> list[int]:
+        """The threads that were stopped (those that left meanwhile are not)."""
+    def stack(self, tid: int, /) -> tuple[list[int], bool, int]:
+        """(addresses leaf first, truncated, system call number or -1), unwound by CFI from
+        the copy taken while stopped (also after resume())."""
+    def resume(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

@@ -301,6 +301,23 @@ def demo(**options: object) -> None:
 
 
 @cli.command(context_settings=CONTEXT)
+@click.argument("pid", type=click.IntRange(1, 2**31 - 1))
+@click.option("--python", "python", type=click.Choice(["on", "off"]), default="on",
+              show_default=True, help="Python frames of CPython 3.11-3.13 in place of the"
+                                      " interpreter's; off: native frames only.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (threads, frames).")
+def dump(pid: int, python: str, as_json: bool) -> None:
+    """Every thread's stack now, once (as py-spy dump): where each thread runs or waits.
+
+    The threads are stopped for a moment with ptrace (no signal sent, none lost) while their
+    stacks are copied; the summary line says for how long.
+    """
+    from rsprof.collector.dump import dump as take_dump
+
+    render.process_dump(take_dump(pid, python=python == "on"), as_json=as_json)
+
+
+@cli.command(context_settings=CONTEXT)
 def preload() -> None:
     """Print the heap shim's path, for LD_PRELOAD=$(rsprof preload) CMD."""
     from rsprof import session

@@ -7,9 +7,9 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import fields
+from dataclasses import asdict, fields
 from datetime import datetime
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -17,6 +17,9 @@ from rich.table import Table
 from rsprof.storage.analysis import FunctionRow, HeapSiteRow
 from rsprof.storage.reader import ProfileSummary
 from rsprof.tui.format import short_functions
+
+if TYPE_CHECKING:  # the collector loads only for `dump`: reports start faster
+    from rsprof.collector.dump import ProcessDump
 
 # JSON and CSV keys are the row dataclasses' fields, in order (the documented contract).
 CPU_KEYS = [f.name for f in fields(FunctionRow)]
@@ -186,3 +189,29 @@ def profile_list(profiles: list[ProfileSummary], as_json: bool = False) -> None:
         state = f" ({p.state})" if p.state in ("recording", "abandoned") else ""
         table.add_row(p.path.name, name, start, _duration(p.duration_ms) + state, str(p.samples))
     _console().print(table)
+
+
+def process_dump(dump: ProcessDump, as_json: bool = False) -> None:
+    """`rsprof dump`: each thread's stack, leaf first, as py-spy dump prints them."""
+    if as_json:
+        write_json({
+            "pid": dump.pid, "process": dump.name, "cmdline": dump.cmdline,
+            "python": dump.python, "stopped_ms": round(dump.stopped_ms, 1),
+            "threads": [{"tid": t.tid, "name": t.name, "state": t.state, "syscall": t.syscall,
+                         "truncated": t.truncated, "frames": [asdict(f) for f in t.frames]}
+                        for t in dump.threads],
+        })
+        return
+    out = sys.stdout
+    out.write(f"Process {dump.pid}: {dump.cmdline or dump.name}\n")
+    python = "; Python frames read while stopped" if dump.python else ""
+    out.write(f"{len(dump.threads)} threads, stopped {dump.stopped_ms:.1f} ms{python}\n")
+    for thread in dump.threads:
+        out.write(f"\nThread {thread.tid} \"{thread.name}\" ({thread.state})\n")
+        for frame in thread.frames:
+            where = (f"{frame.file}:{frame.line}" if frame.file and frame.line
+                     else frame.file or os.path.basename(frame.module))
+            out.write(f"    {frame.function} ({where})\n" if where else
+                      f"    {frame.function}\n")
+        if thread.truncated:
+            out.write("    [truncated]\n")

@@ -1,0 +1,68 @@
+/* dump_wait: threads in known places for tests/test_dump.py.
+ *
+ * "dump-spin" spins in spin_here(); "dump-block" is blocked in read() on a pipe nobody
+ * writes, called from block_here(); the main thread waits in pthread_join.  A real-time
+ * signal (SIGRTMIN, queued: none merges with another) is counted by a handler; SIGUSR2
+ * prints the count and exits 0.  Prints "ready PID" when the threads run. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t counted;
+static int pipe_fds[2];
+
+static void on_rt(int sig) { (void)sig; counted++; }
+
+static void on_usr2(int sig) {
+    (void)sig;
+    char line[32];
+    int n = snprintf(line, sizeof line, "counted %d\n", (int)counted);
+    (void)!write(1, line, (size_t)n);
+    _exit(0);
+}
+
+__attribute__((noinline)) static void spin_here(void) {
+    volatile unsigned long x = 0;
+    for (;;) x++;
+}
+
+__attribute__((noinline)) static void block_here(void) {
+    char c;
+    (void)!read(pipe_fds[0], &c, 1); /* nobody writes: blocked for good */
+}
+
+static void *spinner(void *arg) {
+    (void)arg;
+    pthread_setname_np(pthread_self(), "dump-spin");
+    spin_here();
+    return NULL;
+}
+
+static void *blocker(void *arg) {
+    (void)arg;
+    pthread_setname_np(pthread_self(), "dump-block");
+    block_here();
+    return NULL;
+}
+
+int main(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_rt;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGRTMIN, &sa, NULL);
+    sa.sa_handler = on_usr2;
+    sigaction(SIGUSR2, &sa, NULL);
+    if (pipe(pipe_fds) != 0) return 1;
+    pthread_t a, b;
+    pthread_create(&a, NULL, spinner, NULL);
+    pthread_create(&b, NULL, blocker, NULL);
+    printf("ready %d\n", (int)getpid());
+    fflush(stdout);
+    pthread_join(a, NULL);
+    return 0;
+}
