@@ -426,6 +426,7 @@ def test_concurrent_writers(target_binary: Callable[..., Path], tmp_path: Path) 
 @pytest.mark.parametrize("name", ["sym_basic.c", "sym_cpp.cc"])
 def test_pure_python_fallback_agrees(target_binary: Callable[..., Path], name: str) -> None:
     """The pyelftools reader used when the extension is missing gives the same answers."""
+    pytest.importorskip("elftools", reason="pyelftools comes with the test extra")
     binary = target_binary(name)
     elf = ElfFile(str(binary))
     addrs = [a for start, size in nm_functions(binary).values() for a in range(start, start + size)]

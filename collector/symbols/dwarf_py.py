@@ -1,8 +1,10 @@
 """Pure-Python stand-in for `rsprof._native.DwarfReader`, on pyelftools.
 
-Used only when the C extension is not built: same methods, same results, but orders of
-magnitude slower (pyelftools needs seconds for a large unit), so it is a fallback for
-correctness, not the normal path. tests/test_symbols.py checks both agree.
+Used only when the C extension is not built (never in an install) or for a big-endian
+file: same methods, same results, but orders of magnitude slower (pyelftools needs seconds
+for a large unit). pyelftools is not a dependency of rsprof: it comes with the `test` extra,
+where it is the oracle tests/test_symbols.py compares the C reader with, or the
+`pure-dwarf` extra; without it such a file is named by its symbol tables alone.
 """
 
 from __future__ import annotations

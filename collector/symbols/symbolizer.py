@@ -136,8 +136,8 @@ class Module:
             self._dwarf = DwarfIndex(source)
             self._dwarf_elf = source
         except Exception:
-            # Undecodable DWARF (or pyelftools failing on it in the fallback): keep going on
-            # symbol tables alone rather than failing the profile.
+            # Undecodable DWARF (or the pure-Python fallback failing on it, or pyelftools not
+            # installed for it): keep going on symbol tables alone, not failing the profile.
             self._dwarf = None
         return self._dwarf
 
