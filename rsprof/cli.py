@@ -68,6 +68,16 @@ def _stack_bytes(ctx: click.Context, param: click.Parameter, value: int) -> int:
 
 def record_options(func: click.decorators.FC) -> click.decorators.FC:
     """Options shared by attaching (-p/-P), `run` and `demo`."""
+    return _record_options(func, demo=False)
+
+
+def demo_options(func: click.decorators.FC) -> click.decorators.FC:
+    """`demo`'s: the same, those that make no sense for a 5 s demo of a native program
+    hidden from its help (-a, --follow, --python, --stack-bytes; still accepted)."""
+    return _record_options(func, demo=True)
+
+
+def _record_options(func: click.decorators.FC, *, demo: bool) -> click.decorators.FC:
     decorators = [
         click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
                      help="Profile file (default rsprof.<process>.<yymmddHHMMSS>.db here)."),
@@ -81,19 +91,20 @@ def record_options(func: click.decorators.FC) -> click.decorators.FC:
                      help="CPU samples per second per thread (-F as in perf, --rate/-r as"
                           " in py-spy)."),
         click.option("--stack-bytes", type=click.IntRange(0, 65448), default=DEFAULT_STACK_BYTES,
-                     show_default=True, callback=_stack_bytes,
+                     show_default=True, callback=_stack_bytes, hidden=demo,
                      help="User stack bytes copied per CPU sample and unwound by CFI (multiple"
                           " of 8); 0 walks frame pointers instead."),
         click.option("--python", "python", type=click.Choice(["on", "off"]), default="on",
-                     show_default=True,
+                     show_default=True, hidden=demo,
                      help="Python frames of CPython 3.11-3.13 targets, read from outside and"
                           " spliced into the native stacks in place of the interpreter's"
                           " _PyEval_EvalFrameDefault; off: native frames only."),
         click.option("-q", "--quiet", count=True,
                      help="Record headless (no TUI): one line saying what is recorded, then"
                           " progress on a terminal; -qq: only the summary at the end."),
-        click.option("-a", "--append", is_flag=True, help="Append to an existing profile."),
-        click.option("--follow/--no-follow", default=None,
+        click.option("-a", "--append", is_flag=True, hidden=demo,
+                     help="Append to an existing profile."),
+        click.option("--follow/--no-follow", default=None, hidden=demo,
                      help="Also sample the processes the target starts, each as its own"
                           " process in the profile (default: on for `run`, off when attaching)."),
     ]
@@ -267,7 +278,7 @@ def run(command: tuple[str, ...], heap_sample: int, no_heap: bool, **options: ob
 
 
 @cli.command(context_settings=CONTEXT)
-@record_options
+@demo_options
 def demo(**options: object) -> None:
     """Profile the bundled demo program (3 busy threads, a leaking heap site).
 

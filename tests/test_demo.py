@@ -27,3 +27,14 @@ def test_demo_headless_summary(tmp_path: Path) -> None:
     assert "thread_trampoline" not in result.stdout
     assert "thread_trampoline" not in by_name
     assert not [row for row in rows if "librsprof_heap" in row["module"]]
+
+
+def test_demo_help_lists_what_a_demo_uses() -> None:
+    """-a, --follow, --python and --stack-bytes make no sense for a 5 s native demo: its
+    help leaves them out (they are still accepted, as for `run`)."""
+    result = run_rsprof("demo", "--help")
+    assert result.returncode == 0, result.stderr
+    for hidden in ("--append", "--follow", "--python", "--stack-bytes"):
+        assert hidden not in result.stdout, hidden
+    for shown in ("--duration", "--output", "--quiet", "--cpu-freq"):
+        assert shown in result.stdout, shown
