@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ TARGETS = Path(__file__).parent / "targets"
 
 
 @pytest.fixture
-def waiting() -> subprocess.Popen[str]:
+def waiting() -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen([str(build_target("dump_wait.c"))], stdout=subprocess.PIPE,
                             text=True)
     assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
