@@ -171,6 +171,11 @@ def _check_record_options(cpu_freq: int, interval: float) -> None:
         raise click.BadParameter("must be between 10ms and 1d", param_hint="'-i' / '--interval'")
 
 
+def _headless(quiet: int) -> bool:
+    """No TUI: asked for (-q), or no terminal to draw it on."""
+    return quiet > 0 or not (sys.stdin.isatty() and sys.stdout.isatty())
+
+
 def _record(
     target: Target,
     *,
@@ -189,7 +194,7 @@ def _record(
     from rsprof.collector.recorder import RecordOptions
 
     path = output or session.default_output(target.name)
-    headless = quiet > 0 or not (sys.stdin.isatty() and sys.stdout.isatty())
+    headless = _headless(quiet)
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
         python=python == "on", follow=(child is not None) if follow is None else follow,
@@ -208,7 +213,9 @@ def _record_launched(
 
     _check_record_options(options["cpu_freq"], options["interval"])
     child = session.launch(command, heap=heap, heap_sample_bytes=heap_sample_bytes,
-                           python=options.get("python", "on") == "on")
+                           python=options.get("python", "on") == "on",
+                           capture_output=not _headless(options["quiet"]))
+    child.print_all_output = bool(options.pop("all_output", False))
     try:
         target = session.target_for_child(child, command)
         return _record(target, child=child, **options)
@@ -264,14 +271,22 @@ def _check_frequency(freq: int) -> None:
 @click.option("--heap-sample", "heap_sample", type=click.IntRange(0), default=0,
               help="Sample allocations every BYTES on average (Poisson); 0 = every allocation.")
 @click.option("--no-heap", is_flag=True, help="CPU only: do not preload the heap shim.")
+@click.option("--all-output", is_flag=True,
+              help="With the TUI: print all of COMMAND's output when it ends (default: its"
+                   " last 20 lines; all of it is in the profile either way).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(command: tuple[str, ...], heap_sample: int, no_heap: bool, **options: object) -> None:
+def run(command: tuple[str, ...], heap_sample: int, no_heap: bool, all_output: bool,
+        **options: object) -> None:
     """Start COMMAND under rsprof: heap and CPU from its first instruction.
 
     rsprof run [OPTIONS] -- CMD [ARGS]...
+
+    With the live TUI, COMMAND's stdout and stderr are kept (they would be drawn over it):
+    saved in the profile, and their last lines printed when the TUI ends. Headless (-q),
+    COMMAND writes to rsprof's own stdout and stderr.
     """
     outcome = _record_launched(command, heap=not no_heap, heap_sample_bytes=heap_sample,
-                               **options)
+                               all_output=all_output, **options)
     status = _run_status(outcome)
     if status:
         raise TargetStatus(status)

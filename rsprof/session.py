@@ -23,6 +23,7 @@ from rsprof.collector.errors import CollectorError
 from rsprof.collector.heap import HeapTracker
 from rsprof.collector.process import Target, target_from_pid
 from rsprof.collector.recorder import Recorder, RecordOptions, RecordResult, heap_tracking_share
+from rsprof.output import TAIL_LINES, OutputCapture
 from rsprof.storage.errors import StorageFullError
 from rsprof.storage.writer import ProfileWriter
 
@@ -50,6 +51,8 @@ class Launched(subprocess.Popen[bytes]):
     release_fd: int | None
     environment: list[bytes]  # the target's, entry by entry
     stopped_by_rsprof: bool  # ended by `stop_child`, not on its own
+    output: OutputCapture | None  # its stdout and stderr, kept while the TUI is on
+    print_all_output: bool  # after the TUI: all of it, not its last lines
 
 
 LAUNCHER_PATH = Path(__file__).parent / "bin" / "rsprof-launch"
@@ -58,7 +61,7 @@ STOP_GRACE_S = 5.0
 
 
 def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int,
-           python: bool = True) -> Launched:
+           python: bool = True, capture_output: bool = False) -> Launched:
     """Starts CMD held just before its exec, so sampling covers its first instruction.
 
     rsprof-launch (native/launch/launch.c) waits on a pipe, then execs CMD in the same
@@ -81,18 +84,29 @@ def launch(argv: Sequence[str], *, heap: bool, heap_sample_bytes: int,
     path = shutil.which(argv[0], path=os.defpath if search is None else os.fsdecode(search))
     if path is None:
         raise CollectorError(f"{argv[0]}: command not found")
+    # With the TUI, CMD's output goes to ptys rsprof reads (rsprof/output.py), not over it.
+    output = OutputCapture.open() if capture_output else None
     read_fd, write_fd = os.pipe()
     try:
         child = Launched(
             [str(LAUNCHER_PATH), str(read_fd), str(os.getpid()), path, *argv],
             env={},  # the launcher's own; CMD's comes through the pipe
             close_fds=True, pass_fds=(*_inherited_fds(), read_fd),
+            stdout=output.slaves["stdout"] if output else None,
+            stderr=output.slaves["stderr"] if output else None,
         )
     except BaseException:
         os.close(write_fd)
+        if output is not None:
+            output.start()
+            output.finish(0)
         raise
     finally:
         os.close(read_fd)
+    if output is not None:
+        output.start()
+    child.output = output
+    child.print_all_output = False
     child.release_fd = write_fd
     child.environment = environment
     child.stopped_by_rsprof = False
@@ -217,8 +231,15 @@ def record(
     line = ProgressLine(target, output, options, child, recorder) if quiet and progress else None
     if quiet:  # with the TUI on screen, warnings are said once it has closed
         recorder.on_warning = _print_warning if line is None else line.warning
-    if line is not None:
-        recorder.on_checkpoint = line.update
+    captured = child.output if child is not None else None
+
+    def checkpoint_written(totals: RecordResult, elapsed_s: float) -> None:
+        if line is not None:
+            line.update(totals, elapsed_s)
+        if captured is not None:  # the recording thread: the writer's
+            captured.save(writer.add_output)
+
+    recorder.on_checkpoint = checkpoint_written
     result: RecordResult | None = None
     exit_code: int | None = None
     tui = None if quiet else TuiProcess(output, recorder)
@@ -245,6 +266,9 @@ def record(
             _print_warning(message)
     if child is not None:
         exit_code = stop_child(child)
+    if captured is not None:
+        captured.finish()
+        captured.save(writer.add_output)
     extra: dict[str, object] = {"heap_mode": result.heap_mode}
     if exit_code is not None:
         extra["target_exit_code"] = exit_code
@@ -253,6 +277,9 @@ def record(
         # The finished file is on screen ("target exited (exit code N)"): the TUI stays
         # until the user quits, unless the terminal or a signal ended the session.
         tui.close(wait=result.stop_reason not in ("hangup", "terminated"))
+    if captured is not None and result.stop_reason != "hangup":  # no terminal to print on
+        captured.print_tail(None if child is not None and child.print_all_output
+                            else TAIL_LINES)
     return SessionOutcome(output, result, exit_code,
                           child is not None and child.stopped_by_rsprof)
 
@@ -353,9 +380,20 @@ class TuiProcess:
     def start(self) -> None:
         # -P: the current folder must not shadow the installed package (`rsprof demo` run
         # from a checkout of rsprof would import its unbuilt rsprof/ folder).
-        self.process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "rsprof.tui", str(self.output), "--live"]
-        )
+        # On the terminal itself, whatever rsprof's stdout and stderr are (Textual draws on
+        # stderr: `rsprof run -- prog 2>err.log` put the TUI into err.log).
+        try:
+            terminal: int | None = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            terminal = None
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-P", "-m", "rsprof.tui", str(self.output), "--live"],
+                stdin=terminal, stdout=terminal, stderr=terminal,
+            )
+        finally:
+            if terminal is not None:
+                os.close(terminal)
         threading.Thread(target=self._watch, name="rsprof-tui-watch", daemon=True).start()
 
     def _watch(self) -> None:

@@ -37,6 +37,12 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     target_cpu_pct REAL,
     target_rss_bytes INTEGER
 );
+CREATE TABLE IF NOT EXISTS target_output (
+    id INTEGER PRIMARY KEY,
+    time_ms INTEGER NOT NULL,
+    stream TEXT NOT NULL CHECK (stream IN ('stdout', 'stderr')),
+    data BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS modules (
     id INTEGER PRIMARY KEY,
     path TEXT NOT NULL,

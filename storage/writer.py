@@ -573,6 +573,15 @@ class ProfileWriter:
         self.conn.close()
         self._unlock()
 
+    def add_output(self, chunks: Sequence[tuple[int, str, bytes]]) -> None:
+        """Appends what the launched target wrote, (time_ms, 'stdout' | 'stderr', bytes) in
+        the order it was read, and commits (docs/schema.md `target_output`)."""
+        if not chunks:
+            return
+        self._execute_many("INSERT INTO target_output (time_ms, stream, data) VALUES (?, ?, ?)",
+                           list(chunks))
+        self.commit()
+
     def commit(self) -> None:
         try:
             if self.conn.in_transaction:

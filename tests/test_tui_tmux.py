@@ -161,3 +161,47 @@ def test_live_ctrl_c_stops_the_recording(tmp_path: Path) -> None:
         assert profile_meta(out)["stop_reason"] == "interrupted"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
+
+
+def test_run_keeps_the_programs_output_off_the_tui(tmp_path: Path) -> None:
+    """`rsprof run` with the TUI, stderr redirected to a file, a program printing on both
+    streams every 0.2 s: the TUI is on the terminal (not in the file), no program line is
+    drawn over it, every line is saved in the profile, and when the TUI ends the last lines
+    are printed, each on its own stream."""
+    out = tmp_path / "talk.db"
+    err = tmp_path / "err.log"
+    exit_file = tmp_path / "exit"
+    script = ("i=0; while [ $i -lt 15 ]; do echo out $i; echo err $i >&2; i=$((i+1));"
+              " sleep 0.2; done")
+    session = f"rsprof-tui-out-{os.getpid()}"
+    command = _command(tmp_path, f"run -o {shlex.quote(str(out))} -- sh -c"
+                                 f" {shlex.quote(script)} 2>{shlex.quote(str(err))}", exit_file)
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command],
+        check=True,
+    )
+    # The pane stays after rsprof exits, to read what it printed last.
+    subprocess.run(["tmux", "set-option", "-t", session, "remain-on-exit", "on"], check=True)
+    pane = Pane(session)
+    try:
+        assert wait_for(lambda: "RECORDING" in pane.screen() or "STOPPED" in pane.screen())
+        assert wait_for(lambda: "target exited" in pane.screen()), pane.screen()
+        assert "out " not in pane.screen(), pane.screen()  # nothing drawn over the TUI
+        pane.keys("q")
+        assert wait_for(lambda: exit_file.exists() and exit_file.read_text().strip() != ""), (
+            pane.screen())
+        screen = pane.screen()
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
+    assert exit_file.read_text().strip() == "EXIT:0"
+    assert "out 14" in screen and "out 10" in screen, screen  # stdout's last lines, after
+    logged = err.read_text(errors="replace")
+    assert "err 14" in logged and "\x1b[" not in logged, logged[:500]  # no TUI in the file
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{out}?mode=ro", uri=True)
+    rows = db.execute("SELECT stream, data FROM target_output ORDER BY id").fetchall()
+    db.close()
+    text = {stream: b"".join(d for s, d in rows if s == stream).decode() for stream, _ in rows}
+    assert text["stdout"] == "".join(f"out {i}\n" for i in range(15))
+    assert text["stderr"] == "".join(f"err {i}\n" for i in range(15))
