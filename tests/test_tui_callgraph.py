@@ -12,6 +12,7 @@ from rsprof.storage.analysis import top_cpu
 from rsprof.storage.callgraph import peek
 from rsprof.storage.live import CallNode, LiveProfile
 from rsprof.storage.reader import Profile
+from rsprof.storage.samples import TimeRange
 from rsprof.storage.selection import SampleQuery, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -88,12 +89,14 @@ def test_call_tree_totals(profile: Path) -> None:
 def test_windowed_tree_and_peek(profile: Path) -> None:
     lp = LiveProfile(profile)
     lp.refresh()
-    # checkpoints 101..120: worker-2 exited after 90
-    root = lp.call_tree(START_MS + 100_000, START_MS + 120_000)
+    # checkpoints 101..120 (`--since 100s --until 120s`): worker-2 exited after 90
+    window_range = lp.time_range(START_MS + 100_000, START_MS + 120_000)
+    assert window_range == TimeRange(100.0, 120.0)
+    root = lp.call_tree(window_range)
     names = {n.function for n in _walk(root)}
     assert "matrix_multiply" not in names and "compute_hash" in names
     key = {r.function: r.key for r in lp.cpu_rows()}["compute_hash"]
-    window = lp.peek(key, START_MS + 100_000, START_MS + 120_000)
+    window = lp.peek(key, window_range)
     assert window.all_samples == root.total_samples
     assert 0 < window.total_samples < lp.peek(key).total_samples
 

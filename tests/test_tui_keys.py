@@ -237,18 +237,25 @@ def test_filter_slash_and_escape(profile: Path) -> None:
         box = main.query_one("#filter", Input)
         assert box.display and box.has_focus
         await press(pilot, "h", "a", "s", "h")
-        assert names(table) == ["compute_hash", "hash_round"]
-        assert "filter hash" in main.query_one(ProfileHeader).plain
+        # `--focus hash`: the functions of the samples through a frame matching it (its
+        # function, file or module), main included; percentages of every sample
+        assert names(table) == ["compute_hash", "main", "hash_round"]
+        assert "focus hash" in main.query_one(ProfileHeader).plain
         await press(pilot, "enter")  # keeps the filter, back to the table
-        assert table.has_focus and names(table) == ["compute_hash", "hash_round"]
+        assert table.has_focus and names(table) == ["compute_hash", "main", "hash_round"]
         await press(pilot, "j")
-        assert table.selected and table.selected.function == "hash_round"
+        assert table.selected and table.selected.function == "hash_round"  # from main
         await press(pilot, "escape")
         assert len(table.rows) == 9 and not box.display and main.filter_text == ""
         await press(pilot, "slash", "x", "y", "z")
-        assert table.rows == [] and "no function matches" in table.empty_text
+        assert table.rows == [] and "matching “xyz” (--focus)" in table.empty_text
         await press(pilot, "escape")
         assert len(table.rows) == 9
+        # a module's path matches too: only libc's memmove and its caller
+        await press(pilot, "slash", *"libc", "enter")
+        assert names(table) == ["__memmove_avx_unaligned_erms", "main"]
+        await press(pilot, "slash", "backspace", "backspace", "backspace", "backspace", "(")
+        assert table.rows == [] and "not a valid regex" in table.empty_text
 
     drive(make_app(profile), scenario)
 
@@ -709,9 +716,9 @@ def test_call_tree_with_filter(profile: Path) -> None:
         # only the stacks through hash_round; percentages stay of every sample
         assert [r.name for r in tree(table)] == ["main", "compute_hash", "hash_round"]
         assert tree(table)[0].total_pct == pytest.approx(12.08, abs=0.01)
-        assert "filter round" in main.query_one(ProfileHeader).plain
+        assert "focus round" in main.query_one(ProfileHeader).plain
         await press(pilot, "slash", "x", "y", "z", "enter")
-        assert table.rows == [] and "no function matches" in table.empty_text
+        assert table.rows == [] and "matching “xyz”" in table.empty_text
         await press(pilot, "escape")  # closes the tree (innermost), then clears the filter
         assert not main.tree_shown and main.filter_text == "xyz"
         await press(pilot, "escape")

@@ -12,6 +12,7 @@ import os
 import time
 from typing import TYPE_CHECKING, ClassVar
 
+from click import ClickException
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -20,7 +21,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Input, Static
 
-from .export import ProfileError, export_view
+from .export import ExportFailed, export_view
 from .format import fmt_offset
 from .model import (
     COLUMNS,
@@ -39,7 +40,6 @@ from .model import (
     column,
     max_pan,
     next_sort,
-    query_window,
 )
 from .screens import ALL_THREADS, HelpScreen, ThreadPicker
 from .widgets.chart import ChartState, ProfileChart
@@ -51,6 +51,8 @@ from .widgets.table import ProfileTable
 from .widgets.timeline import HeapTimelineView
 
 if TYPE_CHECKING:
+    from rsprof.storage.selection import SampleQuery
+
     from .app import RsprofApp
 
 NO_HEAP = (
@@ -151,7 +153,8 @@ class MainScreen(Screen[None]):
             yield Static(NO_HEAP, id="no-heap")
             yield ProfileChart(id="chart")
             yield PeekPanel(id="peek")
-        yield Input(placeholder="filter by function name", id="filter")
+        yield Input(placeholder="focus: a regex of a function, file or module (--focus)",
+                    id="filter")
         yield FitFooter()
 
     def on_mount(self) -> None:
@@ -281,8 +284,10 @@ class MainScreen(Screen[None]):
         timeline = self.query_one(HeapTimelineView)
         timeline.display = q.view is View.MEMORY and not no_heap
         timeline.show(snapshot.timeline)
-        if q.filter and (not q.tree or q.view is View.CPU):
-            empty = f"no function matches “{q.filter}”"
+        if snapshot.filter_error:
+            empty = f"the filter is not a regex: {snapshot.filter_error}"
+        elif q.filter:
+            empty = f"no sample goes through a frame matching “{q.filter}” (--focus)"
         else:
             empty = "no samples yet" if q.view is View.CPU else "no allocations yet"
         if q.tree:
@@ -430,8 +435,7 @@ class MainScreen(Screen[None]):
         if action in self.CHART_ACTIONS:
             return self.chart_open
         if action in ("zoom", "pan"):
-            return self.chart_open or (
-                self.window_on and (self.tree_shown or self.peek_open or self.flame_open))
+            return self.chart_open or (self.window_on and self.view is View.CPU)
         if action == "pause":
             return self.rsprof.live
         if action in ("toggle_peek", "toggle_window"):
@@ -443,8 +447,6 @@ class MainScreen(Screen[None]):
             return self.tree_shown and not self.flame_open
         if action in ("cycle_sort", "reverse_sort"):
             return not (self.tree_shown or self.flame_open)
-        if action == "filter":  # the CPU tree keeps the stacks through a matching function
-            return not ((self.tree_shown or self.flame_open) and self.view is View.MEMORY)
         return True
 
     # Footer ranks (higher stays when the footer is too narrow for every key of the mode).
@@ -648,8 +650,8 @@ class MainScreen(Screen[None]):
         self.window_on = not self.window_on
         self.refresh_bindings()
         self.notify(
-            f"tree and callers: last {ZOOM_LEVELS[self.zoom][0]} (+/- zoom, h/l pan)"
-            if self.window_on else "tree and callers: whole recording", timeout=3)
+            f"CPU view: last {ZOOM_LEVELS[self.zoom][0]} (+/- zoom, h/l pan)"
+            if self.window_on else "CPU view: whole recording", timeout=3)
         self.request_update()
 
     def action_expand(self, state: int | None = None) -> None:
@@ -699,33 +701,27 @@ class MainScreen(Screen[None]):
         self.app.push_screen(ThreadPicker(threads, self.thread), chosen)
 
     def action_export(self, fmt: str) -> None:
-        """Writes what the view shows (thread, window, filter) beside the profile."""
+        """Writes what the view shows (`Snapshot.selection`) beside the profile, as
+        `rsprof export` with the same thread, window and filter."""
         snap = self.snapshot
         if snap is None:
             return
-        q = snap.query
-        since = until = None
-        start, end, _label = query_window(q, snap.summary, snap.info.interval_ms)
-        t0 = snap.info.start_time_ms
-        if t0 is None:
-            t0 = (snap.summary.first_timestamp_ms or 0) - snap.info.interval_ms
-        if start is not None and end is not None:
-            since, until = max(0.0, (start - t0) / 1000), max(0.0, (end - t0) / 1000)
-        kind = "cpu" if q.view is View.CPU else "heap"
-        self.notify(f"exporting {kind} to {fmt}…", timeout=2)
-        self._export(fmt, kind, q.thread, since, until, q.filter)
+        if snap.selection is None:
+            self.notify(f"nothing exported: {snap.filter_error}", severity="error", timeout=8)
+            return
+        self.notify(f"exporting {snap.selection.kind} to {fmt}…", timeout=2)
+        self._export(fmt, snap.selection)
 
     @work(thread=True, group="export", exclusive=True)
-    def _export(self, fmt: str, kind: str, tid: int | None, since: float | None,
-                until: float | None, name_filter: str) -> None:
+    def _export(self, fmt: str, selection: SampleQuery) -> None:
         try:
-            path, count = export_view(self.rsprof.source.path, fmt=fmt, kind=kind, tid=tid,
-                                      since_s=since, until_s=until, name_filter=name_filter)
-        except (ProfileError, OSError, ValueError) as exc:
+            path, count = export_view(self.rsprof.source.path, fmt=fmt, selection=selection)
+        except ExportFailed as exc:
+            message = exc.message if isinstance(exc, ClickException) else str(exc)
             self.app.call_from_thread(
-                self.notify, f"export failed: {exc}", severity="error", timeout=8)
+                self.notify, f"export failed: {message}", severity="error", timeout=8)
             return
-        what = "samples" if kind == "cpu" else "allocations"
+        what = "samples" if selection.kind == "cpu" else "allocations"
         self.app.call_from_thread(
             self.notify, f"wrote {path} ({count:,} {what})", timeout=10)
 

@@ -119,7 +119,7 @@ def header_lines(state: HeaderState, width: int) -> tuple[Text, Text]:
     if not state.kernel_sampled:
         line2.append(_Field(Text("no kernel time", "yellow"), 50))
     if state.filter:
-        line2.append(_Field(Text.assemble(("filter ", "dim"), (state.filter, "bold")), 60))
+        line2.append(_Field(Text.assemble(("focus ", "dim"), (state.filter, "bold")), 60))
     return _layout(line1, width), _layout(line2, width)
 
 
