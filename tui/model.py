@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple, Protocol
@@ -54,6 +54,11 @@ Row = CpuRow | HeapRow | TreeRow
 class View(StrEnum):
     CPU = "cpu"
     MEMORY = "memory"
+
+    @property
+    def slot(self) -> int:
+        """Its place in per-view pairs (`ScreenState.sorts`)."""
+        return 0 if self is View.CPU else 1
 
 
 class DataSource(Protocol):
@@ -298,6 +303,79 @@ class Query:
     timeline_points: int = 0  # Memory view: the heap timeline's width in cells (0: none)
     trend_per_row: bool = False  # CPU Trend: each row its own scale, not the column's
     flame: bool = False  # the icicle of the call tree (CPU) or allocation tree (Memory)
+
+
+Nodes = frozenset[tuple[int, ...]]
+"""Tree nodes (paths of function keys from the root)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScreenState:
+    """Every choice the keys make on the main screen, in one frozen value: a key replaces
+    it (`dataclasses.replace`), never changes it, so what a worker builds from (`query()`)
+    cannot change under it. Sorts and the tree nodes the user opened or closed are kept per
+    view (`View.slot`), so each view keeps its own when the other is shown."""
+
+    view: View = View.CPU
+    sorts: tuple[tuple[str, bool], tuple[str, bool]] = (
+        (DEFAULT_SORT[View.CPU], True), (DEFAULT_SORT[View.MEMORY], True))
+    filter: str = ""  # the filter box: a `--focus` regex, as typed
+    thread: int | None = None
+    tree_open: bool = False  # the call tree (CPU) or allocation tree (Memory) for the table
+    flame_open: bool = False  # the icicle instead of the table (or tree)
+    chart_open: bool = False
+    peek_open: bool = False  # the callers and callees panel
+    window_on: bool = False  # the CPU view covers the zoom/pan window, not everything
+    zoom: int = DEFAULT_ZOOM  # index into ZOOM_LEVELS
+    pan: int = 0  # half-windows back from the newest checkpoint
+    bar: bool = False  # the chart: bars, not a line
+    from_zero: bool = False  # the chart's y axis starts at 0
+    trend_per_row: bool = False
+    paused: bool = False
+    expanded: tuple[Nodes, Nodes] = (frozenset(), frozenset())
+    collapsed: tuple[Nodes, Nodes] = (frozenset(), frozenset())
+
+    @property
+    def sort(self) -> tuple[str, bool]:
+        """(column key, descending) of the view shown."""
+        return self.sorts[self.view.slot]
+
+    def with_sort(self, key: str, descending: bool) -> ScreenState:
+        sorts = list(self.sorts)
+        sorts[self.view.slot] = (key, descending)
+        return replace(self, sorts=(sorts[0], sorts[1]))
+
+    def with_node(self, path: tuple[int, ...], is_open: bool) -> ScreenState:
+        """The state with tree node `path` of the view shown opened or closed."""
+        i = self.view.slot
+        expanded, collapsed = list(self.expanded), list(self.collapsed)
+        if is_open:
+            expanded[i], collapsed[i] = expanded[i] | {path}, collapsed[i] - {path}
+        else:
+            expanded[i], collapsed[i] = expanded[i] - {path}, collapsed[i] | {path}
+        return replace(self, expanded=(expanded[0], expanded[1]),
+                       collapsed=(collapsed[0], collapsed[1]))
+
+    def query(self, selected_key: int | None, timeline_points: int) -> Query:
+        """What the next snapshot is built for: this state, the function (or call site) of
+        the selected row, and the heap timeline's width in cells."""
+        sort, descending = self.sort
+        chart = None
+        if self.chart_open and selected_key is not None:
+            chart = ChartRequest(selected_key, self.zoom, self.pan)
+        cpu = self.view is View.CPU
+        i = self.view.slot
+        return Query(
+            self.view, sort, descending, self.filter, self.thread, chart,
+            tree=self.tree_open,
+            expanded=self.expanded[i] if self.tree_open else frozenset(),
+            collapsed=self.collapsed[i] if self.tree_open else frozenset(),
+            peek=selected_key if self.peek_open and cpu else None,
+            window=(self.zoom, self.pan) if self.window_on else None,
+            timeline_points=timeline_points if not cpu else 0,
+            trend_per_row=self.trend_per_row,
+            flame=self.flame_open,
+        )
 
 
 @dataclass(frozen=True)
