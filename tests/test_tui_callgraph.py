@@ -167,3 +167,28 @@ def test_heap_tree_on_a_cpp_target_cuts_at_the_call_site(tmp_path: Path) -> None
         for s in top_heap(p, limit=None):
             expected[s.function.split("(")[0]] += s.live_bytes
     assert {k: v for k, v in selfs.items() if v} == {k: v for k, v in expected.items() if v}
+
+
+@pytest.mark.parametrize("tid, focus", [(None, None), (4242, None), (4244, None),
+                                        (None, "buffer|config")])
+def test_heap_rows_equal_top_heap(profile: Path, tid: int | None, focus: str | None) -> None:
+    """The Memory table's call sites and numbers are `rsprof top heap`'s with the same
+    thread (the allocating one) and filter."""
+    from rsprof.storage.analysis import top_heap
+    from rsprof.storage.filters import FrameFilter
+
+    filters = FrameFilter.compile(focus=focus)
+    lp = LiveProfile(profile)
+    lp.set_thread(tid)
+    lp.refresh()
+    live = {(r.function, r.location): (r.live_bytes, r.alloc_bytes, r.alloc_count, r.free_bytes,
+                                       r.free_count) for r in lp.heap_rows(filters)}
+    with Profile(profile) as p:
+        rows = top_heap(p, limit=None, query=SampleQuery("heap", tid=tid, filters=filters))
+        if tid is None and focus is None:  # the writer's site table says the same
+            assert {(r.function, r.line) for r in top_heap(p, limit=None)} == {
+                (r.function, r.line) for r in rows}
+    assert live == {(r.function, f"{r.file}:{r.line}"): (
+        r.live_bytes, r.total_alloc_bytes, r.alloc_count, r.total_free_bytes, r.free_count)
+        for r in rows}
+    assert live

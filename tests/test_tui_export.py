@@ -9,6 +9,7 @@ import gzip
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from rsprof.tui.widgets.table import ProfileTable
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import run_rsprof
-from tui_fixture import build_profile, make_app, settle
+from tui_fixture import append_checkpoints, build_profile, make_app, settle
 
 STEM = "rsprof.demo.231114221320"
 
@@ -34,12 +35,15 @@ class Shown:
     snapshot: Snapshot | None
 
 
-def drive(app: RsprofApp, keys: list[str]) -> Shown:
+def drive(app: RsprofApp, keys: list[str], before_keys: Callable[[], None] | None = None
+          ) -> Shown:
     shown = Shown()
 
     async def main() -> None:
         async with app.run_test(size=(100, 30)) as pilot:
             await settle(pilot)
+            if before_keys is not None:
+                before_keys()
             for key in keys:
                 await pilot.press(key)
                 await settle(pilot)
@@ -122,3 +126,15 @@ def test_tui_heap_export_equals_rsprof_export(tmp_path: Path) -> None:
     expected = cli_export(path, tmp_path / "cli.speedscope.json", "--kind", "heap",
                           "-f", "speedscope", "--focus", "cache")
     assert json.loads(written.read_text()) == json.loads(expected.read_text())
+
+
+def test_export_of_a_file_still_recorded_ends_where_the_view_does(tmp_path: Path) -> None:
+    """Checkpoints committed after the view was drawn are not in its export (`--until`)."""
+    path = build_profile(tmp_path / f"{STEM}.db", 60, state="recording")
+    shown = drive(make_app(path, refresh_interval=3600), ["x"],
+                  before_keys=lambda: append_checkpoints(path, 80))
+    assert shown.snapshot is not None and shown.snapshot.summary.count == 60
+    written = pprof(tmp_path / f"{STEM}.cpu.pb.gz")
+    assert sum(s.value[0] for s in written.sample) == shown.snapshot.summary.samples
+    expected = cli_export(path, tmp_path / "cli.pb.gz", "--until", "60s")
+    assert written == pprof(expected)

@@ -437,8 +437,16 @@ def build_snapshot(
                   else TimeRange())
     # A file from before the heap kept its thread shows (and exports) the whole heap.
     tid = query.thread if cpu or source.heap_by_thread else None
+    selected_range = time_range
+    if (info.state == "recording" and time_range == TimeRange()
+            and summary.last_timestamp_ms is not None):
+        # The file grows after this snapshot: the view (and its export) ends at the last
+        # checkpoint read, as `--until` says it.
+        selected_range = source.time_range(summary.last_timestamp_ms,
+                                           summary.last_timestamp_ms)
+        selected_range = TimeRange(None, selected_range.until_s)
     selection = None if filter_error else SampleQuery(
-        kind="cpu" if cpu else "heap", tid=tid, time_range=time_range, filters=filters)
+        kind="cpu" if cpu else "heap", tid=tid, time_range=selected_range, filters=filters)
     rows: list[Row]
     trend_top = None
     flame = None
