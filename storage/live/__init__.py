@@ -21,8 +21,9 @@ import threading
 from pathlib import Path
 
 from rsprof.storage.filters import FrameFilter
-from rsprof.storage.live.cpu import NO_FILTER, WHOLE_RECORDING, CpuModel, FunctionLabels
+from rsprof.storage.live.cpu import CpuModel
 from rsprof.storage.live.follow import FollowedFile
+from rsprof.storage.live.functions import NO_FILTER, WHOLE_RECORDING, FunctionLabels
 from rsprof.storage.live.heap import HeapModel
 from rsprof.storage.live.rows import (
     TREND_LEN,

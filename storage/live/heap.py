@@ -18,8 +18,8 @@ from typing import NamedTuple
 from rsprof.storage.callgraph import call_tree
 from rsprof.storage.filters import FrameFilter
 from rsprof.storage.granularity import Entry, entry
-from rsprof.storage.live.cpu import NO_FILTER, CallPath, FunctionLabels
 from rsprof.storage.live.follow import FollowedFile, trends
+from rsprof.storage.live.functions import NO_FILTER, CallPath, FunctionLabels
 from rsprof.storage.live.rows import CallNode, HeapRow, HeapTimeline, Series, location_text
 from rsprof.storage.samples import Frame
 
