@@ -460,11 +460,13 @@ def test_call_tree_follows_thread_and_window(profile: Path) -> None:
         # worker-2 exits after checkpoint 90: the last minute has no samples of it
         await press(pilot, "w", "plus", "plus")  # the last 10 s only
         assert main.state.window_on and table.rows == []
+        assert "window last 10s" in main.query_one(ProfileHeader).plain
         await press(pilot, "minus", "minus")  # the last minute: checkpoints 61..90 are in
         assert table.rows and tree(table)[0].name == "main"
         assert tree(table)[0].total_pct == pytest.approx(100)
         await press(pilot, "w", "t", "g", "enter")
         assert main.state.thread is None and tree(table)[1].name == "compute_hash"
+        assert "window" not in main.query_one(ProfileHeader).plain
 
     drive(make_app(profile), scenario)
 

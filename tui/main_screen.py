@@ -380,6 +380,8 @@ class MainScreen(Screen[None]):
                 view=self.state.view,
                 thread=thread,
                 filter=self.state.filter,
+                window=(snap.window_label if snap.query.window is not None
+                        and snap.query.view is View.CPU else ""),
                 cpu_pct=cpu,
                 rss_bytes=rss,
                 show_target=app.live or info.state == "recording",
@@ -525,7 +527,7 @@ class MainScreen(Screen[None]):
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
-        box.display = self._filter_shown = True
+        box.display = True
         box.focus()
         self.refresh_bindings()
 
@@ -539,13 +541,13 @@ class MainScreen(Screen[None]):
     def _filter_done(self) -> None:
         box = self.query_one("#filter", Input)
         if not box.value:
-            box.display = self._filter_shown = False
+            box.display = False
         self._primary().focus()
 
     def _clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.value = ""
-        box.display = self._filter_shown = False
+        box.display = False
         self.state = replace(self.state, filter="")
         self._primary().focus()
         self.refresh_bindings()
