@@ -127,6 +127,9 @@ class Writer:
             "INSERT INTO cpu_samples VALUES (?, ?, ?)", [(i, f, n) for f, n in per_loc.items()]
         )
         c.executemany("INSERT INTO heap_site_samples VALUES (?, ?, ?, ?, ?, ?, ?)", heap_rows)
+        # One allocating stack per site (its stack id is its location id), as the TUI reads
+        c.executemany("INSERT INTO heap_stack_samples VALUES (?, ?, ?, ?, ?, ?)",
+                      [row[:6] for row in heap_rows])
 
 
 def writer_main(path: str) -> None:

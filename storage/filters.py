@@ -59,16 +59,29 @@ class FrameFilter:
         rewritten: dict[int, Frame | None] = {}  # after show/hide; None = hidden
         kept: list[Sample] = []
         for sample in samples:
-            if not self._selected(sample.frames, verdicts):
+            frames = self.stack(sample.frames, verdicts, rewritten)
+            if frames is None:
                 continue
-            frames = sample.frames
-            if self.show is not None or self.hide is not None:
-                frames = self._visible(frames, rewritten)
-                if not frames:
-                    continue
             kept.append(replace(sample, frames=frames) if frames is not sample.frames
                          else sample)
         return kept
+
+    def stack(
+        self,
+        frames: tuple[Frame, ...],
+        verdicts: dict[int, bool | None] | None = None,
+        rewritten: dict[int, Frame | None] | None = None,
+    ) -> tuple[Frame, ...] | None:
+        """One stack after the filters (the same object when they change nothing), or None
+        when its sample is dropped. `verdicts` and `rewritten` cache per frame object across
+        calls; the TUI's followed file filters its stacks one by one through here."""
+        if not self._selected(frames, {} if verdicts is None else verdicts):
+            return None
+        if self.show is not None or self.hide is not None:
+            frames = self._visible(frames, {} if rewritten is None else rewritten)
+            if not frames:
+                return None
+        return frames
 
     def _selected(self, frames: tuple[Frame, ...], verdicts: dict[int, bool | None]) -> bool:
         if self.focus is None and self.ignore is None:

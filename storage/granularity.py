@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from rsprof.storage.samples import Frame, Line, Sample
@@ -79,4 +80,8 @@ class EntryTable:
 
     def stack(self, sample: Sample) -> list[int]:
         """The sample's stack as entry numbers, leaf first, each inline level its own."""
-        return [number for frame in sample.frames for number, _ in self.frame_entries(frame)]
+        return self.path(sample.frames)
+
+    def path(self, frames: Iterable[Frame]) -> list[int]:
+        """Frames (leaf first) as entry numbers, each inline level its own."""
+        return [number for frame in frames for number, _ in self.frame_entries(frame)]

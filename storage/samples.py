@@ -13,8 +13,9 @@ leaf is the same call site `rsprof top heap` and `heap_samples` report.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from rsprof.storage.callsite import call_site_position
 from rsprof.storage.errors import ProfileError
@@ -139,7 +140,7 @@ def load_samples(
         raise ValueError(f"unknown kind {kind!r}: use cpu or heap")
     meta = profile.meta()
     checkpoints, start_ms, end_ms = _checkpoints_in_range(profile, meta, time_range)
-    frames = _FrameTable(profile)
+    frames = FrameTable(profile)
     if kind == "cpu":
         freq = int(meta.get("cpu_freq_hz") or 99)
         period_ns = 1_000_000_000 // max(1, freq)
@@ -153,11 +154,19 @@ def load_samples(
 def _checkpoints_in_range(
     profile: Profile, meta: dict[str, str], time_range: TimeRange
 ) -> tuple[list[tuple[int, bool]], int, int]:
-    """(checkpoint id, inside the range) for every checkpoint up to the range's end, and the
-    range's absolute start and end in Unix ms. Heap in-use numbers need the checkpoints
-    before the range too: what was live at its start is still live unless freed."""
     rows = profile.rows("SELECT id, timestamp_ms FROM checkpoints ORDER BY id")
     recording_start = int(meta.get("start_time_ms") or (rows[0][1] if rows else 0))
+    return checkpoints_in_range(rows, recording_start, time_range)
+
+
+def checkpoints_in_range(
+    rows: Sequence[tuple[int, int]], recording_start: int, time_range: TimeRange
+) -> tuple[list[tuple[int, bool]], int, int]:
+    """(checkpoint id, inside the range) for every checkpoint up to the range's end, and the
+    range's absolute start and end in Unix ms, from (id, timestamp_ms) rows in id order.
+    Heap in-use numbers need the checkpoints before the range too: what was live at its
+    start is still live unless freed. The TUI's followed file uses the same rule, so its
+    time window and `--since/--until` select the same checkpoints."""
     since = time_range.since_s
     until = time_range.until_s
     result: list[tuple[int, bool]] = []
@@ -185,7 +194,7 @@ def _id_list(ids: Iterable[int]) -> str:
 
 def _cpu_samples(
     profile: Profile,
-    frames: _FrameTable,
+    frames: FrameTable,
     checkpoints: list[tuple[int, bool]],
     tid: int | None,
     pid: int | None,
@@ -220,7 +229,7 @@ def _cpu_samples(
 
 
 def _heap_samples(
-    profile: Profile, frames: _FrameTable, checkpoints: list[tuple[int, bool]],
+    profile: Profile, frames: FrameTable, checkpoints: list[tuple[int, bool]],
     pid: int | None = None,
     tid: int | None = None,
 ) -> list[Sample]:
@@ -283,14 +292,27 @@ def _merge_identical(samples: list[Sample]) -> list[Sample]:
     return list(merged.values())
 
 
-class _FrameTable:
-    """Frames, their inline lines and mappings, read once per load."""
+class RowSource(Protocol):
+    """What FrameTable reads through: a `Profile`, or the TUI's followed file."""
 
-    def __init__(self, profile: Profile) -> None:
+    def rows(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple]: ...  # type: ignore[type-arg]
+
+
+class FrameTable:
+    """Frames, their inline lines and mappings, each read once. A file still being
+    recorded gains modules: an unknown module id re-reads the (small) module tables."""
+
+    def __init__(self, profile: RowSource) -> None:
         self.profile = profile
+        self._mappings: dict[int, list[Mapping]] = {}
+        self._modules: dict[int, str] = {}
+        self._read_modules()
+        self._frames: dict[int, Frame] = {}
+
+    def _read_modules(self) -> None:
         mappings: dict[int, list[Mapping]] = {}
         modules: dict[int, str] = {}
-        for mapping_id, module_id, start, end, offset, path, build_id in profile.rows(
+        for mapping_id, module_id, start, end, offset, path, build_id in self.profile.rows(
             "SELECT mp.id, mp.module_id, mp.start, mp.end, mp.file_offset, m.path,"
             " COALESCE(m.build_id, '') FROM mappings mp JOIN modules m ON m.id = mp.module_id"
             " ORDER BY mp.start"
@@ -301,11 +323,10 @@ class _FrameTable:
             )
         for module_mappings in mappings.values():
             module_mappings.sort(key=lambda mapping: mapping.start)
-        for module_id, path in profile.rows("SELECT id, path FROM modules"):
+        for module_id, path in self.profile.rows("SELECT id, path FROM modules"):
             modules[module_id] = path
         self._mappings = mappings
         self._modules = modules
-        self._frames: dict[int, Frame] = {}
 
     def _load_frames(self, frame_ids: set[int]) -> None:
         missing = frame_ids - self._frames.keys()
@@ -319,10 +340,12 @@ class _FrameTable:
         ):
             lines.setdefault(frame_id, []).append(Line(location_id, function, system_name, file,
                                                        line))
-        for frame_id, stored_address, module_id, stored_offset in self.profile.rows(
+        rows = self.profile.rows(
             "SELECT id, address, module_id, COALESCE(module_offset, 0) FROM frames"
-            f" WHERE id IN ({_id_list(missing)})"
-        ):
+            f" WHERE id IN ({_id_list(missing)})")
+        if any(row[2] is not None and row[2] not in self._modules for row in rows):
+            self._read_modules()
+        for frame_id, stored_address, module_id, stored_offset in rows:
             address, offset = u64_from_sql(stored_address), u64_from_sql(stored_offset)
             module = self._modules.get(module_id, "") if module_id is not None else ""
             chain = lines.get(frame_id) or [Line(0, f"0x{address:x}", f"0x{address:x}", "", 0)]
@@ -354,11 +377,12 @@ class _FrameTable:
         stacks: dict[int, tuple[Frame, ...]] = {}
         for stack_id, frame_ids in positions.items():
             stack = tuple(self._frames[f] for f in frame_ids)
-            stacks[stack_id] = _trim_to_call_site(stack) if trim_to_call_site else stack
+            stacks[stack_id] = cut_at_call_site(stack) if trim_to_call_site else stack
         return stacks
 
 
-def _trim_to_call_site(stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
+def cut_at_call_site(stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """An allocating stack from its call site outwards (`storage.callsite`'s rules)."""
     position = call_site_position([(frame.module, frame.lines) for frame in stack],
                                   [frame.address for frame in stack])
     if position is None:

@@ -554,7 +554,7 @@ def test_tui_thread_picker_and_header_show_python_names(
             assert len({label.index(" samples") for label in labels}) == 1  # aligned
             await pilot.press("j", "enter")
             await settle(pilot)
-            tid = app.main.thread
+            tid = app.main.state.thread
             assert tid is not None
             assert f"thread {tid} {expected[tid]}" in app.main.query_one(ProfileHeader).plain
 

@@ -12,6 +12,7 @@ from rsprof.storage.analysis import top_cpu
 from rsprof.storage.callgraph import peek
 from rsprof.storage.live import CallNode, LiveProfile
 from rsprof.storage.reader import Profile
+from rsprof.storage.samples import TimeRange
 from rsprof.storage.selection import SampleQuery, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -88,12 +89,14 @@ def test_call_tree_totals(profile: Path) -> None:
 def test_windowed_tree_and_peek(profile: Path) -> None:
     lp = LiveProfile(profile)
     lp.refresh()
-    # checkpoints 101..120: worker-2 exited after 90
-    root = lp.call_tree(START_MS + 100_000, START_MS + 120_000)
+    # checkpoints 101..120 (`--since 100s --until 120s`): worker-2 exited after 90
+    window_range = lp.time_range(START_MS + 100_000, START_MS + 120_000)
+    assert window_range == TimeRange(100.0, 120.0)
+    root = lp.call_tree(window_range)
     names = {n.function for n in _walk(root)}
     assert "matrix_multiply" not in names and "compute_hash" in names
     key = {r.function: r.key for r in lp.cpu_rows()}["compute_hash"]
-    window = lp.peek(key, START_MS + 100_000, START_MS + 120_000)
+    window = lp.peek(key, window_range)
     assert window.all_samples == root.total_samples
     assert 0 < window.total_samples < lp.peek(key).total_samples
 
@@ -164,3 +167,28 @@ def test_heap_tree_on_a_cpp_target_cuts_at_the_call_site(tmp_path: Path) -> None
         for s in top_heap(p, limit=None):
             expected[s.function.split("(")[0]] += s.live_bytes
     assert {k: v for k, v in selfs.items() if v} == {k: v for k, v in expected.items() if v}
+
+
+@pytest.mark.parametrize("tid, focus", [(None, None), (4242, None), (4244, None),
+                                        (None, "buffer|config")])
+def test_heap_rows_equal_top_heap(profile: Path, tid: int | None, focus: str | None) -> None:
+    """The Memory table's call sites and numbers are `rsprof top heap`'s with the same
+    thread (the allocating one) and filter."""
+    from rsprof.storage.analysis import top_heap
+    from rsprof.storage.filters import FrameFilter
+
+    filters = FrameFilter.compile(focus=focus)
+    lp = LiveProfile(profile)
+    lp.set_thread(tid)
+    lp.refresh()
+    live = {(r.function, r.location): (r.live_bytes, r.alloc_bytes, r.alloc_count, r.free_bytes,
+                                       r.free_count) for r in lp.heap_rows(filters)}
+    with Profile(profile) as p:
+        rows = top_heap(p, limit=None, query=SampleQuery("heap", tid=tid, filters=filters))
+        if tid is None and focus is None:  # the writer's site table says the same
+            assert {(r.function, r.line) for r in top_heap(p, limit=None)} == {
+                (r.function, r.line) for r in rows}
+    assert live == {(r.function, f"{r.file}:{r.line}"): (
+        r.live_bytes, r.total_alloc_bytes, r.alloc_count, r.total_free_bytes, r.free_count)
+        for r in rows}
+    assert live

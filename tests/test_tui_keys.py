@@ -92,18 +92,18 @@ def test_view_keys_1_2_m(profile: Path) -> None:
     async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
         main, table, _, header = parts(app)
         # Total % (inclusive) first: the program's own main leads, then its hot functions
-        assert main.view is View.CPU and names(table)[:2] == ["main", "compute_hash"]
+        assert main.state.view is View.CPU and names(table)[:2] == ["main", "compute_hash"]
         assert "VIEW" in header and "8,940 samples" in header and "demo PID 4242" in header
         await press(pilot, "2")
-        assert main.view is View.MEMORY and names(table)[0] == "leaky_cache_insert"
+        assert main.state.view is View.MEMORY and names(table)[0] == "leaky_cache_insert"
         assert table.columns[0].label == "Live"
         await press(pilot, "1")
-        assert main.view is View.CPU
+        assert main.state.view is View.CPU
         assert [c.label for c in table.columns][:3] == ["Self %", "Total %", "Live %"]
         await press(pilot, "m")
-        assert main.view is View.MEMORY
+        assert main.state.view is View.MEMORY
         await press(pilot, "m")
-        assert main.view is View.CPU
+        assert main.state.view is View.CPU
 
     drive(make_app(profile), scenario)
 
@@ -147,7 +147,7 @@ def test_chart_c_enter_escape_b_z_tab(profile: Path) -> None:
         main, table, chart, _ = parts(app)
         assert not chart.display
         await press(pilot, "c")
-        assert main.chart_open and chart.display and chart.state is not None
+        assert main.state.chart_open and chart.display and chart.state is not None
         assert chart.state.title.startswith("main · Total % of samples · 1m window · line")
         assert chart.state.series is not None and len(chart.state.series.points) == 60
         assert {y for _x, y in chart.state.series.points} == {100.0}  # main is on every stack
@@ -162,11 +162,11 @@ def test_chart_c_enter_escape_b_z_tab(profile: Path) -> None:
         await press(pilot, "tab")
         assert table.has_focus
         await press(pilot, "escape")
-        assert not main.chart_open and not chart.display
+        assert not main.state.chart_open and not chart.display
         await press(pilot, "enter")
-        assert main.chart_open and chart.display
+        assert main.state.chart_open and chart.display
         await press(pilot, "enter")
-        assert not main.chart_open
+        assert not main.state.chart_open
 
     drive(make_app(profile), scenario)
 
@@ -225,7 +225,7 @@ def test_sort_s_and_header_click(profile: Path) -> None:
         await pilot.click(ProfileTable, offset=(5, 3))  # a row: selects it
         await settle(pilot)
         assert table.cursor == 2
-        assert main.sorts[View.MEMORY] == ("live_bytes", True)
+        assert main.state.sorts[View.MEMORY.slot] == ("live_bytes", True)
 
     drive(make_app(profile), scenario)
 
@@ -237,18 +237,25 @@ def test_filter_slash_and_escape(profile: Path) -> None:
         box = main.query_one("#filter", Input)
         assert box.display and box.has_focus
         await press(pilot, "h", "a", "s", "h")
-        assert names(table) == ["compute_hash", "hash_round"]
-        assert "filter hash" in main.query_one(ProfileHeader).plain
+        # `--focus hash`: the functions of the samples through a frame matching it (its
+        # function, file or module), main included; percentages of every sample
+        assert names(table) == ["compute_hash", "main", "hash_round"]
+        assert "focus hash" in main.query_one(ProfileHeader).plain
         await press(pilot, "enter")  # keeps the filter, back to the table
-        assert table.has_focus and names(table) == ["compute_hash", "hash_round"]
+        assert table.has_focus and names(table) == ["compute_hash", "main", "hash_round"]
         await press(pilot, "j")
-        assert table.selected and table.selected.function == "hash_round"
+        assert table.selected and table.selected.function == "hash_round"  # from main
         await press(pilot, "escape")
-        assert len(table.rows) == 9 and not box.display and main.filter_text == ""
+        assert len(table.rows) == 9 and not box.display and main.state.filter == ""
         await press(pilot, "slash", "x", "y", "z")
-        assert table.rows == [] and "no function matches" in table.empty_text
+        assert table.rows == [] and "matching “xyz” (--focus)" in table.empty_text
         await press(pilot, "escape")
         assert len(table.rows) == 9
+        # a module's path matches too: only libc's memmove and its caller
+        await press(pilot, "slash", *"libc", "enter")
+        assert names(table) == ["__memmove_avx_unaligned_erms", "main"]
+        await press(pilot, "slash", "backspace", "backspace", "backspace", "backspace", "(")
+        assert table.rows == [] and "not a valid regex" in table.empty_text
 
     drive(make_app(profile), scenario)
 
@@ -264,13 +271,13 @@ def test_thread_picker_t(profile: Path) -> None:
         # order: most samples first: worker-1, worker-2, demo
         await press(pilot, "j", "j", "enter")
         assert isinstance(app.screen, MainScreen)
-        assert main.thread == 4244
+        assert main.state.thread == 4244
         assert set(names(table)) == {"main", "matrix_multiply", "compress_block", LONG_NAME}
         assert "thread 4244 worker-2" in main.query_one(ProfileHeader).plain
         await press(pilot, "t", "escape")  # cancel keeps the choice
-        assert main.thread == 4244
+        assert main.state.thread == 4244
         await press(pilot, "t", "g", "enter")
-        assert main.thread is None and len(table.rows) == 9
+        assert main.state.thread is None and len(table.rows) == 9
 
     drive(make_app(profile), scenario)
 
@@ -280,7 +287,7 @@ def test_help_question_mark(profile: Path) -> None:
         await press(pilot, "question_mark")
         assert isinstance(app.screen, HelpScreen)
         await press(pilot, "1")  # main-screen keys do nothing behind the help
-        assert app.main.view is View.CPU
+        assert app.main.state.view is View.CPU
         await press(pilot, "escape")
         assert isinstance(app.screen, MainScreen)
 
@@ -355,7 +362,7 @@ def test_live_follow_pause_and_target_exit(tmp_path: Path) -> None:
 def test_p_is_for_live_mode_only(profile: Path) -> None:
     async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
         await press(pilot, "p")
-        assert not app.main.paused and "VIEW" in app.main.query_one(ProfileHeader).plain
+        assert not app.main.state.paused and "VIEW" in app.main.query_one(ProfileHeader).plain
 
     drive(make_app(profile), scenario)
 
@@ -390,9 +397,9 @@ def test_escape_quits_when_nothing_is_open(profile: Path) -> None:
         main = app.main
         await press(pilot, "c", "e")  # Esc closes the innermost first: chart, then panel
         await press(pilot, "escape")
-        assert not main.chart_open and main.peek_open and app.is_running
+        assert not main.state.chart_open and main.state.peek_open and app.is_running
         await press(pilot, "escape")
-        assert not main.peek_open and app.is_running
+        assert not main.state.peek_open and app.is_running
         await pilot.press("escape")
         await pilot.pause()
         assert app.return_code == 0 and not app.is_running
@@ -416,7 +423,7 @@ def test_call_tree_f_space_arrows(profile: Path) -> None:
     async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
         main, table, _, _ = parts(app)
         await press(pilot, "f")
-        assert main.tree_shown and table.columns[2].label == "Function (call tree)"
+        assert main.state.tree_open and table.columns[2].label == "Function (call tree)"
         assert "1 CPU tree" in main.query_one(ProfileHeader).plain
         rows = tree(table)
         # hot paths start expanded (>= 10 %): main > compute_hash > hash_round
@@ -435,9 +442,9 @@ def test_call_tree_f_space_arrows(profile: Path) -> None:
         await press(pilot, "k", "left")  # collapse main
         assert len(table.rows) == 1
         await press(pilot, "s")  # no sorting in the tree: children are heaviest first
-        assert main.sorts[View.CPU] == ("total", True)
+        assert main.state.sorts[View.CPU.slot] == ("total", True)
         await press(pilot, "f")
-        assert not main.tree_shown and table.columns[0].label == "Self %"
+        assert not main.state.tree_open and table.columns[0].label == "Self %"
 
     drive(make_app(profile), scenario)
 
@@ -446,18 +453,20 @@ def test_call_tree_follows_thread_and_window(profile: Path) -> None:
     async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
         main, table, _, _ = parts(app)
         await press(pilot, "t", "j", "j", "enter", "f")  # worker-2 (4244)
-        assert main.thread == 4244
+        assert main.state.thread == 4244
         names_ = [r.name for r in tree(table)]
         assert names_[0] == "main" and "compute_hash" not in names_
         assert tree(table)[1].name == "matrix_multiply"
         # worker-2 exits after checkpoint 90: the last minute has no samples of it
         await press(pilot, "w", "plus", "plus")  # the last 10 s only
-        assert main.window_on and table.rows == []
+        assert main.state.window_on and table.rows == []
+        assert "window last 10s" in main.query_one(ProfileHeader).plain
         await press(pilot, "minus", "minus")  # the last minute: checkpoints 61..90 are in
         assert table.rows and tree(table)[0].name == "main"
         assert tree(table)[0].total_pct == pytest.approx(100)
         await press(pilot, "w", "t", "g", "enter")
-        assert main.thread is None and tree(table)[1].name == "compute_hash"
+        assert main.state.thread is None and tree(table)[1].name == "compute_hash"
+        assert "window" not in main.query_one(ProfileHeader).plain
 
     drive(make_app(profile), scenario)
 
@@ -633,7 +642,7 @@ def test_memory_allocation_tree_f(profile: Path) -> None:
     async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
         main, table, _, _ = parts(app)
         await press(pilot, "2", "f")
-        assert main.tree_shown and table.columns[0].label == "Total"
+        assert main.state.tree_open and table.columns[0].label == "Total"
         assert "2 Memory tree" in main.query_one(ProfileHeader).plain
         rows = tree(table)
         # total = live bytes allocated under the node; self = at the call site itself
@@ -643,9 +652,9 @@ def test_memory_allocation_tree_f(profile: Path) -> None:
         assert {r.name: r.self_value for r in rows[1:]} == live
         assert [r.name for r in rows[1:]] == list(live)  # heaviest first
         await press(pilot, "c")  # the chart is per call site: not in the allocation tree
-        assert not main.chart_open
+        assert not main.state.chart_open
         await press(pilot, "f", "c")
-        assert main.chart_open
+        assert main.state.chart_open
 
     drive(make_app(profile), scenario)
 
@@ -659,7 +668,7 @@ def test_trend_scale_r(profile: Path) -> None:
         row = cpu(table)[-1]  # idle_wait: 2 % of the samples
         assert set(cell_text(TREND, row, table.trend_top)) == {"▁"}  # small on one scale
         await press(pilot, "r")
-        assert main.trend_per_row and table.trend_top is None
+        assert main.state.trend_per_row and table.trend_top is None
         assert set(cell_text(TREND, row, table.trend_top)) != {"▁"}  # its own scale
 
     drive(make_app(profile), scenario)
@@ -709,13 +718,13 @@ def test_call_tree_with_filter(profile: Path) -> None:
         # only the stacks through hash_round; percentages stay of every sample
         assert [r.name for r in tree(table)] == ["main", "compute_hash", "hash_round"]
         assert tree(table)[0].total_pct == pytest.approx(12.08, abs=0.01)
-        assert "filter round" in main.query_one(ProfileHeader).plain
+        assert "focus round" in main.query_one(ProfileHeader).plain
         await press(pilot, "slash", "x", "y", "z", "enter")
-        assert table.rows == [] and "no function matches" in table.empty_text
+        assert table.rows == [] and "matching “xyz”" in table.empty_text
         await press(pilot, "escape")  # closes the tree (innermost), then clears the filter
-        assert not main.tree_shown and main.filter_text == "xyz"
+        assert not main.state.tree_open and main.state.filter == "xyz"
         await press(pilot, "escape")
-        assert main.filter_text == "" and len(table.rows) == 9
+        assert main.state.filter == "" and len(table.rows) == 9
 
     drive(make_app(profile), scenario)
 
@@ -756,3 +765,22 @@ def test_thread_picker_names_the_process_of_each_thread(tmp_path: Path) -> None:
         assert any("pid " in label and " sh" in label for label in labels), labels
 
     drive(make_app(path), scenario, size=(120, 30))
+
+
+def test_keys_replace_the_screen_state(profile: Path) -> None:
+    """UI state is one frozen value that each key replaces: a worker's query never changes
+    under it, and a state kept from before a key still says what it said."""
+    import dataclasses
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main = app.main
+        before = main.state
+        await press(pilot, "s", "f", "slash", "h", "a", "s", "h", "enter", "2")
+        assert before == type(before)() and before.sort == ("total", True)
+        after = main.state
+        assert after.view is View.MEMORY and after.tree_open and after.filter == "hash"
+        assert after.sorts[View.CPU.slot] == ("live", True)  # each view keeps its own
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            after.filter = ""  # type: ignore[misc]
+
+    drive(make_app(profile), scenario)

@@ -94,8 +94,8 @@ def test_incremental_refresh_reads_only_new_checkpoints(tmp_path: Path) -> None:
 def test_ring_is_bounded(profile: Path) -> None:
     lp = LiveProfile(profile)
     lp.refresh()
-    assert len(lp._cpu_ring) == TREND_LEN
-    assert len(lp._heap_ring) == TREND_LEN
+    assert len(lp.cpu._ring) == len(lp.cpu._stack_ring) == TREND_LEN
+    assert len(lp.heap._ring) == TREND_LEN
 
 
 def test_heap_rows_and_trend_carry_forward(profile: Path) -> None:
@@ -150,15 +150,20 @@ def test_series(profile: Path) -> None:
 def test_read_only(profile: Path) -> None:
     lp = LiveProfile(profile)
     with pytest.raises(sqlite3.OperationalError):
-        lp._conn.execute("DELETE FROM checkpoints")
+        lp.file.conn.execute("DELETE FROM checkpoints")
 
 
 def test_snapshot_filter_sort_chart(profile: Path) -> None:
     lp = LiveProfile(profile)
-    snap = build_snapshot(lp, Query(filter="HASH"))
-    assert [r.function for r in snap.rows] == ["compute_hash", "hash_round"]
+    # The filter box is `--focus`: the functions of the samples through a matching frame
+    # (compute_hash's and hash_round's, and main, which calls them).
+    snap = build_snapshot(lp, Query(filter="(?i)HASH"))
+    assert [r.function for r in snap.rows] == ["compute_hash", "main", "hash_round"]
+    assert snap.selection is not None and snap.selection.filters.describe() == "focus=(?i)HASH"
     assert snap.trend_top == max(max(r.trend) for r in snap.rows if isinstance(r, CpuRow))
-    assert snap.total_rows == 9 and snap.heap_available
+    assert snap.heap_available
+    snap = build_snapshot(lp, Query(filter="hash("), refresh=False)
+    assert snap.rows == [] and snap.selection is None and "not a valid regex" in snap.filter_error
     snap = build_snapshot(lp, Query(sort="function", descending=False), refresh=False)
     names = [r.function for r in snap.rows]
     assert names == sorted(names, key=str.lower)

@@ -1,19 +1,16 @@
-"""`x` / `X`: the current view written to pprof or speedscope next to the profile, with
-the TUI's thread, time window and name filter applied (as `rsprof export` would with
-`--tid`, `--since/--until` and `--filter`)."""
+"""`x` / `X`: the samples the view shows (`Snapshot.selection`: thread, time window, filter)
+written to pprof or speedscope beside the profile, by `rsprof export` itself."""
 
 from __future__ import annotations
 
 import os
-import re
-import tempfile
 from pathlib import Path
 
+from click import ClickException
 from rsprof.storage.errors import ProfileError
-from rsprof.storage.filters import FrameFilter
-from rsprof.storage.reader import Profile
-from rsprof.storage.samples import TimeRange
-from rsprof.storage.selection import EmptySelection, SampleQuery, require_samples, select
+from rsprof.storage.selection import EmptySelection, SampleQuery
+
+from rsprof.export import export
 
 SUFFIXES = {"pprof": ".pb.gz", "speedscope": ".speedscope.json"}
 
@@ -29,54 +26,19 @@ def export_path(db_path: Path, kind: str, fmt: str) -> Path:
     return candidate
 
 
-def export_view(
-    db_path: str | os.PathLike[str],
-    *,
-    fmt: str,
-    kind: str,
-    tid: int | None,
-    since_s: float | None,
-    until_s: float | None,
-    name_filter: str,
-) -> tuple[Path, int]:
-    """Writes the export; returns its path and how many samples went in. Raises
-    ProfileError (EmptySelection) with a one-line reason when there is nothing to write.
-    The count is CPU samples, or allocations for the heap."""
+def export_view(db_path: str | os.PathLike[str], *, fmt: str, selection: SampleQuery
+                ) -> tuple[Path, int]:
+    """Writes the export as `rsprof export -f FMT` with the same selection; returns its
+    path and how many samples went in (CPU samples, or allocations for the heap). Raises
+    ProfileError (EmptySelection) with a one-line reason when there is nothing to write,
+    ExportError (a ClickException) when the file cannot be written."""
     path = Path(db_path)
-    focus = f"(?i){re.escape(name_filter)}" if name_filter else None
-    with Profile(path) as profile:
-        if kind == "heap" and not profile.rows(
-            "SELECT 1 FROM sqlite_master WHERE name = 'heap_thread_samples'"
-        ):
-            tid = None  # a file from before the heap kept its thread: all of it, as shown
-        query = SampleQuery(
-            kind=kind,
-            tid=tid,
-            time_range=TimeRange(since_s, until_s),
-            filters=FrameFilter.compile(focus=focus),
-        )
-        selection = select(profile, query)
-    require_samples(selection, query, path)
-    target = export_path(path, kind, fmt)
-    # Written beside and renamed: a reader never sees half a file.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".rsprof-export-")
-    try:
-        if fmt == "pprof":
-            from rsprof.storage.pprof.writer import write_pprof
-
-            with os.fdopen(fd, "wb") as out:
-                write_pprof(selection.samples, out)
-        else:
-            from rsprof.storage.flame import write_speedscope
-
-            with os.fdopen(fd, "w", encoding="utf-8") as text:
-                write_speedscope(selection.samples, text, name=path.name)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target, selection.samples.total(0)
+    target = export_path(path, selection.kind, fmt)
+    _written, selected = export(path, fmt=fmt, query=selection, output=target)
+    return target, selected.samples.total(0)
 
 
-__all__ = ["EmptySelection", "ProfileError", "export_path", "export_view"]
+ExportFailed = (ProfileError, OSError, ValueError, ClickException)
+"""What `export_view` raises for an export that did not happen, each with a readable message."""
+
+__all__ = ["EmptySelection", "ExportFailed", "ProfileError", "export_path", "export_view"]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
+from click import ClickException
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -20,18 +22,16 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Input, Static
 
-from .export import ProfileError, export_view
+from .export import ExportFailed, export_view
 from .format import fmt_offset
 from .model import (
     COLUMNS,
-    DEFAULT_SORT,
-    DEFAULT_ZOOM,
     HEAP_TREE_COLUMNS,
     TREE_COLUMNS,
     ZOOM_LEVELS,
-    ChartRequest,
     Query,
     Row,
+    ScreenState,
     Snapshot,
     TreeRow,
     View,
@@ -39,7 +39,6 @@ from .model import (
     column,
     max_pan,
     next_sort,
-    query_window,
 )
 from .screens import ALL_THREADS, HelpScreen, ThreadPicker
 from .widgets.chart import ChartState, ProfileChart
@@ -51,6 +50,8 @@ from .widgets.table import ProfileTable
 from .widgets.timeline import HeapTimelineView
 
 if TYPE_CHECKING:
+    from rsprof.storage.selection import SampleQuery
+
     from .app import RsprofApp
 
 NO_HEAP = (
@@ -111,26 +112,7 @@ class MainScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.view = View.CPU
-        self.sorts: dict[View, tuple[str, bool]] = {v: (DEFAULT_SORT[v], True) for v in View}
-        self.filter_text = ""
-        self._filter_shown = False
-        self.thread: int | None = None
-        self.chart_open = False
-        self.zoom = DEFAULT_ZOOM
-        self.pan_steps = 0
-        self.bar = False
-        self.from_zero = False
-        self.paused = False
-        self.tree_mode = False
-        self.flame_open = False  # the icicle instead of the table (or tree)
-        self.trend_per_row = False
-        self.peek_open = False
-        self.window_on = False  # tree and peek cover the zoom/pan window, not everything
-        # tree nodes opened / closed by the user, per view (the auto-open rule does the rest)
-        self.expanded_by: dict[View, frozenset[tuple[int, ...]]] = dict.fromkeys(View, frozenset())
-        self.collapsed_by: dict[View, frozenset[tuple[int, ...]]] = dict.fromkeys(
-            View, frozenset())
+        self.state = ScreenState()
         self.snapshot: Snapshot | None = None
         self._job_running = False
         self._job_pending: bool | None = None  # None: nothing pending, else "refresh" flag
@@ -151,7 +133,8 @@ class MainScreen(Screen[None]):
             yield Static(NO_HEAP, id="no-heap")
             yield ProfileChart(id="chart")
             yield PeekPanel(id="peek")
-        yield Input(placeholder="filter by function name", id="filter")
+        yield Input(placeholder="focus: a regex of a function, file or module (--focus)",
+                    id="filter")
         yield FitFooter()
 
     def on_mount(self) -> None:
@@ -175,33 +158,13 @@ class MainScreen(Screen[None]):
             return None
         return row.path[-1] if isinstance(row, TreeRow) else row.key
 
-    @property
-    def tree_shown(self) -> bool:
-        return self.tree_mode
-
     def current_query(self) -> Query:
-        sort, descending = self.sorts[self.view]
-        chart = None
-        table = self.query_one(ProfileTable)
-        if self.flame_open:
+        if self.state.flame_open:
             key = self.query_one(FlameView).selected_key
         else:
-            key = self.function_key(table.selected)
-        if self.chart_open and key is not None:
-            chart = ChartRequest(key, self.zoom, self.pan_steps)
-        peek = key if self.peek_open and self.view is View.CPU else None
+            key = self.function_key(self.query_one(ProfileTable).selected)
         timeline = self.query_one(HeapTimelineView).size.width or self.app.size.width
-        return Query(
-            self.view, sort, descending, self.filter_text, self.thread, chart,
-            tree=self.tree_shown,
-            expanded=self.expanded_by[self.view] if self.tree_shown else frozenset(),
-            collapsed=self.collapsed_by[self.view] if self.tree_shown else frozenset(),
-            peek=peek,
-            window=(self.zoom, self.pan_steps) if self.window_on else None,
-            timeline_points=max(1, timeline - 2) if self.view is View.MEMORY else 0,
-            trend_per_row=self.trend_per_row,
-            flame=self.flame_open,
-        )
+        return self.state.query(key, max(1, timeline - 2))
 
     def request_update(self, *, refresh: bool = False) -> None:
         """Builds a new snapshot in a worker; coalesces requests made while one runs."""
@@ -251,7 +214,7 @@ class MainScreen(Screen[None]):
             self.request_update(refresh=refresh)
 
     def _tick(self) -> None:
-        if self.paused:
+        if self.state.paused:
             return
         snap = self.snapshot
         following = self.rsprof.live or snap is None or snap.info.state == "recording"
@@ -281,8 +244,10 @@ class MainScreen(Screen[None]):
         timeline = self.query_one(HeapTimelineView)
         timeline.display = q.view is View.MEMORY and not no_heap
         timeline.show(snapshot.timeline)
-        if q.filter and (not q.tree or q.view is View.CPU):
-            empty = f"no function matches “{q.filter}”"
+        if snapshot.filter_error:
+            empty = f"the filter is not a regex: {snapshot.filter_error}"
+        elif q.filter:
+            empty = f"no sample goes through a frame matching “{q.filter}” (--focus)"
         else:
             empty = "no samples yet" if q.view is View.CPU else "no allocations yet"
         if q.tree:
@@ -292,11 +257,11 @@ class MainScreen(Screen[None]):
         table.set_rows(columns, snapshot.rows, "" if q.tree else q.sort, q.descending,
                        empty_text=empty, trend_top=snapshot.trend_top, names=snapshot.names)
         chart = self.query_one(ProfileChart)
-        chart.display = self.chart_open and not no_heap
-        if self.chart_open and q.chart is not None:
+        chart.display = self.state.chart_open and not no_heap
+        if self.state.chart_open and q.chart is not None:
             chart.show(self._chart_state(snapshot))
         peek = self.query_one(PeekPanel)
-        peek.display = self.peek_open and q.view is View.CPU
+        peek.display = self.state.peek_open and q.view is View.CPU
         if peek.display:
             peek.show(snapshot.peek, snapshot.window_label)
         # A hidden widget cannot keep focus: after the "no heap" page (or a closed panel)
@@ -321,8 +286,8 @@ class MainScreen(Screen[None]):
         metric = "live bytes" if q.view is View.MEMORY else "Total % of samples"
         back = q.chart.pan * q.chart.window_ms / 2000
         where = f", {fmt_offset(back)} back" if q.chart.pan else ""
-        style = "bar" if self.bar else "line"
-        zero = ", y from 0" if self.from_zero else ""
+        style = "bar" if self.state.bar else "line"
+        zero = ", y from 0" if self.state.from_zero else ""
         info = snapshot.info
         t0 = info.start_time_ms
         if t0 is None:
@@ -332,8 +297,8 @@ class MainScreen(Screen[None]):
             series=snapshot.series,
             t0_ms=t0,
             bytes=q.view is View.MEMORY,
-            bar=self.bar,
-            from_zero=self.from_zero,
+            bar=self.state.bar,
+            from_zero=self.state.from_zero,
         )
 
     def _announce_exit(self, previous: Snapshot | None, snapshot: Snapshot) -> None:
@@ -375,13 +340,13 @@ class MainScreen(Screen[None]):
         app = self.rsprof
         name = os.path.basename(app.source.path)
         if snap is None:
-            header.show(HeaderState("LOADING", name, 0, 0, 0, "", None, self.view))
+            header.show(HeaderState("LOADING", name, 0, 0, 0, "", None, self.state.view))
             return
         info, summary = snap.info, snap.summary
         notice = self._exit_notice(snap)
         recording = info.state == "recording" and not notice
         if app.live:
-            mode = "PAUSED" if self.paused else ("RECORDING" if recording else "STOPPED")
+            mode = "PAUSED" if self.state.paused else ("RECORDING" if recording else "STOPPED")
         else:
             mode = "VIEW"
         start = info.start_time_ms
@@ -396,12 +361,12 @@ class MainScreen(Screen[None]):
         if snap.query.thread is not None:
             names = {t.tid: t.name for t in snap.threads}
             thread = f"{snap.query.thread} {names.get(snap.query.thread, '')}".strip()
-            if self.view is View.MEMORY and not snap.heap_by_thread:
+            if self.state.view is View.MEMORY and not snap.heap_by_thread:
                 # A file from before the heap kept its thread: say so instead of pretending
                 # to filter.
                 thread += " (heap: all)"
         elapsed = max(0.0, end - start)
-        if self.paused and header.state is not None:
+        if self.state.paused and header.state is not None:
             elapsed = header.state.elapsed_ms  # frozen with the data
         header.show(
             HeaderState(
@@ -412,14 +377,17 @@ class MainScreen(Screen[None]):
                 lost_samples=summary.lost_samples,
                 process_name=info.process_name,
                 pid=info.pid,
-                view=self.view,
+                view=self.state.view,
                 thread=thread,
-                filter=self.filter_text,
+                filter=self.state.filter,
+                window=(snap.window_label if snap.query.window is not None
+                        and snap.query.view is View.CPU else ""),
                 cpu_pct=cpu,
                 rss_bytes=rss,
                 show_target=app.live or info.state == "recording",
                 notice=notice,
-                tab_suffix=" flame" if self.flame_open else (" tree" if self.tree_mode else ""),
+                tab_suffix=(" flame" if self.state.flame_open
+                            else " tree" if self.state.tree_open else ""),
                 kernel_sampled=info.kernel_sampled,
             )
         )
@@ -427,24 +395,22 @@ class MainScreen(Screen[None]):
     # -- actions ------------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        state = self.state
         if action in self.CHART_ACTIONS:
-            return self.chart_open
+            return state.chart_open
         if action in ("zoom", "pan"):
-            return self.chart_open or (
-                self.window_on and (self.tree_shown or self.peek_open or self.flame_open))
+            return state.chart_open or (state.window_on and state.view is View.CPU)
         if action == "pause":
             return self.rsprof.live
         if action in ("toggle_peek", "toggle_window"):
-            return self.view is View.CPU
+            return state.view is View.CPU
         if action == "toggle_chart":
             # the Memory chart is per call site; the allocation tree's nodes are functions
-            return not ((self.tree_mode or self.flame_open) and self.view is View.MEMORY)
+            return not ((state.tree_open or state.flame_open) and state.view is View.MEMORY)
         if action == "expand":
-            return self.tree_shown and not self.flame_open
+            return state.tree_open and not state.flame_open
         if action in ("cycle_sort", "reverse_sort"):
-            return not (self.tree_shown or self.flame_open)
-        if action == "filter":  # the CPU tree keeps the stacks through a matching function
-            return not ((self.tree_shown or self.flame_open) and self.view is View.MEMORY)
+            return not (state.tree_open or state.flame_open)
         return True
 
     # Footer ranks (higher stays when the footer is too narrow for every key of the mode).
@@ -456,7 +422,7 @@ class MainScreen(Screen[None]):
 
     def footer_priority(self, action: str) -> int:
         """How much a key matters in the current mode (FitFooter keeps the highest)."""
-        if self.chart_open and action in ("zoom", "pan", "bar"):
+        if self.state.chart_open and action in ("zoom", "pan", "bar"):
             return 80  # the chart's own keys, while it is open
         return self.FOOTER_RANKS.get(action, 10)
 
@@ -466,89 +432,91 @@ class MainScreen(Screen[None]):
 
 
     def action_view(self, view: str) -> None:
-        if View(view) is not self.view:
-            self.view = View(view)
-            self.pan_steps = 0
+        if View(view) is not self.state.view:
+            self.state = replace(self.state, view=View(view), pan=0)
             self.refresh_bindings()
             self._show_header()
             self.request_update()
 
     def action_toggle_view(self) -> None:
-        self.action_view(View.MEMORY if self.view is View.CPU else View.CPU)
+        self.action_view(View.MEMORY if self.state.view is View.CPU else View.CPU)
 
     def action_toggle_chart(self) -> None:
-        self.chart_open = not self.chart_open
+        self.state = replace(self.state, chart_open=not self.state.chart_open)
         chart = self.query_one(ProfileChart)
-        chart.display = self.chart_open
-        if not self.chart_open and chart.has_focus:
+        chart.display = self.state.chart_open
+        if not self.state.chart_open and chart.has_focus:
             self._primary().focus()
         self.refresh_bindings()
         self.request_update()
 
     def action_bar(self) -> None:
-        self.bar = not self.bar
+        self.state = replace(self.state, bar=not self.state.bar)
         self.request_update()
 
     def action_from_zero(self) -> None:
-        self.from_zero = not self.from_zero
+        self.state = replace(self.state, from_zero=not self.state.from_zero)
         self.request_update()
 
     def action_zoom(self, step: int) -> None:
-        self.zoom = max(0, min(len(ZOOM_LEVELS) - 1, self.zoom + step))
+        zoom = max(0, min(len(ZOOM_LEVELS) - 1, self.state.zoom + step))
+        pan = self.state.pan
         if self.snapshot is not None:
-            self.pan_steps = min(self.pan_steps, max_pan(self.snapshot.summary, self.zoom))
+            pan = min(pan, max_pan(self.snapshot.summary, zoom))
+        self.state = replace(self.state, zoom=zoom, pan=pan)
         self.request_update()
 
     def action_pan(self, step: int) -> None:
-        limit = max_pan(self.snapshot.summary, self.zoom) if self.snapshot else 0
-        self.pan_steps = max(0, min(limit, self.pan_steps + step))
+        limit = max_pan(self.snapshot.summary, self.state.zoom) if self.snapshot else 0
+        self.state = replace(self.state, pan=max(0, min(limit, self.state.pan + step)))
         self.request_update()
 
     def _primary(self) -> ProfileTable | FlameView:
         """What the keys go to when no panel has focus: the flame view or the table."""
-        if self.flame_open:
+        if self.state.flame_open:
             return self.query_one(FlameView)
         return self.query_one(ProfileTable)
 
     def action_switch_focus(self) -> None:
         primary, chart = self._primary(), self.query_one(ProfileChart)
-        if self.chart_open and chart.display and primary.has_focus:
+        if self.state.chart_open and chart.display and primary.has_focus:
             chart.focus()
         else:
             primary.focus()
 
     def action_cycle_sort(self) -> None:
-        key, _ = self.sorts[self.view]
-        new = next_sort(self.view, key)
-        self.sorts[self.view] = (new, column(self.view, new).numeric)
-        self.notify(f"sorted by {column(self.view, new).label}", timeout=1.5)
+        view = self.state.view
+        new = next_sort(view, self.state.sort[0])
+        self.state = self.state.with_sort(new, column(view, new).numeric)
+        self.notify(f"sorted by {column(view, new).label}", timeout=1.5)
         self.request_update()
 
     def action_trend_scale(self) -> None:
-        self.trend_per_row = not self.trend_per_row
-        self.notify("Trend: each row its own scale" if self.trend_per_row
+        self.state = replace(self.state, trend_per_row=not self.state.trend_per_row)
+        self.notify("Trend: each row its own scale" if self.state.trend_per_row
                     else "Trend: one scale for the column", timeout=2)
         self.request_update()
 
     def action_reverse_sort(self) -> None:
-        key, descending = self.sorts[self.view]
-        self.sorts[self.view] = (key, not descending)
+        key, descending = self.state.sort
+        self.state = self.state.with_sort(key, not descending)
         self.request_update()
 
     @on(ProfileTable.HeaderClicked)
     def _sort_by_header(self, event: ProfileTable.HeaderClicked) -> None:
-        key, descending = self.sorts[self.view]
+        key, descending = self.state.sort
         if event.column == key:
-            self.sorts[self.view] = (key, not descending)
+            self.state = self.state.with_sort(key, not descending)
         else:
-            self.sorts[self.view] = (event.column, column(self.view, event.column).numeric)
+            self.state = self.state.with_sort(
+                event.column, column(self.state.view, event.column).numeric)
         self.request_update()
 
     @on(ProfileTable.CursorMoved)
     def _selection_changed(self) -> None:
         # The chart and callers panel follow the selection a moment later: the moved
         # highlight is drawn first, and holding `j` redraws the chart once, not per row.
-        if self.chart_open or self.peek_open:
+        if self.state.chart_open or self.state.peek_open:
             if self._follow_timer is not None:
                 self._follow_timer.stop()
             self._follow_timer = self.set_timer(FOLLOW_DELAY_S, self._follow_selection)
@@ -559,13 +527,13 @@ class MainScreen(Screen[None]):
 
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
-        box.display = self._filter_shown = True
+        box.display = True
         box.focus()
         self.refresh_bindings()
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
-        self.filter_text = event.value.strip()
+        self.state = replace(self.state, filter=event.value.strip())
         self._show_header()
         self.request_update()
 
@@ -573,14 +541,14 @@ class MainScreen(Screen[None]):
     def _filter_done(self) -> None:
         box = self.query_one("#filter", Input)
         if not box.value:
-            box.display = self._filter_shown = False
+            box.display = False
         self._primary().focus()
 
     def _clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.value = ""
-        box.display = self._filter_shown = False
-        self.filter_text = ""
+        box.display = False
+        self.state = replace(self.state, filter="")
         self._primary().focus()
         self.refresh_bindings()
         self._show_header()
@@ -592,15 +560,15 @@ class MainScreen(Screen[None]):
         box = self.query_one("#filter", Input)
         if box.has_focus:
             self._clear_filter()
-        elif self.chart_open:
+        elif self.state.chart_open:
             self.action_toggle_chart()
-        elif self.peek_open:
+        elif self.state.peek_open:
             self.action_toggle_peek()
-        elif self.flame_open:
+        elif self.state.flame_open:
             self.action_toggle_flame()
-        elif self.tree_shown:
+        elif self.state.tree_open:
             self.action_toggle_tree()
-        elif self.filter_text:
+        elif self.state.filter:
             self._clear_filter()
         else:
             self.action_quit()
@@ -608,14 +576,14 @@ class MainScreen(Screen[None]):
     def action_toggle_flame(self) -> None:
         """The icicle of what the tree shows (thread, window, filter) instead of the table;
         it replaces the tree too."""
-        self.flame_open = not self.flame_open
-        if self.flame_open:
-            self.tree_mode = False
-            if self.chart_open and self.view is View.MEMORY:
+        self.state = replace(self.state, flame_open=not self.state.flame_open)
+        if self.state.flame_open:
+            self.state = replace(self.state, tree_open=False)
+            if self.state.chart_open and self.state.view is View.MEMORY:
                 self.action_toggle_chart()  # the Memory chart is per call site
         flame = self.query_one(FlameView)
-        flame.display = self.flame_open
-        (flame if self.flame_open else self.query_one(ProfileTable)).focus()
+        flame.display = self.state.flame_open
+        (flame if self.state.flame_open else self.query_one(ProfileTable)).focus()
         self.refresh_bindings()
         self._show_header()
         self.request_update()
@@ -625,10 +593,9 @@ class MainScreen(Screen[None]):
         self._selection_changed()
 
     def action_toggle_tree(self) -> None:
-        self.flame_open = False
+        self.state = replace(self.state, flame_open=False, tree_open=not self.state.tree_open)
         self.query_one(FlameView).display = False
-        self.tree_mode = not self.tree_mode
-        if self.tree_mode and self.chart_open and self.view is View.MEMORY:
+        if self.state.tree_open and self.state.chart_open and self.state.view is View.MEMORY:
             self.action_toggle_chart()
         self.query_one(ProfileTable).focus()
         self.refresh_bindings()
@@ -636,20 +603,20 @@ class MainScreen(Screen[None]):
         self.request_update()
 
     def action_toggle_peek(self) -> None:
-        self.peek_open = not self.peek_open
+        self.state = replace(self.state, peek_open=not self.state.peek_open)
         panel = self.query_one(PeekPanel)
-        panel.display = self.peek_open
-        if not self.peek_open and panel.has_focus:
+        panel.display = self.state.peek_open
+        if not self.state.peek_open and panel.has_focus:
             self._primary().focus()
         self.refresh_bindings()
         self.request_update()
 
     def action_toggle_window(self) -> None:
-        self.window_on = not self.window_on
+        self.state = replace(self.state, window_on=not self.state.window_on)
         self.refresh_bindings()
         self.notify(
-            f"tree and callers: last {ZOOM_LEVELS[self.zoom][0]} (+/- zoom, h/l pan)"
-            if self.window_on else "tree and callers: whole recording", timeout=3)
+            f"CPU view: last {ZOOM_LEVELS[self.state.zoom][0]} (+/- zoom, h/l pan)"
+            if self.state.window_on else "CPU view: whole recording", timeout=3)
         self.request_update()
 
     def action_expand(self, state: int | None = None) -> None:
@@ -669,19 +636,13 @@ class MainScreen(Screen[None]):
             return
         if not row.has_children or want == row.expanded:
             return
-        view = self.view
-        if want:
-            self.expanded_by[view] |= {row.path}
-            self.collapsed_by[view] -= {row.path}
-        else:
-            self.collapsed_by[view] |= {row.path}
-            self.expanded_by[view] -= {row.path}
+        self.state = self.state.with_node(row.path, want)
         self.request_update()
 
     def action_pause(self) -> None:
-        self.paused = not self.paused
+        self.state = replace(self.state, paused=not self.state.paused)
         self._show_header()
-        if not self.paused:
+        if not self.state.paused:
             self.request_update(refresh=True)
 
     def action_pick_thread(self) -> None:
@@ -691,41 +652,35 @@ class MainScreen(Screen[None]):
             if result is None:
                 return
             tid = None if result == ALL_THREADS else int(result)
-            if tid != self.thread:
-                self.thread = tid
+            if tid != self.state.thread:
+                self.state = replace(self.state, thread=tid)
                 self._show_header()
                 self.request_update()
 
-        self.app.push_screen(ThreadPicker(threads, self.thread), chosen)
+        self.app.push_screen(ThreadPicker(threads, self.state.thread), chosen)
 
     def action_export(self, fmt: str) -> None:
-        """Writes what the view shows (thread, window, filter) beside the profile."""
+        """Writes what the view shows (`Snapshot.selection`) beside the profile, as
+        `rsprof export` with the same thread, window and filter."""
         snap = self.snapshot
         if snap is None:
             return
-        q = snap.query
-        since = until = None
-        start, end, _label = query_window(q, snap.summary, snap.info.interval_ms)
-        t0 = snap.info.start_time_ms
-        if t0 is None:
-            t0 = (snap.summary.first_timestamp_ms or 0) - snap.info.interval_ms
-        if start is not None and end is not None:
-            since, until = max(0.0, (start - t0) / 1000), max(0.0, (end - t0) / 1000)
-        kind = "cpu" if q.view is View.CPU else "heap"
-        self.notify(f"exporting {kind} to {fmt}…", timeout=2)
-        self._export(fmt, kind, q.thread, since, until, q.filter)
+        if snap.selection is None:
+            self.notify(f"nothing exported: {snap.filter_error}", severity="error", timeout=8)
+            return
+        self.notify(f"exporting {snap.selection.kind} to {fmt}…", timeout=2)
+        self._export(fmt, snap.selection)
 
     @work(thread=True, group="export", exclusive=True)
-    def _export(self, fmt: str, kind: str, tid: int | None, since: float | None,
-                until: float | None, name_filter: str) -> None:
+    def _export(self, fmt: str, selection: SampleQuery) -> None:
         try:
-            path, count = export_view(self.rsprof.source.path, fmt=fmt, kind=kind, tid=tid,
-                                      since_s=since, until_s=until, name_filter=name_filter)
-        except (ProfileError, OSError, ValueError) as exc:
+            path, count = export_view(self.rsprof.source.path, fmt=fmt, selection=selection)
+        except ExportFailed as exc:
+            message = exc.message if isinstance(exc, ClickException) else str(exc)
             self.app.call_from_thread(
-                self.notify, f"export failed: {exc}", severity="error", timeout=8)
+                self.notify, f"export failed: {message}", severity="error", timeout=8)
             return
-        what = "samples" if kind == "cpu" else "allocations"
+        what = "samples" if selection.kind == "cpu" else "allocations"
         self.app.call_from_thread(
             self.notify, f"wrote {path} ({count:,} {what})", timeout=10)
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple, Protocol
 
+from rsprof.storage.filters import FrameFilter
 from rsprof.storage.live import (
     CallNode,
     CheckpointSummary,
@@ -25,6 +26,8 @@ from rsprof.storage.live import (
     Series,
     ThreadInfo,
 )
+from rsprof.storage.samples import TimeRange
+from rsprof.storage.selection import SampleQuery
 
 from .format import fmt_bytes, fmt_count, fmt_offset, fmt_pct, short_functions, sparkline
 
@@ -52,33 +55,41 @@ class View(StrEnum):
     CPU = "cpu"
     MEMORY = "memory"
 
+    @property
+    def slot(self) -> int:
+        """Its place in per-view pairs (`ScreenState.sorts`)."""
+        return 0 if self is View.CPU else 1
+
 
 class DataSource(Protocol):
     """What the TUI reads; `storage.live.LiveProfile` is the real one."""
 
     path: str
-    info: ProfileInfo
     thread: int | None
 
     @property
+    def info(self) -> ProfileInfo: ...
+    @property
     def has_heap_data(self) -> bool: ...
+    @property
+    def heap_by_thread(self) -> bool: ...
 
     def refresh(self) -> bool: ...
     def set_thread(self, tid: int | None) -> None: ...
     def summary(self) -> CheckpointSummary: ...
     def threads(self) -> list[ThreadInfo]: ...
-    def cpu_rows(self) -> list[CpuRow]: ...
-    def heap_rows(self) -> list[HeapRow]: ...
-    def cpu_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int) -> Series: ...
-    def call_tree(
-        self, start_ms: int | None = None, end_ms: int | None = None, focus: str = ""
-    ) -> CallNode: ...
-    def peek(
-        self, key: int, start_ms: int | None = None, end_ms: int | None = None
-    ) -> PeekInfo: ...
+    def time_range(self, start_ms: int, end_ms: int) -> TimeRange: ...
+    def cpu_rows(self, filters: FrameFilter = ..., time_range: TimeRange = ...) -> list[CpuRow]: ...
+    def heap_rows(self, filters: FrameFilter = ...) -> list[HeapRow]: ...
+    def cpu_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int,
+                   filters: FrameFilter = ...) -> Series: ...
+    def call_tree(self, time_range: TimeRange = ..., filters: FrameFilter = ...) -> CallNode: ...
+    def peek(self, key: int, time_range: TimeRange = ...,
+             filters: FrameFilter = ...) -> PeekInfo: ...
     def heap_timeline(self, points: int = 120) -> HeapTimeline: ...
-    def heap_tree(self, allocated: bool = False) -> CallNode: ...
-    def heap_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int) -> Series: ...
+    def heap_tree(self, filters: FrameFilter = ..., allocated: bool = False) -> CallNode: ...
+    def heap_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int,
+                    filters: FrameFilter = ...) -> Series: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,17 +292,90 @@ class Query:
     view: View = View.CPU
     sort: str = "total"
     descending: bool = True
-    filter: str = ""
+    filter: str = ""  # the filter box: a `--focus` regex, as typed
     thread: int | None = None
     chart: ChartRequest | None = None
     tree: bool = False  # the call tree (CPU) or allocation tree (Memory) instead of the table
     expanded: frozenset[tuple[int, ...]] = frozenset()
     collapsed: frozenset[tuple[int, ...]] = frozenset()
     peek: int | None = None  # function key whose callers and callees to show
-    window: tuple[int, int] | None = None  # (zoom, pan) for tree and peek; None: everything
+    window: tuple[int, int] | None = None  # CPU view's (zoom, pan) window; None: everything
     timeline_points: int = 0  # Memory view: the heap timeline's width in cells (0: none)
     trend_per_row: bool = False  # CPU Trend: each row its own scale, not the column's
     flame: bool = False  # the icicle of the call tree (CPU) or allocation tree (Memory)
+
+
+Nodes = frozenset[tuple[int, ...]]
+"""Tree nodes (paths of function keys from the root)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScreenState:
+    """Every choice the keys make on the main screen, in one frozen value: a key replaces
+    it (`dataclasses.replace`), never changes it, so what a worker builds from (`query()`)
+    cannot change under it. Sorts and the tree nodes the user opened or closed are kept per
+    view (`View.slot`), so each view keeps its own when the other is shown."""
+
+    view: View = View.CPU
+    sorts: tuple[tuple[str, bool], tuple[str, bool]] = (
+        (DEFAULT_SORT[View.CPU], True), (DEFAULT_SORT[View.MEMORY], True))
+    filter: str = ""  # the filter box: a `--focus` regex, as typed
+    thread: int | None = None
+    tree_open: bool = False  # the call tree (CPU) or allocation tree (Memory) for the table
+    flame_open: bool = False  # the icicle instead of the table (or tree)
+    chart_open: bool = False
+    peek_open: bool = False  # the callers and callees panel
+    window_on: bool = False  # the CPU view covers the zoom/pan window, not everything
+    zoom: int = DEFAULT_ZOOM  # index into ZOOM_LEVELS
+    pan: int = 0  # half-windows back from the newest checkpoint
+    bar: bool = False  # the chart: bars, not a line
+    from_zero: bool = False  # the chart's y axis starts at 0
+    trend_per_row: bool = False
+    paused: bool = False
+    expanded: tuple[Nodes, Nodes] = (frozenset(), frozenset())
+    collapsed: tuple[Nodes, Nodes] = (frozenset(), frozenset())
+
+    @property
+    def sort(self) -> tuple[str, bool]:
+        """(column key, descending) of the view shown."""
+        return self.sorts[self.view.slot]
+
+    def with_sort(self, key: str, descending: bool) -> ScreenState:
+        sorts = list(self.sorts)
+        sorts[self.view.slot] = (key, descending)
+        return replace(self, sorts=(sorts[0], sorts[1]))
+
+    def with_node(self, path: tuple[int, ...], is_open: bool) -> ScreenState:
+        """The state with tree node `path` of the view shown opened or closed."""
+        i = self.view.slot
+        expanded, collapsed = list(self.expanded), list(self.collapsed)
+        if is_open:
+            expanded[i], collapsed[i] = expanded[i] | {path}, collapsed[i] - {path}
+        else:
+            expanded[i], collapsed[i] = expanded[i] - {path}, collapsed[i] | {path}
+        return replace(self, expanded=(expanded[0], expanded[1]),
+                       collapsed=(collapsed[0], collapsed[1]))
+
+    def query(self, selected_key: int | None, timeline_points: int) -> Query:
+        """What the next snapshot is built for: this state, the function (or call site) of
+        the selected row, and the heap timeline's width in cells."""
+        sort, descending = self.sort
+        chart = None
+        if self.chart_open and selected_key is not None:
+            chart = ChartRequest(selected_key, self.zoom, self.pan)
+        cpu = self.view is View.CPU
+        i = self.view.slot
+        return Query(
+            self.view, sort, descending, self.filter, self.thread, chart,
+            tree=self.tree_open,
+            expanded=self.expanded[i] if self.tree_open else frozenset(),
+            collapsed=self.collapsed[i] if self.tree_open else frozenset(),
+            peek=selected_key if self.peek_open and cpu else None,
+            window=(self.zoom, self.pan) if self.window_on else None,
+            timeline_points=timeline_points if not cpu else 0,
+            trend_per_row=self.trend_per_row,
+            flame=self.flame_open,
+        )
 
 
 @dataclass(frozen=True)
@@ -300,7 +384,9 @@ class Snapshot:
     info: ProfileInfo
     summary: CheckpointSummary
     rows: Sequence[Row]
-    total_rows: int  # before the name filter
+    # The samples the view shows, as `rsprof top/peek/export` select them: what `x` exports.
+    # None when the filter box holds no valid regex (`filter_error` says why).
+    selection: SampleQuery | None
     threads: list[ThreadInfo]
     heap_available: bool
     series: Series | None = None
@@ -312,18 +398,28 @@ class Snapshot:
     flame: CallNode | None = None  # the tree the flame view draws (query.flame)
     # Display names of the table rows' functions (short_functions); keys stay full names.
     names: Mapping[str, str] = field(default_factory=dict)
+    filter_error: str = ""
 
 
 def query_window(query: Query, summary: CheckpointSummary, interval_ms: int) -> (
         tuple[int | None, int | None, str]):
-    """(start_ms, end_ms, label) of the tree's and peek's time window."""
-    if query.window is None or summary.last_timestamp_ms is None:
+    """(start_ms, end_ms, label) of the CPU view's time window."""
+    if query.window is None or summary.last_timestamp_ms is None or query.view is not View.CPU:
         return None, None, "whole recording"
     zoom, pan = query.window
     request = ChartRequest(0, zoom, pan)
     start, end, _bucket = request.window(summary.last_timestamp_ms, interval_ms)
     back = f", {fmt_offset(pan * request.window_ms / 2000)} back" if pan else ""
     return start, end, f"last {request.zoom_label}{back}"
+
+
+def compile_filter(text: str) -> tuple[FrameFilter, str]:
+    """The filter box's text as `--focus` takes it, or no filter and why it is not a
+    regex (the box is read as the user types: `foo(` is on its way to `foo(int)`)."""
+    try:
+        return FrameFilter.compile(focus=text or None), ""
+    except ValueError as error:
+        return FrameFilter(), str(error)
 
 
 def build_snapshot(
@@ -335,42 +431,53 @@ def build_snapshot(
     info = source.info
     summary = source.summary()
     start, end, window_label = query_window(query, summary, info.interval_ms)
+    filters, filter_error = compile_filter(query.filter)
+    cpu = query.view is View.CPU
+    time_range = (source.time_range(start, end) if start is not None and end is not None
+                  else TimeRange())
+    # A file from before the heap kept its thread shows (and exports) the whole heap.
+    tid = query.thread if cpu or source.heap_by_thread else None
+    selected_range = time_range
+    if (info.state == "recording" and time_range == TimeRange()
+            and summary.last_timestamp_ms is not None):
+        # The file grows after this snapshot: the view (and its export) ends at the last
+        # checkpoint read, as `--until` says it.
+        selected_range = source.time_range(summary.last_timestamp_ms,
+                                           summary.last_timestamp_ms)
+        selected_range = TimeRange(None, selected_range.until_s)
+    selection = None if filter_error else SampleQuery(
+        kind="cpu" if cpu else "heap", tid=tid, time_range=selected_range, filters=filters)
     rows: list[Row]
     trend_top = None
     flame = None
-    if query.flame:
-        # The icicle replaces the table: no rows to build.
-        flame = (source.call_tree(start, end, query.filter) if query.view is View.CPU
-                 else source.heap_tree())
+    if filter_error:
         rows = []
-    elif query.view is View.CPU and query.tree:
-        root = source.call_tree(start, end, query.filter)
-        rows = list(flatten_tree(root, query.expanded, query.collapsed))
+    elif query.flame:
+        # The icicle replaces the table: no rows to build.
+        flame = source.call_tree(time_range, filters) if cpu else source.heap_tree(filters)
+        rows = []
     elif query.tree:
-        rows = list(flatten_tree(source.heap_tree(), query.expanded, query.collapsed))
-    elif query.view is View.CPU:
-        rows = list(source.cpu_rows())
+        root = source.call_tree(time_range, filters) if cpu else source.heap_tree(filters)
+        rows = list(flatten_tree(root, query.expanded, query.collapsed))
+    elif cpu:
+        rows = list(source.cpu_rows(filters, time_range))
     else:
-        rows = list(source.heap_rows())
+        rows = list(source.heap_rows(filters))
     heap_available = info.heap_mode not in ("", "none") and source.has_heap_data
-    total = len(rows)
-    if query.filter and not query.tree:
-        needle = query.filter.lower()
-        rows = [r for r in rows if needle in r.function.lower()]
     if not query.tree:
         sort_rows(rows, query.sort, query.descending)
-    if query.view is View.CPU and not query.tree and not query.trend_per_row:
+    if cpu and not query.tree and not query.trend_per_row:
         trend_top = max((max(r.trend) for r in rows if isinstance(r, CpuRow)), default=0)
     series = None
     if query.chart is not None and summary.last_timestamp_ms is not None:
         c_start, c_end, bucket = query.chart.window(summary.last_timestamp_ms, info.interval_ms)
-        if query.view is View.CPU:
-            series = source.cpu_series(query.chart.key, c_start, c_end, bucket)
+        if cpu:
+            series = source.cpu_series(query.chart.key, c_start, c_end, bucket, filters)
         else:
-            series = source.heap_series(query.chart.key, c_start, c_end, bucket)
+            series = source.heap_series(query.chart.key, c_start, c_end, bucket, filters)
     peek = None
-    if query.peek is not None and query.view is View.CPU:
-        peek = source.peek(query.peek, start, end)
+    if query.peek is not None and cpu:
+        peek = source.peek(query.peek, time_range, filters)
     timeline = None
     if query.view is View.MEMORY and query.timeline_points and heap_available:
         timeline = source.heap_timeline(query.timeline_points)
@@ -379,7 +486,7 @@ def build_snapshot(
         info=info,
         summary=summary,
         rows=rows,
-        total_rows=total,
+        selection=selection,
         threads=source.threads(),
         heap_available=heap_available,
         series=series,
@@ -387,7 +494,8 @@ def build_snapshot(
         timeline=timeline,
         trend_top=trend_top,
         window_label=window_label,
-        heap_by_thread=bool(getattr(source, "heap_by_thread", False)),
+        heap_by_thread=source.heap_by_thread,
         flame=flame,
         names={} if query.tree else short_functions(r.function for r in rows),
+        filter_error=filter_error,
     )

@@ -39,7 +39,8 @@ class HeaderState:
     pid: int | None
     view: View
     thread: str = "all"
-    filter: str = ""
+    filter: str = ""  # the filter box's `--focus` regex
+    window: str = ""  # the CPU view's time window (`w`), e.g. "last 1m"; "" for everything
     cpu_pct: float | None = None
     rss_bytes: int | None = None
     show_target: bool = False
@@ -118,8 +119,10 @@ def header_lines(state: HeaderState, width: int) -> tuple[Text, Text]:
         line2 += [_Field(Text(f"CPU {cpu}"), 80), _Field(Text(f"RSS {rss}"), 70)]
     if not state.kernel_sampled:
         line2.append(_Field(Text("no kernel time", "yellow"), 50))
+    if state.window:
+        line2.append(_Field(Text.assemble(("window ", "dim"), (state.window, "bold")), 65))
     if state.filter:
-        line2.append(_Field(Text.assemble(("filter ", "dim"), (state.filter, "bold")), 60))
+        line2.append(_Field(Text.assemble(("focus ", "dim"), (state.filter, "bold")), 60))
     return _layout(line1, width), _layout(line2, width)
 
 
