@@ -5,7 +5,9 @@
 driven by `sum()`, `sorted(key=...)`) on every CPython given. A sample is "eval" when its
 stack has Python frames or a `_PyEval_EvalFrameDefault` frame left unspliced; the printed
 share is of eval samples that kept `_PyEval_EvalFrameDefault` (no Python frames: dropped,
-late or unpaired), with the recording's meta (`python_mode` and its counters). Each
+late or unpaired), and those that have Python frames but whose innermost evaluator was
+between frames at the sampled instant (kept native: collector.pyframes.splice_plan), with
+the recording's meta (`python_mode` and its counters). Each
 configuration runs once per load, interleaved over interpreters; load = N busy shell loops
 started here and killed by PID after.
 
@@ -43,12 +45,14 @@ while time.monotonic() < end:
 """
 PYTHONS = [os.path.expanduser(f"~/.pyenv/versions/{v}/bin/python3")
            for v in ("3.11.7", "3.12.1", "3.13.0")]
-META_KEYS = ("mode", "walks", "bpf_attached", "bpf_missing", "bpf_dropped", "drain_attached",
-             "dropped", "late", "unpaired")
+META_KEYS = ("mode", "between", "walks", "bpf_attached", "bpf_missing", "bpf_fault",
+             "bpf_freed", "bpf_ip_mismatch", "bpf_pair_dt_ns", "drain_attached", "dropped",
+             "late", "unpaired")
 
 
-def eval_share(db: Path) -> tuple[int, int, int, dict[str, str]]:
-    """(samples, eval samples, eval samples without Python frames, meta)."""
+def eval_share(db: Path) -> tuple[int, int, int, int, dict[str, str]]:
+    """(samples, eval samples, eval samples without Python frames, eval samples with Python
+    frames whose innermost evaluator was between frames (kept native), meta)."""
     con = sqlite3.connect(db)
     meta = dict(con.execute("SELECT key, value FROM meta"))
     rows = con.execute("""
@@ -62,7 +66,8 @@ def eval_share(db: Path) -> tuple[int, int, int, dict[str, str]]:
     con.close()
     total = sum(r[0] for r in rows)
     evals = sum(r[0] for r in rows if r[1] or r[2])
-    return total, evals, sum(r[0] for r in rows if r[1]), meta
+    lost = sum(r[0] for r in rows if r[1] and not r[2])
+    return total, evals, lost, sum(r[0] for r in rows if r[1] and r[2]), meta
 
 
 def main() -> None:
@@ -77,8 +82,9 @@ def main() -> None:
     scripts = {"fib": work / "fib.py", "gen": work / "gen.py"}
     scripts["fib"].write_text(FIB)
     scripts["gen"].write_text(GEN)
-    print("| interpreter | workload | hogs | samples | eval | without Python frames | meta |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| interpreter | workload | hogs | samples | eval | without Python frames "
+          "| evaluator between frames | meta |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for load in args.hogs:
         hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(load)]
         try:
@@ -93,11 +99,12 @@ def main() -> None:
                     if run.returncode:
                         print(f"| {version} | {name} | {load} | failed: {run.stderr.strip()} |")
                         continue
-                    total, evals, bad, meta = eval_share(db)
+                    total, evals, bad, between, meta = eval_share(db)
                     shown = " ".join(f"{key}={meta[f'python_{key}']}" for key in META_KEYS
                                      if f"python_{key}" in meta)
                     print(f"| {version} | {name} | {load} | {total} | {evals} | {bad} "
-                          f"({100 * bad / max(evals, 1):.1f} %) | {shown} |", flush=True)
+                          f"({100 * bad / max(evals, 1):.1f} %) | {between} | {shown} |",
+                          flush=True)
         finally:
             for hog in hogs:
                 hog.kill()

@@ -84,11 +84,13 @@ def record_options(func: click.decorators.FC) -> click.decorators.FC:
                      show_default=True, callback=_stack_bytes,
                      help="User stack bytes copied per CPU sample and unwound by CFI (multiple"
                           " of 8); 0 walks frame pointers instead."),
-        click.option("--python", "python", type=click.Choice(["on", "off"]), default="on",
-                     show_default=True,
-                     help="Python frames of CPython 3.11-3.13 targets, read from outside and"
-                          " spliced into the native stacks in place of the interpreter's"
-                          " _PyEval_EvalFrameDefault; off: native frames only."),
+        click.option("--python", "python", type=click.Choice(["on", "off", "drain"]),
+                     default="on", show_default=True,
+                     help="Python frames of CPython 3.11-3.13 targets, spliced into the native"
+                          " stacks in place of the interpreter's _PyEval_EvalFrameDefault:"
+                          " read at sample time by a BPF program where it can be loaded, else"
+                          " from outside when the sample is drained (drain: always so);"
+                          " off: native frames only."),
         click.option("-q", "--quiet", is_flag=True, help="Record headless (no TUI)."),
         click.option("-a", "--append", is_flag=True, help="Append to an existing profile."),
         click.option("--follow/--no-follow", default=None,
@@ -179,7 +181,8 @@ def _record(
     quiet = quiet or not (sys.stdin.isatty() and sys.stdout.isatty())
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
-        python=python == "on", follow=(child is not None) if follow is None else follow,
+        python=python != "off", python_bpf=python == "on",
+        follow=(child is not None) if follow is None else follow,
     )
     outcome = session.record(target, path, options, append=append, quiet=quiet, child=child)
     click.echo(session.describe(outcome), err=True)
@@ -194,7 +197,7 @@ def _record_launched(
 
     _check_record_options(options["cpu_freq"], options["interval"])
     child = session.launch(command, heap=heap, heap_sample_bytes=heap_sample_bytes,
-                           python=options.get("python", "on") == "on")
+                           python=options.get("python", "on") != "off")
     try:
         target = session.target_for_child(child, command)
         return _record(target, child=child, **options)
