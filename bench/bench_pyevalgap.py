@@ -11,7 +11,11 @@ the recording's meta (`python_mode` and its counters). Each
 configuration runs once per load, interleaved over interpreters; load = N busy shell loops
 started here and killed by PID after.
 
-Usage: python bench/bench_pyevalgap.py [--seconds 4] [--freq 499] [--hogs 0 4] [PYTHON...]
+`--modes on drain` also runs each configuration with `--python=drain` right after (the
+reads from outside at drain time, what rsprof did before the BPF sampler).
+
+Usage: python bench/bench_pyevalgap.py [--seconds 4] [--freq 499] [--hogs 0 4]
+       [--modes on drain] [PYTHON...]
 """
 
 from __future__ import annotations
@@ -76,35 +80,37 @@ def main() -> None:
     parser.add_argument("--freq", default="499")
     parser.add_argument("--hogs", type=int, nargs="+", default=[0, 4])
     parser.add_argument("--rsprof", default="rsprof")
+    parser.add_argument("--modes", nargs="+", default=["on"], choices=["on", "drain"])
     parser.add_argument("pythons", nargs="*", default=PYTHONS)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pyevalgap-"))
     scripts = {"fib": work / "fib.py", "gen": work / "gen.py"}
     scripts["fib"].write_text(FIB)
     scripts["gen"].write_text(GEN)
-    print("| interpreter | workload | hogs | samples | eval | without Python frames "
+    print("| interpreter | workload | hogs | --python | samples | eval | without Python frames "
           "| evaluator between frames | meta |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for load in args.hogs:
         hogs = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(load)]
         try:
             for name, script in scripts.items():
-                for python in args.pythons:
+                for python, mode in [(p, m) for p in args.pythons for m in args.modes]:
                     version = subprocess.run([python, "-c", "import sys; print(sys.version[:6])"],
                                              capture_output=True, text=True).stdout.strip()
-                    db = work / f"{version}-{name}-{load}.db"
+                    db = work / f"{version}-{name}-{load}-{mode}.db"
                     run = subprocess.run([args.rsprof, "run", "-q", "--no-heap", "-F", args.freq,
-                                          "-o", str(db), "--", python, str(script), args.seconds],
+                                          f"--python={mode}", "-o", str(db), "--", python,
+                                          str(script), args.seconds],
                                          capture_output=True, text=True)
+                    row = f"| {version} | {name} | {load} | {mode} |"
                     if run.returncode:
-                        print(f"| {version} | {name} | {load} | failed: {run.stderr.strip()} |")
+                        print(f"{row} failed: {run.stderr.strip()} |")
                         continue
                     total, evals, bad, between, meta = eval_share(db)
                     shown = " ".join(f"{key}={meta[f'python_{key}']}" for key in META_KEYS
                                      if f"python_{key}" in meta)
-                    print(f"| {version} | {name} | {load} | {total} | {evals} | {bad} "
-                          f"({100 * bad / max(evals, 1):.1f} %) | {between} | {shown} |",
-                          flush=True)
+                    print(f"{row} {total} | {evals} | {bad} ({100 * bad / max(evals, 1):.1f} %)"
+                          f" | {between} | {shown} |", flush=True)
         finally:
             for hog in hogs:
                 hog.kill()

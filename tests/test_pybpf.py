@@ -174,3 +174,32 @@ def test_python_drain_reads_at_drain_time(tmp_path: Path) -> None:
     meta = profile_meta(profile)
     assert meta["python_mode"] == "drain", meta
     assert meta["python_bpf_attached"] == "0" and int(meta["python_walks"]) > 0, meta
+
+
+def test_bpf_not_permitted_falls_back_to_drain_reads(tmp_path: Path) -> None:
+    """In a user namespace (root there, no CAP_BPF on the host) loading the program fails
+    with EPERM: the recording reads at drain time and meta says why."""
+    import shutil
+    import sys
+
+    from conftest import rsprof_env
+
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--user", "--map-root-user", "true"],
+                                         capture_output=True).returncode != 0:
+        pytest.skip("no user namespaces here (unshare --user --map-root-user)")
+    script = tmp_path / "fib.py"
+    script.write_text(FIB)
+    out = tmp_path / "eperm.db"
+    result = subprocess.run(
+        [unshare, "--user", "--map-root-user", sys.executable, "-P", "-m", "rsprof", "run", "-q",
+         "--no-heap", "--cpu-freq", "499", "-o", str(out), "--",
+         str(python_binary("debian-3.11")), str(script), "1"],
+        capture_output=True, text=True, timeout=120, env=rsprof_env())
+    if result.returncode == 4:
+        pytest.skip(f"perf_event_open not permitted in a user namespace: {result.stderr}")
+    assert result.returncode == 0, result.stderr
+    meta = profile_meta(out)
+    assert meta["python_mode"] == "drain", meta
+    assert "Operation not permitted" in meta["python_bpf_error"], meta
+    assert int(meta["python_drain_attached"]) > 0, meta
