@@ -1769,9 +1769,15 @@ static PyObject *PerfSampler_set_python(PerfSampler *self, PyObject *args) {
     while (i < self->n_py && self->py[i].image != image) i++;
     if (i < self->n_py) {
         old = self->py[i].object;
-        if (self->bpf != NULL && self->py[i].bpf_pid != 0)
-            (void)rs_pybpf_configure(self->bpf, (uint32_t)self->py[i].bpf_pid, NULL);
+        int32_t pid = self->py[i].bpf_pid;
         self->py[i] = self->py[--self->n_py];
+        /* A process that exec'd a new CPython has the new image's configuration under the
+         * same pid already (PythonImages attaches new images before it detaches gone ones):
+         * that one stays. */
+        bool reused = false;
+        for (size_t k = 0; k < self->n_py; k++) reused = reused || self->py[k].bpf_pid == pid;
+        if (self->bpf != NULL && pid != 0 && !reused)
+            (void)rs_pybpf_configure(self->bpf, (uint32_t)pid, NULL);
     }
     if (reader != Py_None) {
         if (self->pyframes == NULL ||
