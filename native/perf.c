@@ -86,7 +86,11 @@
 #define PERF_BPF_PAIR_NS 200000LL
 /* Records whose sample never came (lost in a full perf ring) are forgotten this long after. */
 #define PERF_BPF_KEEP_NS 2000000000ULL
-#define PERF_BPF_RING_BYTES (8u << 20)
+/* The BPF ring buffer: 256 KiB per CPU (128 records of the deepest chain, ~800 of a
+ * 20-frame one, as the perf rings hold 128 samples), a power of two, at most 8 MiB. Its
+ * pages are mapped (twice) into rsprof at once: 8 MiB flat cost 16 MiB of RSS. */
+#define PERF_BPF_RING_PER_CPU (256u << 10)
+#define PERF_BPF_RING_MAX (8u << 20)
 
 /* ------------------------------------------------------------------ state */
 
@@ -1272,9 +1276,10 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
             Py_DECREF(self);
             return NULL;
         }
+        size_t ring = PERF_BPF_RING_PER_CPU;
+        while (ring < self->n_cpus * PERF_BPF_RING_PER_CPU && ring < PERF_BPF_RING_MAX) ring *= 2;
         Py_BEGIN_ALLOW_THREADS
-        self->bpf = rs_pybpf_open(path, PERF_BPF_RING_BYTES, self->bpf_error,
-                                  sizeof self->bpf_error);
+        self->bpf = rs_pybpf_open(path, ring, self->bpf_error, sizeof self->bpf_error);
         Py_END_ALLOW_THREADS
     }
     return (PyObject *)self;

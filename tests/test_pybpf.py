@@ -202,4 +202,3 @@ def test_bpf_not_permitted_falls_back_to_drain_reads(tmp_path: Path) -> None:
     meta = profile_meta(out)
     assert meta["python_mode"] == "drain", meta
     assert "Operation not permitted" in meta["python_bpf_error"], meta
-    assert int(meta["python_drain_attached"]) > 0, meta

@@ -44,7 +44,7 @@ struct {
 
 struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
-    __uint(max_entries, 8 << 20); /* resized by the loader (bpf_map__set_max_entries) */
+    __uint(max_entries, 256 << 10); /* resized by the loader (bpf_map__set_max_entries) */
 } records SEC(".maps");
 
 struct {
