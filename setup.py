@@ -8,12 +8,21 @@ of `rsprof run`.
 from __future__ import annotations
 
 import os
+import platform
+import shutil
+import subprocess
+import sysconfig
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).parent
+
+
+def _multiarch() -> str:
+    """Debian's multiarch triplet (x86_64-linux-gnu): where asm/ headers and libs live."""
+    return str(sysconfig.get_config_var("MULTIARCH") or f"{platform.machine()}-linux-gnu")
 NATIVE = HERE / "native"
 COMMON_CFLAGS = [
     "-O2", "-g", "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Wno-unused-parameter",
@@ -24,6 +33,20 @@ class BuildNative(build_ext):
     """Builds the extension as usual, then the shim, the demo and the launcher next to it."""
 
     def run(self) -> None:
+        bpf = self._build_bpf()
+        if bpf:
+            for ext in self.extensions:
+                ext.define_macros.append(("RS_HAVE_BPF", "1"))
+                ext.libraries.append("bpf")
+        else:
+            # A build folder kept from a build with BPF holds its object: not this build's.
+            (self._package_dir() / "lib" / "pyperf.bpf.o").unlink(missing_ok=True)
+        # Objects compiled with the other choice look up to date (same sources): rebuild.
+        stamp = Path(self.build_temp) / "rsprof-bpf"
+        if not stamp.exists() or stamp.read_text() != str(bpf):
+            self.force = True
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(str(bpf))
         super().run()
         self._build_shim()
         self._build_demo()
@@ -33,6 +56,35 @@ class BuildNative(build_ext):
         if self.inplace:
             return HERE / "rsprof"
         return Path(self.build_lib) / "rsprof"
+
+    def _build_bpf(self) -> bool:
+        """The BPF program that reads Python frames at sample time (native/bpf/), when clang
+        and libbpf's headers and library are here (Debian: clang, libbpf-dev). Without them
+        (a machine with only gcc) nothing is built and the recorder reads Python frames at
+        drain time; RSPROF_NO_BPF=1 builds that way on purpose."""
+        clang = shutil.which("clang")
+        if os.environ.get("RSPROF_NO_BPF") == "1" or clang is None:
+            return False
+        dirs = ["/usr/lib/" + _multiarch(), "/usr/lib64", "/usr/lib", "/usr/local/lib"]
+        # libbpf.so (the link-time name) and the headers: libbpf-dev, not just libbpf1.
+        includes = ("/usr/include", "/usr/local/include")
+        if not any(Path(d, "libbpf.so").exists() for d in dirs) or not any(
+                Path(d, "bpf", "libbpf.h").exists() for d in includes):
+            return False
+        out = self._package_dir() / "lib" / "pyperf.bpf.o"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        arch = {"x86_64": "x86", "aarch64": "arm64"}.get(platform.machine(), "")
+        command = [clang, "-O2", "-g", "-target", "bpf", f"-D__TARGET_ARCH_{arch}",
+                   "-I" + str(NATIVE / "bpf"), "-I/usr/include/" + _multiarch(),
+                   "-c", str(NATIVE / "bpf" / "pyperf.bpf.c"), "-o", str(out)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            # No BPF headers (libbpf-dev without its bpf_helpers.h), an old clang: the
+            # drain-time reader is the whole of Python support then, as without clang.
+            print(f"rsprof: BPF program not built ({result.stderr.strip()[:300]})")
+            out.unlink(missing_ok=True)
+            return False
+        return True
 
     def _build_shim(self) -> None:
         out_dir = self._package_dir() / "lib"

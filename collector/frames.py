@@ -21,7 +21,7 @@ from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.callsite import PYTHON_ADDRESS_BASE
 from rsprof.storage.writer import LocationKey, ProfileWriter
 
-from rsprof._native import KERNEL_ADDRESS, TRUNCATED_ADDRESS, PyFrameReader
+from rsprof._native import KERNEL_ADDRESS, PY_MARK_SAMPLED, TRUNCATED_ADDRESS, PyFrameReader
 
 # The root frame of a stack whose walk stopped at an address outside every mapping
 # (TRUNCATED_ADDRESS, 0: never a caller, so it cannot collide with a real frame) and the
@@ -95,6 +95,9 @@ class FrameResolver:
         # native stack, or a read across a call): kept native only, counted.
         self.python_unpaired = 0
         self.python_spliced = 0
+        # of those, stacks whose innermost evaluator was between frames at the sampled
+        # instant (kept native there: collector.pyframes.splice_plan's at_sample)
+        self.python_between = 0
         # rsprof's heap shim taken out of the stacks (collector/shimframes.py), and the
         # stored stacks whose leaf is its `[rsprof heap tracking]` frame.
         self.shim = ShimFrames(self.frame_info, self._named_frame, self._host_path)
@@ -217,6 +220,7 @@ class FrameResolver:
         the file being compressed). The stack ends at the last justified frame and gets a
         `[truncated]` root, so shares stay honest and no junk name is ever reported."""
         self._perfmap_fresh = False
+        stacks_in = stacks
         split = [(native_id, *split_python(ips)) for native_id, ips in stacks]
         # Each distinct address looked up once (a shell script's stacks are 40 frames deep
         # and share most of them: 1.66 M lookups for 43 k stacks were 2.3 s of 9 s), and
@@ -229,6 +233,7 @@ class FrameResolver:
             mapped = {address: found for address, found in mapped.items() if found}
             stacks = [(native_id, self._justified(ips, mapped)) for native_id, ips, _ in split]
         python = {native_id: frames for native_id, _, frames in split if frames}
+        sampled = {native_id for native_id, ips in stacks_in if PY_MARK_SAMPLED in ips}
         # A leaf is looked up at its address, a caller at its return address - 1 (the
         # call): one address can be both, with different lines, so both are keys.
         keys = [(native_id, [(address, self._is_return(ips, position, leaf_is_return))
@@ -240,7 +245,9 @@ class FrameResolver:
         for native_id, stack in keys:
             frames = tuple(self._frame_ids[key] for key in stack)
             if native_id in python:
-                frames = self._splice(frames, python[native_id], python_read_late)
+                frames = self._splice(frames, python[native_id],
+                                      python_read_late and native_id not in sampled,
+                                      native_id in sampled)
             frames = self.shim.rewrite(frames)
             stack_id = resolved[native_id] = self.writer.stack_id(frames)
             if frames and frames[0] == self.shim.tracking_frame:
@@ -277,7 +284,7 @@ class FrameResolver:
     # -- Python frames ---------------------------------------------------------------------
 
     def _splice(self, native: tuple[int, ...], python: list[tuple[int, int, bool]],
-                read_late: bool) -> tuple[int, ...]:
+                read_late: bool, at_sample: bool = False) -> tuple[int, ...]:
         """The native stack with each evaluator frame replaced by the Python frames it ran;
         the native stack itself when they do not pair up (never a guess).
 
@@ -286,14 +293,16 @@ class FrameResolver:
         own within milliseconds, in importlib frames of the same shape, so a late read can
         pair up and be wrong (seen once under load: encodings' import at start-up charged
         to the script's `<module>` at its own import line)."""
-        plan = splice_plan([self._is_eval(frame) for frame in native],
-                           [entry for _, _, entry in python])
+        is_eval = [self._is_eval(frame) for frame in native]
+        plan = splice_plan(is_eval, [entry for _, _, entry in python], at_sample)
         if read_late and plan is not None and any(map(self._in_startup, native)):
             plan = None
         if plan is None or self.python is None:
             self.python_unpaired += 1
             return native
         self.python_spliced += 1
+        if any(kind == "native" and is_eval[i] for kind, i in plan):
+            self.python_between += 1
         return tuple(native[i] if kind == "native" else self._python_frame(*python[i][:2])
                      for kind, i in plan)
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 import psutil
 from rsprof.collector import process
@@ -72,6 +73,9 @@ class RecordOptions:
     stack_bytes: int = 16384
     # Python frames of CPython 3.11-3.13 images spliced into their stacks (`--python`).
     python: bool = True
+    # Read them at sample time by BPF when it can be loaded (`--python=on`), else, or with
+    # `--python=drain`, from outside when the sample is drained.
+    python_bpf: bool = True
 
 
 # Stack copies per CPU ring, largest first: one ring per CPU takes every thread's samples,
@@ -326,6 +330,7 @@ class Recorder:
                 follow=self.options.follow,
                 stack_bytes=self.options.stack_bytes,
                 wake_each=self._python_hint(),
+                bpf_object=self._bpf_object(),
             )
         except PermissionError as error:  # CFI mode reads /proc/PID/maps
             raise PermissionDenied(
@@ -333,6 +338,14 @@ class Recorder:
                 f" {PERMISSION_HINT}"
             ) from error
         return sum(1 for tid in tids if self._open_thread(tid))
+
+    def _bpf_object(self) -> str | None:
+        """The BPF program that reads Python frames at sample time (native/bpf/), when
+        Python frames are wanted and the install built it (clang and libbpf-dev present)."""
+        if not (self.options.python and self.options.python_bpf):
+            return None
+        path = Path(__file__).resolve().parent.parent / "lib" / "pyperf.bpf.o"
+        return str(path)
 
     def _python_hint(self) -> bool:
         """Python frames are read when a sample is drained, so for a CPython target (or a
@@ -748,8 +761,24 @@ class Recorder:
         walks = stats["walks"]
         meta: dict[str, object] = {
             "python_runtimes": "\n".join(runtimes),
+            # "bpf": frames read at sample time (python_bpf_*), "drain": read from outside
+            # when the sample is drained (python_walks...), python_bpf_error says why
+            "python_mode": stats["mode"],
+            "python_bpf_error": stats["bpf_error"],
+            "python_bpf_attached": stats["bpf_attached"],
+            "python_drain_attached": stats["attached"],
+            "python_bpf_missing": stats["bpf_missing"],
+            "python_bpf_empty": stats["bpf_empty"],
+            "python_bpf_fault": stats["bpf_fault"],
+            "python_bpf_truncated": stats["bpf_truncated"],
+            "python_bpf_freed": stats["bpf_freed"],
+            "python_bpf_ip_mismatch": stats["bpf_ip_mismatch"],
+            "python_bpf_unpaired_records": stats["bpf_unpaired"],
+            "python_bpf_ring_full": stats["bpf_ring_full"],
+            "python_bpf_pair_dt_ns": f"{stats['bpf_dt_min_ns']}..{stats['bpf_dt_max_ns']}",
             "python_walks": walks,
             "python_spliced": sum(r.python_spliced for r in resolvers.values()),
+            "python_between": sum(r.python_between for r in resolvers.values()),
             # chains that changed while read (or garbage): the sample keeps native frames
             "python_dropped": stats["dropped"],
             "python_retried": stats["retries"],

@@ -64,6 +64,11 @@ static int native_add_stack_words(PyObject *module) {
     PyObject *mark = PyLong_FromUnsignedLongLong(RS_PY_MARK);
     if (mark == NULL) return -1;
     int rc = PyModule_AddObjectRef(module, "PY_MARK", mark);
+    Py_XDECREF(mark);
+    if (rc < 0) return -1;
+    mark = PyLong_FromUnsignedLongLong(RS_PY_MARK_SAMPLED);
+    if (mark == NULL) return -1;
+    rc = PyModule_AddObjectRef(module, "PY_MARK_SAMPLED", mark);
     Py_DECREF(mark);
     if (rc < 0 ||
         PyModule_AddIntConstant(module, "TRUNCATED_ADDRESS", RS_TRUNCATED_ADDRESS) < 0 ||

@@ -50,6 +50,7 @@
 
 #include "perf_tables.h"
 #include "pyframes.h"
+#include "pybpf.h"
 #include "rs_unwind.h"
 #include "stackwords.h"
 
@@ -78,6 +79,18 @@
 /* A sample drained later than this after it was taken gets no Python frames (counted as
  * late): its thread has likely moved on. */
 #define PERF_PY_MAX_STALE_NS 10000000ULL
+/* Python frames read at sample time (native/bpf/pyperf.bpf.c): a sample pairs with the
+ * record of the same thread taken within this of it (the program runs in the sample's own
+ * interrupt, microseconds apart; a thread's next sample is a sampling period later) that
+ * saw the same interrupted instruction pointer. */
+#define PERF_BPF_PAIR_NS 200000LL
+/* Records whose sample never came (lost in a full perf ring) are forgotten this long after. */
+#define PERF_BPF_KEEP_NS 2000000000ULL
+/* The BPF ring buffer: 256 KiB per CPU (128 records of the deepest chain, ~800 of a
+ * 20-frame one, as the perf rings hold 128 samples), a power of two, at most 8 MiB. Its
+ * pages are mapped (twice) into rsprof at once: 8 MiB flat cost 16 MiB of RSS. */
+#define PERF_BPF_RING_PER_CPU (256u << 10)
+#define PERF_BPF_RING_MAX (8u << 20)
 
 /* ------------------------------------------------------------------ state */
 
@@ -86,6 +99,8 @@ typedef struct {
     PyObject *object;        /* the PyFrameReader (a reference) */
     rs_pyreader *core;
     pthread_mutex_t *lock;   /* the reader's own: its Python methods walk under it too */
+    uint64_t bpf_since;      /* samples from then on are read by BPF (0: at drain time) */
+    int32_t bpf_pid;         /* the process configured in the BPF program */
 } perf_py;
 
 /* Totals of the Python frame reads since construction (python_stats()). */
@@ -101,6 +116,17 @@ typedef struct {
     uint64_t stale_log2_us[24];  /* walked samples by delay: [0] < 1 us, [k] < 2^k us */
     uint64_t walk_ns_sum;    /* time spent walking */
     uint64_t frames;         /* Python frames attached */
+    /* At sample time (BPF): samples that got Python frames, and those that did not: */
+    uint64_t bpf_attached;
+    uint64_t bpf_missing;    /* no record of the program paired with the sample */
+    uint64_t bpf_empty;      /* the thread ran no Python (no thread state, or no frame) */
+    uint64_t bpf_fault;      /* a read of the chain failed at sample time */
+    uint64_t bpf_truncated;  /* deeper than RS_BPF_MAX_FRAMES */
+    uint64_t bpf_freed;      /* a code object was no longer one when named at drain time */
+    uint64_t bpf_frames;
+    uint64_t bpf_ip_mismatch;  /* records of the thread near the sample with another ip */
+    uint64_t bpf_records, bpf_unpaired;  /* records consumed; forgotten without a sample */
+    int64_t bpf_dt_min, bpf_dt_max;      /* record time - sample time of the pairs (ns) */
 } perf_py_stats;
 
 typedef struct {
@@ -167,6 +193,15 @@ typedef struct {
     size_t n_procs, cap_procs;
 } perf_batch;
 
+/* A record of the BPF sampler, waiting for its sample. */
+typedef struct {
+    uint64_t time, ip;
+    uint32_t tid;
+    uint16_t n, status;
+    size_t frames;           /* index of its first frame in PerfSampler.bpf_frames */
+    bool used;
+} perf_bpf_rec;
+
 /* One record copied out of a ring, for the time-ordered pass. */
 typedef struct {
     uint64_t time;
@@ -218,7 +253,16 @@ typedef struct {
     size_t n_py, cap_py;
     perf_py_stats py_stats;
     rs_pyframe *pyframes;    /* RS_PY_MAX_DEPTH entries, the walk's output */
+    rs_pybpf *bpf;           /* the BPF sampler of Python frames; NULL: drain time only */
+    char bpf_error[256];     /* why there is none ('' when not asked for) */
+    perf_bpf_rec *bpf_recs;  /* its records not paired with a sample yet */
+    size_t n_bpf_recs, cap_bpf_recs;
+    struct rs_bpf_frame *bpf_frames;  /* their frames */
+    size_t n_bpf_frames, cap_bpf_frames;
+    uint64_t bpf_last_time;  /* the latest sample time seen */
 } PerfSampler;
+
+static void perf_bpf_fail(PerfSampler *self, const char *what, int err);
 
 static void perf_batch_free(perf_batch *b) {
     perf_count_table_free(&b->counts);
@@ -445,6 +489,10 @@ static int perf_open_thread(PerfSampler *self, int32_t tid) {
             close((int)fd);
             continue;
         }
+        if (self->bpf != NULL) {
+            int err = rs_pybpf_attach(self->bpf, (int)fd);
+            if (err != 0) perf_bpf_fail(self, "PERF_EVENT_IOC_SET_BPF", err);
+        }
         if (self->enabled && ioctl((int)fd, PERF_EVENT_IOC_ENABLE, 0) < 0) {
             /* Opened but refused to start (a security module may deny it): it would never
              * sample.  Dropped like any event that failed, its ring with it if it owned it
@@ -535,7 +583,7 @@ static uint32_t perf_image_of(PerfSampler *self, int32_t pid, bool create) {
  * depth. */
 static void perf_intern_sample(PerfSampler *self, int32_t tid, uint32_t depth);
 static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, uint64_t time,
-                                uint32_t depth);
+                                uint64_t ip, uint32_t depth);
 
 static uint32_t perf_unwind_sample(PerfSampler *self, const uint8_t *rec, size_t size,
                                    uint64_t ip, uint32_t image, int32_t pid, uint64_t *chain) {
@@ -593,7 +641,7 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
             perf_unwind_sample(self, rec, size, in_kernel ? 0 : ip, image, pid, self->chain + 1 + top);
         if (walked == 0 && !in_kernel) return;
         self->chain[0] = image;
-        perf_intern_sample(self, tid, perf_add_python(self, image, tid, time, walked + top));
+        perf_intern_sample(self, tid, perf_add_python(self, image, tid, time, ip, walked + top));
         return;
     }
 
@@ -614,7 +662,7 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
         chain[depth++] = ip;
     }
     self->chain[0] = image;
-    perf_intern_sample(self, tid, perf_add_python(self, image, tid, time, depth + top));
+    perf_intern_sample(self, tid, perf_add_python(self, image, tid, time, ip, depth + top));
 }
 
 static uint64_t perf_now_ns(void) {
@@ -623,14 +671,96 @@ static uint64_t perf_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
+/* The BPF record of thread tid's sample at `time` with instruction pointer `ip`: the
+ * closest in time within PERF_BPF_PAIR_NS, not used yet. NULL if there is none. */
+static perf_bpf_rec *perf_bpf_find(PerfSampler *self, int32_t tid, uint64_t time, uint64_t ip) {
+    perf_bpf_rec *best = NULL;
+    int64_t best_dt = 0;
+    for (size_t i = 0; i < self->n_bpf_recs; i++) {
+        perf_bpf_rec *r = &self->bpf_recs[i];
+        if (r->used || r->tid != (uint32_t)tid) continue;
+        int64_t dt = (int64_t)(r->time - time);
+        int64_t abs_dt = dt < 0 ? -dt : dt;
+        if (abs_dt > PERF_BPF_PAIR_NS) continue;
+        if (r->ip != ip) {
+            self->py_stats.bpf_ip_mismatch++;
+            continue;
+        }
+        if (best == NULL || abs_dt < (best_dt < 0 ? -best_dt : best_dt)) {
+            best = r;
+            best_dt = dt;
+        }
+    }
+    if (best != NULL) {
+        perf_py_stats *st = &self->py_stats;
+        if (st->bpf_dt_min == 0 && st->bpf_dt_max == 0) st->bpf_dt_min = st->bpf_dt_max = best_dt;
+        if (best_dt < st->bpf_dt_min) st->bpf_dt_min = best_dt;
+        if (best_dt > st->bpf_dt_max) st->bpf_dt_max = best_dt;
+    }
+    return best;
+}
+
+/* Python frames read at sample time by the BPF program, named now by py's reader. */
+static uint32_t perf_add_python_bpf(PerfSampler *self, perf_py *py, int32_t tid, uint64_t time,
+                                    uint64_t ip, uint32_t depth) {
+    perf_py_stats *st = &self->py_stats;
+    perf_bpf_rec *r = perf_bpf_find(self, tid, time, ip);
+    if (r == NULL) {
+        st->bpf_missing++;
+        return depth;
+    }
+    r->used = true;
+    if (r->status == RS_BPF_NOTHREAD || (r->status == RS_BPF_OK && r->n == 0)) {
+        st->bpf_empty++;
+        return depth;
+    }
+    if (r->status == RS_BPF_FAULT) {
+        st->bpf_fault++;
+        return depth;
+    }
+    if (r->status == RS_BPF_TRUNCATED) {
+        /* The outer frames are missing: they would not pair with the evaluator frames. */
+        st->bpf_truncated++;
+        return depth;
+    }
+    size_t room = PERF_MAX_CHAIN > depth + 2 ? PERF_MAX_CHAIN - depth - 2 : 0;
+    if (r->n > room) {
+        st->bpf_truncated++;
+        return depth;
+    }
+    uint64_t *out = self->chain + 1 + depth;
+    const struct rs_bpf_frame *frames = &self->bpf_frames[r->frames];
+    int rc = 0;
+    pthread_mutex_lock(py->lock);
+    for (uint32_t i = 0; i < r->n && rc == 0; i++) {
+        uint32_t function;
+        int32_t line;
+        rc = rs_pyreader_resolve(py->core, frames[i].code, frames[i].instr & ~1ULL, &function,
+                                 &line);
+        if (rc == 0) out[1 + i] = RS_PY_FRAME(function, line, frames[i].instr & 1);
+    }
+    pthread_mutex_unlock(py->lock);
+    if (rc != 0) {
+        st->bpf_freed++;  /* never a partial chain: it would not pair up */
+        return depth;
+    }
+    out[0] = RS_PY_MARK_SAMPLED;
+    st->bpf_attached++;
+    st->bpf_frames += r->n;
+    return depth + 1 + r->n;
+}
+
 /* Appends thread tid's Python frames after chain[1..depth] when its image runs CPython
- * (set_python); returns the new depth. `time`: when the sample was taken. */
+ * (set_python); returns the new depth. `time`, `ip`: when and where the sample was taken. */
 static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, uint64_t time,
-                                uint32_t depth) {
+                                uint64_t ip, uint32_t depth) {
     perf_py *py = NULL;
     for (size_t i = 0; i < self->n_py; i++)
         if (self->py[i].image == image) py = &self->py[i];
     if (py == NULL || self->pyframes == NULL) return depth;
+    if (time > self->bpf_last_time) self->bpf_last_time = time;
+    if (py->bpf_since != 0 && time >= py->bpf_since)
+        return perf_add_python_bpf(self, py, tid, time, ip, depth);
     perf_py_stats *st = &self->py_stats;
     uint64_t start = perf_now_ns();
     uint64_t stale = start > time ? start - time : 0;
@@ -947,12 +1077,54 @@ static int perf_staged_cmp(const void *a, const void *b) {
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
+/* rs_pybpf_consume's callback: keeps a record until its sample is handled. */
+static void perf_bpf_take(void *ctx, const struct rs_bpf_record *rec, size_t size) {
+    PerfSampler *self = ctx;
+    self->py_stats.bpf_records++;
+    uint32_t n = rec->n;
+    size_t fit = (size - RS_BPF_RECORD_HEADER) / sizeof(struct rs_bpf_frame);
+    if (n > fit) n = (uint32_t)fit;
+    if (!perf_vec_reserve((void **)&self->bpf_recs, &self->cap_bpf_recs, self->n_bpf_recs + 1,
+                          sizeof(perf_bpf_rec)) ||
+        !perf_vec_reserve((void **)&self->bpf_frames, &self->cap_bpf_frames,
+                          self->n_bpf_frames + n, sizeof(struct rs_bpf_frame)))
+        return;  /* out of memory: its sample counts as missing */
+    memcpy(&self->bpf_frames[self->n_bpf_frames], rec->frames, n * sizeof(struct rs_bpf_frame));
+    self->bpf_recs[self->n_bpf_recs++] = (perf_bpf_rec){
+        rec->time, rec->ip, rec->tid, (uint16_t)n, rec->status, self->n_bpf_frames, false};
+    self->n_bpf_frames += n;
+}
+
+/* Drops the records paired with their samples, and those too old to meet theirs. */
+static void perf_bpf_compact(PerfSampler *self) {
+    size_t kept = 0, frames = 0;
+    for (size_t i = 0; i < self->n_bpf_recs; i++) {
+        perf_bpf_rec r = self->bpf_recs[i];
+        if (r.used) continue;
+        if (r.time + PERF_BPF_KEEP_NS < self->bpf_last_time) {
+            self->py_stats.bpf_unpaired++;
+            continue;
+        }
+        /* Frames move down in order: a kept record's frames never overlap a later one's. */
+        memmove(&self->bpf_frames[frames], &self->bpf_frames[r.frames],
+                r.n * sizeof(struct rs_bpf_frame));
+        r.frames = frames;
+        frames += r.n;
+        self->bpf_recs[kept++] = r;
+    }
+    self->n_bpf_recs = kept;
+    self->n_bpf_frames = frames;
+}
+
 /* Drains every ring and handles the records in time order.  Lock held, no GIL needed. */
 static size_t perf_drain_all(PerfSampler *self) {
     self->stage_len = 0;
     self->n_staged = 0;
     for (size_t c = 0; c < self->n_cpus; c++)
         if (self->rings[c].fd >= 0) perf_stage_ring(self, &self->rings[c]);
+    /* After the rings: the program writes a sample's record before the kernel writes the
+     * sample, so every sample staged above has its record in the BPF ring by now. */
+    if (self->bpf != NULL) (void)rs_pybpf_consume(self->bpf, perf_bpf_take, self);
     /* Records of one ring are already in order; merging rings is what the sort is for. */
     qsort(self->staged, self->n_staged, sizeof(perf_staged), perf_staged_cmp);
     for (size_t k = 0; k < self->n_staged; k++) {
@@ -961,6 +1133,7 @@ static size_t perf_drain_all(PerfSampler *self) {
         memcpy(&hdr, rec, sizeof hdr);
         perf_on_record(self, rec, &hdr);
     }
+    if (self->bpf != NULL) perf_bpf_compact(self);
     size_t n = self->n_staged;
     if (self->stage_cap > (8u << 20)) {  /* a burst: give the memory back */
         free(self->stage);
@@ -1010,13 +1183,18 @@ static PyObject *perf_closed_error(void) {
 
 static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", "follow", "stack_bytes",
-                             "kernel", "wake_each", NULL};
+                             "kernel", "wake_each", "bpf_object", NULL};
     int pid, freq_hz = 99, ring_kib = 128, max_stack = 127, follow = 0, stack_bytes = 0;
     int kernel = 1, wake_each = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipipp:PerfSampler", kwlist, &pid,
+    PyObject *bpf_object = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipippO:PerfSampler", kwlist, &pid,
                                      &freq_hz, &ring_kib, &max_stack, &follow, &stack_bytes,
-                                     &kernel, &wake_each))
+                                     &kernel, &wake_each, &bpf_object))
         return NULL;
+    if (bpf_object != Py_None && !PyUnicode_Check(bpf_object)) {
+        PyErr_SetString(PyExc_TypeError, "bpf_object must be a path (str) or None");
+        return NULL;
+    }
     /* A sample record's size is a u16: the copy plus the other fields must fit. */
     if (stack_bytes < 0 || stack_bytes % 8 != 0 || stack_bytes > PERF_MAX_STACK_BYTES) {
         PyErr_Format(PyExc_ValueError,
@@ -1089,7 +1267,36 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
         return PyErr_NoMemory();
     }
     self->lock_ready = true;
+    if (bpf_object != Py_None) {
+        /* Python frames at sample time; when the program cannot be loaded (built without
+         * libbpf, not permitted, refused by the verifier) they are read at drain time, and
+         * python_stats() says why. */
+        const char *path = PyUnicode_AsUTF8(bpf_object);
+        if (path == NULL) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        size_t ring = PERF_BPF_RING_PER_CPU;
+        while (ring < self->n_cpus * PERF_BPF_RING_PER_CPU && ring < PERF_BPF_RING_MAX) ring *= 2;
+        Py_BEGIN_ALLOW_THREADS
+        self->bpf = rs_pybpf_open(path, ring, self->bpf_error, sizeof self->bpf_error);
+        Py_END_ALLOW_THREADS
+    }
     return (PyObject *)self;
+}
+
+/* The BPF sampler cannot be used (an event refused it): Python frames are read at drain
+ * time from now on. Lock held. */
+static void perf_bpf_fail(PerfSampler *self, const char *what, int err) {
+    if (self->bpf == NULL) return;
+    snprintf(self->bpf_error, sizeof self->bpf_error, "%s: %s", what, strerror(err));
+    for (size_t i = 0; i < self->n_py; i++) {
+        if (self->py[i].bpf_pid != 0) (void)rs_pybpf_configure(self->bpf, (uint32_t)self->py[i].bpf_pid, NULL);
+        self->py[i].bpf_since = 0;
+        self->py[i].bpf_pid = 0;
+    }
+    rs_pybpf_close(self->bpf);
+    self->bpf = NULL;
 }
 
 /* Disables and releases every event and ring.  Lock held.  Lost records the kernel had no
@@ -1130,6 +1337,9 @@ static void PerfSampler_dealloc(PerfSampler *self) {
     for (size_t i = 0; i < self->n_py; i++) Py_DECREF(self->py[i].object);
     free(self->py);
     free(self->pyframes);
+    rs_pybpf_close(self->bpf);
+    free(self->bpf_recs);
+    free(self->bpf_frames);
     for (size_t i = 0; i < self->n_spaces; i++) rs_space_free(self->spaces[i]);
     free(self->spaces);
     free(self->space_images);
@@ -1564,7 +1774,15 @@ static PyObject *PerfSampler_set_python(PerfSampler *self, PyObject *args) {
     while (i < self->n_py && self->py[i].image != image) i++;
     if (i < self->n_py) {
         old = self->py[i].object;
+        int32_t pid = self->py[i].bpf_pid;
         self->py[i] = self->py[--self->n_py];
+        /* A process that exec'd a new CPython has the new image's configuration under the
+         * same pid already (PythonImages attaches new images before it detaches gone ones):
+         * that one stays. */
+        bool reused = false;
+        for (size_t k = 0; k < self->n_py; k++) reused = reused || self->py[k].bpf_pid == pid;
+        if (self->bpf != NULL && pid != 0 && !reused)
+            (void)rs_pybpf_configure(self->bpf, (uint32_t)pid, NULL);
     }
     if (reader != Py_None) {
         if (self->pyframes == NULL ||
@@ -1572,7 +1790,23 @@ static PyObject *PerfSampler_set_python(PerfSampler *self, PyObject *args) {
             nomem = true;
         } else {
             Py_INCREF(reader);
-            self->py[self->n_py++] = (perf_py){image, reader, core, lock};
+            perf_py entry = {image, reader, core, lock, 0, 0};
+            if (self->bpf != NULL) {
+                /* From now on the program reads this process's frames at sample time; the
+                 * samples taken before (the program did not know the process) are read at
+                 * drain time. The offsets are the reader's: one table for both. */
+                struct rs_bpf_config cfg;
+                int32_t pid;
+                rs_pyreader_bpf_config(core, &cfg, &pid);
+                int err = rs_pybpf_configure(self->bpf, (uint32_t)pid, &cfg);
+                if (err != 0) {
+                    perf_bpf_fail(self, "configuring the BPF program", err);
+                } else {
+                    entry.bpf_pid = pid;
+                    entry.bpf_since = perf_now_ns();
+                }
+            }
+            self->py[self->n_py++] = entry;
         }
     }
     perf_unlock(self);
@@ -1584,6 +1818,11 @@ static PyObject *PerfSampler_set_python(PerfSampler *self, PyObject *args) {
 static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
     perf_lock(self);
     perf_py_stats st = self->py_stats;
+    uint64_t counters[RS_BPF_N_COUNTERS] = {0};
+    bool bpf = self->bpf != NULL;
+    if (bpf) rs_pybpf_counters(self->bpf, counters);
+    char bpf_error[sizeof self->bpf_error];
+    memcpy(bpf_error, self->bpf_error, sizeof bpf_error);
     perf_unlock(self);
     PyObject *hist = PyList_New(24);
     for (int i = 0; hist != NULL && i < 24; i++) {
@@ -1592,7 +1831,7 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
         else PyList_SET_ITEM(hist, i, v);
     }
     if (hist == NULL) return NULL;
-    return Py_BuildValue(
+    PyObject *stats = Py_BuildValue(
         "{sKsKsKsKsKsKsKsKsKsKsKsN}", "walks", (unsigned long long)st.walks, "retries",
         (unsigned long long)st.retries, "attached",
         (unsigned long long)st.attached, "empty", (unsigned long long)st.empty, "dropped",
@@ -1601,6 +1840,25 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
         "stale_ns_max", (unsigned long long)st.stale_ns_max, "stale_over_1ms",
         (unsigned long long)st.stale_over_1ms, "walk_ns_sum", (unsigned long long)st.walk_ns_sum,
         "stale_log2_us", hist);
+    PyObject *more = Py_BuildValue(
+        "{sssssKsKsKsKsKsKsKsKsKsKsLsLsKsK}", "mode", bpf ? "bpf" : "drain", "bpf_error",
+        bpf_error, "bpf_attached", (unsigned long long)st.bpf_attached, "bpf_missing",
+        (unsigned long long)st.bpf_missing, "bpf_empty", (unsigned long long)st.bpf_empty,
+        "bpf_fault", (unsigned long long)st.bpf_fault, "bpf_truncated",
+        (unsigned long long)st.bpf_truncated, "bpf_freed", (unsigned long long)st.bpf_freed,
+        "bpf_frames", (unsigned long long)st.bpf_frames, "bpf_ip_mismatch",
+        (unsigned long long)st.bpf_ip_mismatch, "bpf_records", (unsigned long long)st.bpf_records,
+        "bpf_unpaired", (unsigned long long)st.bpf_unpaired, "bpf_dt_min_ns",
+        (long long)st.bpf_dt_min, "bpf_dt_max_ns", (long long)st.bpf_dt_max, "bpf_runs",
+        (unsigned long long)counters[RS_BPF_RUNS], "bpf_ring_full",
+        (unsigned long long)counters[RS_BPF_RB_FULL]);
+    if (stats == NULL || more == NULL || PyDict_Update(stats, more) < 0) {
+        Py_XDECREF(stats);
+        Py_XDECREF(more);
+        return NULL;
+    }
+    Py_DECREF(more);
+    return stats;
 }
 
 static PyObject *PerfSampler_close(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {

@@ -25,6 +25,7 @@
 #include <sys/uio.h>
 
 #include "pyframes.h"
+#include "bpf/pyperf.h"
 #include "heapring.h"
 #include "shim/shimpy_layout.h"
 
@@ -418,6 +419,45 @@ int rs_pyreader_code(rs_pyreader *r, uint64_t code, uint32_t tag, int64_t unit,
     *function = c->function;
     *line = pyf_line(c->table, c->table_len, c->first_line, unit);
     return 0;
+}
+
+int rs_pyreader_resolve(rs_pyreader *r, uint64_t code, uint64_t instr, uint32_t *function,
+                        int32_t *line) {
+    r->gone = 0;
+    pyf_code *c = pyf_code_at(r, code);
+    if (c == NULL) {
+        if (r->gone) return RS_PY_GONE;
+        r->dropped++;
+        return RS_PY_DROPPED;
+    }
+    /* The same instruction offset as the walk computes (rs_pyreader_walk). */
+    uint64_t base = code + (uint64_t)r->off[O_CODE_ADAPTIVE];
+    int64_t unit = instr >= base ? (int64_t)((instr - base) / 2) : -1;
+    *function = c->function;
+    *line = pyf_line(c->table, c->table_len, c->first_line, unit);
+    return 0;
+}
+
+void rs_pyreader_bpf_config(const rs_pyreader *r, struct rs_bpf_config *cfg, int32_t *pid) {
+    /* The reader's own offsets (collector/pyframes.py LAYOUTS, or 3.13's _Py_DebugOffsets):
+     * one table for the drain-time walk and the BPF one. */
+    memset(cfg, 0, sizeof *cfg);
+    cfg->runtime = r->runtime;
+    cfg->runtime_interpreters_head = (int)r->off[O_RUNTIME_INTERPRETERS_HEAD];
+    cfg->interp_next = (int)r->off[O_INTERP_NEXT];
+    cfg->interp_threads_head = (int)r->off[O_INTERP_THREADS_HEAD];
+    cfg->tstate_next = (int)r->off[O_TSTATE_NEXT];
+    cfg->tstate_native_thread_id = (int)r->off[O_TSTATE_NATIVE_THREAD_ID];
+    cfg->tstate_cframe = (int)r->off[O_TSTATE_CFRAME];
+    cfg->cframe_current_frame = (int)r->off[O_CFRAME_CURRENT_FRAME];
+    cfg->tstate_current_frame = (int)r->off[O_TSTATE_CURRENT_FRAME];
+    cfg->frame_code = (int)r->off[O_FRAME_CODE];
+    cfg->frame_instr = (int)r->off[O_FRAME_INSTR];
+    cfg->frame_previous = (int)r->off[O_FRAME_PREVIOUS];
+    cfg->frame_owner = (int)r->off[O_FRAME_OWNER];
+    cfg->owner_cstack = (int)r->off[O_OWNER_CSTACK];
+    cfg->frame_is_entry = (int)r->off[O_FRAME_IS_ENTRY];
+    *pid = (int32_t)r->pid;
 }
 
 /* -- walk ---------------------------------------------------------------------------- */

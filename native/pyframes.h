@@ -40,6 +40,18 @@ int rs_pyreader_function(const rs_pyreader *r, uint32_t id, const char **name,
 int rs_pyreader_code(rs_pyreader *r, uint64_t code, uint32_t tag, int64_t unit,
                      uint32_t *function, int32_t *line);
 
+/* The code object at `code` (read at sample time by the BPF sampler) and the line of
+ * the instruction at `instr` (a frame's prev_instr / instr_ptr): its function id and line.
+ * 0, or RS_PY_DROPPED (not a code object now: freed since) / RS_PY_GONE / RS_PY_NOMEM.
+ * Same locking rule as the walk. */
+int rs_pyreader_resolve(rs_pyreader *r, uint64_t code, uint64_t instr, uint32_t *function,
+                        int32_t *line);
+
+/* The BPF sampler's configuration of the reader's process (native/bpf/pyperf.h): its
+ * _PyRuntime and the reader's offsets; *pid: the process. */
+struct rs_bpf_config;
+void rs_pyreader_bpf_config(const rs_pyreader *r, struct rs_bpf_config *cfg, int32_t *pid);
+
 #ifdef Py_PYTHON_H
 #include <pthread.h>
 /* The C reader of a PyFrameReader object and the mutex that serializes its walks (held

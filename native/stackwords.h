@@ -22,6 +22,9 @@
 #define RS_KERNEL_ADDRESS 1u
 /* Marks the end of the native addresses: what follows is Python frames. */
 #define RS_PY_MARK 0xFFFFFFFFFFFFFFF0ULL
+/* The same, for Python frames read at sample time (the BPF sampler, native/bpf/): they are
+ * the chain of the sampled instant, not of a later read. */
+#define RS_PY_MARK_SAMPLED 0xFFFFFFFFFFFFFFF1ULL
 /* A Python frame word: bit 63 set, bit RS_PY_FRAME_ENTRY_BIT the frame's `entry` flag
  * (entered from C), RS_PY_FRAME_FUNCTION_BITS bits at RS_PY_FRAME_FUNCTION_SHIFT the
  * reader's function id (< 2^18), the low RS_PY_FRAME_LINE_BITS bits the line (signed). */

@@ -23,6 +23,7 @@ Stack = tuple[int, ...]
 TRUNCATED_ADDRESS: int  # RS_TRUNCATED_ADDRESS: the [truncated] root, 0
 KERNEL_ADDRESS: int  # RS_KERNEL_ADDRESS: the [kernel] leaf, 1
 PY_MARK: int  # RS_PY_MARK: the native addresses end, Python frame words follow
+PY_MARK_SAMPLED: int  # RS_PY_MARK_SAMPLED: the same, frames read at sample time (BPF)
 PY_FRAME_ENTRY_BIT: int  # RS_PY_FRAME_ENTRY_BIT
 PY_FRAME_FUNCTION_SHIFT: int  # RS_PY_FRAME_FUNCTION_SHIFT
 PY_FRAME_FUNCTION_BITS: int  # RS_PY_FRAME_FUNCTION_BITS
@@ -102,6 +103,7 @@ class PerfSampler:
         stack_bytes: int = 0,
         kernel: bool = True,
         wake_each: bool = False,
+        bpf_object: str | None = None,
     ) -> Self: ...
     @property
     def pid(self) -> int: ...

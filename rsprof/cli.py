@@ -94,11 +94,13 @@ def _record_options(func: click.decorators.FC, *, demo: bool) -> click.decorator
                      show_default=True, callback=_stack_bytes, hidden=demo,
                      help="User stack bytes copied per CPU sample and unwound by CFI (multiple"
                           " of 8); 0 walks frame pointers instead."),
-        click.option("--python", "python", type=click.Choice(["on", "off"]), default="on",
-                     show_default=True, hidden=demo,
-                     help="Python frames of CPython 3.11-3.13 targets, read from outside and"
-                          " spliced into the native stacks in place of the interpreter's"
-                          " _PyEval_EvalFrameDefault; off: native frames only."),
+        click.option("--python", "python", type=click.Choice(["on", "off", "drain"]),
+                     default="on", show_default=True, hidden=demo,
+                     help="Python frames of CPython 3.11-3.13 targets, spliced into the native"
+                          " stacks in place of the interpreter's _PyEval_EvalFrameDefault:"
+                          " read at sample time by a BPF program where it can be loaded, else"
+                          " from outside when the sample is drained (drain: always so);"
+                          " off: native frames only."),
         click.option("-q", "--quiet", count=True,
                      help="Record headless (no TUI): one line saying what is recorded, then"
                           " progress on a terminal; -qq: only the summary at the end."),
@@ -197,7 +199,8 @@ def _record(
     headless = _headless(quiet)
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
-        python=python == "on", follow=(child is not None) if follow is None else follow,
+        python=python != "off", python_bpf=python == "on",
+        follow=(child is not None) if follow is None else follow,
     )
     outcome = session.record(target, path, options, append=append, quiet=headless, child=child,
                              progress=quiet < 2)
@@ -213,7 +216,7 @@ def _record_launched(
 
     _check_record_options(options["cpu_freq"], options["interval"])
     child = session.launch(command, heap=heap, heap_sample_bytes=heap_sample_bytes,
-                           python=options.get("python", "on") == "on",
+                           python=options.get("python", "on") != "off",
                            capture_output=not _headless(options["quiet"]))
     child.print_all_output = bool(options.pop("all_output", False))
     try:

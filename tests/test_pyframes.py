@@ -394,6 +394,13 @@ def test_splice_plan_pairs_evaluator_frames_with_python_groups() -> None:
     assert splice_plan([True, False], [False, False]) is None  # no entry frame: cut
     assert splice_plan([True, True], [True]) is None  # native deeper than Python
     assert splice_plan([True], [True, True]) is None  # Python deeper than native
+    # Read at sample time (BPF): one group fewer is the innermost evaluator between frames
+    # (a generator that yielded back to sum()): it stays native, the outer one pairs.
+    assert splice_plan([True, False, True, False], [False, True], at_sample=True) == [
+        ("native", 0), ("native", 1), ("python", 0), ("python", 1), ("native", 3)]
+    assert splice_plan([True, True], [True], at_sample=True) == [("native", 0), ("python", 0)]
+    assert splice_plan([True, True, True], [True], at_sample=True) is None  # two short
+    assert splice_plan([True], [False], at_sample=True) is None  # no entry frame: cut
 
 
 def test_stack_words_are_the_documented_ones() -> None:

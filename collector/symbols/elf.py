@@ -203,11 +203,14 @@ class ElfFile:
         sec = self._by_name.get(".debug_info")
         return sec is not None and sec.type != SHT_NOBITS and sec.size > 0
 
-    def symbols(self) -> list[RawSymbol]:
-        """Entries of .symtab and .dynsym (both: a stripped file keeps only .dynsym)."""
+    def symbols(self, dynamic_only: bool = False) -> list[RawSymbol]:
+        """Entries of .symtab and .dynsym (both: a stripped file keeps only .dynsym), or of
+        .dynsym alone (the exported names: a tenth of libpython's, read in a tenth of the
+        time)."""
         out: list[RawSymbol] = []
+        kinds = (SHT_DYNSYM,) if dynamic_only else (SHT_SYMTAB, SHT_DYNSYM)
         for sec in self.sections:
-            if sec.type not in (SHT_SYMTAB, SHT_DYNSYM) or not 0 < sec.link < len(self.sections):
+            if sec.type not in kinds or not 0 < sec.link < len(self.sections):
                 continue
             strtab = self.sections[sec.link]
             names = bytes(self.section_data(strtab))

@@ -1,0 +1,226 @@
+/* pyperf.bpf.c: reads the sampled thread's Python frames at sample time.
+ *
+ * A BPF_PROG_TYPE_PERF_EVENT program attached (PERF_EVENT_IOC_SET_BPF) to the recorder's
+ * cpu-clock events: it runs in the sample's own interrupt, on the sampled thread, before
+ * the kernel writes the sample, so the frames it reads are the ones the thread ran at the
+ * sampled instruction (a read from outside at drain time sees whatever the thread runs
+ * later). For a process userspace configured (the `configs` map, keyed by tgid), it finds
+ * the thread's PyThreadState, walks the frame chain with bpf_probe_read_user and writes
+ * (code object, instruction, entry flag) per frame, innermost first, to the `records` ring
+ * buffer. Code objects are named at drain time by the PyFrameReader (native/pyframes.c).
+ * It always returns 1: the sample itself is kept. docs/native.md. */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "pyperf.h"
+
+char LICENSE[] SEC("license") = "GPL";  /* bpf_probe_read_user needs a GPL program */
+
+/* bpf_perf_event_data without asm/bpf_perf_event.h: on x86-64 the interrupted registers
+ * are a struct pt_regs (ip at word 16, sp at word 19). Only used to let userspace check
+ * that a record and a sample belong together. */
+struct rs_perf_ctx {
+    unsigned long long regs[21];
+    unsigned long long sample_period;
+    unsigned long long addr;
+};
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 1024);
+    __type(key, unsigned int); /* tgid */
+    __type(value, struct rs_bpf_config);
+} configs SEC(".maps");
+
+/* tid -> its PyThreadState, found last time (checked again before each use: thread ids
+ * are unique among live threads, and a thread state freed and reused for another thread
+ * holds that thread's id). Saves the list walk. */
+struct {
+    __uint(type, BPF_MAP_TYPE_LRU_HASH);
+    __uint(max_entries, 8192);
+    __type(key, unsigned int);
+    __type(value, unsigned long long);
+} tstates SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_RINGBUF);
+    __uint(max_entries, 256 << 10); /* resized by the loader (bpf_map__set_max_entries) */
+} records SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, 1);
+    __type(key, unsigned int);
+    __type(value, struct rs_bpf_record);
+} scratch SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+    __uint(max_entries, RS_BPF_N_COUNTERS);
+    __type(key, unsigned int);
+    __type(value, unsigned long long);
+} counters SEC(".maps");
+
+static __always_inline void count(unsigned int which) {
+    unsigned long long *c = bpf_map_lookup_elem(&counters, &which);
+    if (c) *c += 1;
+}
+
+static __always_inline int read_ptr(unsigned long long addr, long off,
+                                    unsigned long long *out) {
+    *out = 0;
+    return bpf_probe_read_user(out, sizeof *out, (const void *)(addr + off));
+}
+
+/* The state of the two walks, on the program's stack, shared with bpf_loop callbacks:
+ * bpf_loop has each step verified once, where a plain bounded loop of this many steps is
+ * verified step by step (over the 1M-instruction limit). */
+struct walk_state {
+    const struct rs_bpf_config *cfg;
+    struct rs_bpf_record *rec;
+    unsigned long long interp, ts, frame;
+    unsigned int tid;
+    int interps;
+    unsigned int n;
+    int status;
+};
+
+/* One thread state of the list walk: 1 stops (found, or the end). */
+static long tstate_step(unsigned int k, void *data) {
+    struct walk_state *w = data;
+    const struct rs_bpf_config *cfg = w->cfg;
+    unsigned long long native;
+    if (w->ts == 0) {
+        if (cfg->interp_next < 0 || w->interps >= RS_BPF_MAX_INTERPS ||
+            read_ptr(w->interp, cfg->interp_next, &w->interp) < 0 || w->interp == 0 ||
+            read_ptr(w->interp, cfg->interp_threads_head, &w->ts) < 0) {
+            w->ts = 0;
+            return 1;
+        }
+        w->interps++;
+        return 0;
+    }
+    if (read_ptr(w->ts, cfg->tstate_native_thread_id, &native) < 0) {
+        w->ts = 0;
+        return 1;
+    }
+    if (native == w->tid) return 1;
+    if (read_ptr(w->ts, cfg->tstate_next, &w->ts) < 0) {
+        w->ts = 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* The thread state whose native_thread_id is the thread's, 0 if none (or a read failed). */
+static __always_inline unsigned long long find_tstate(struct walk_state *w) {
+    const struct rs_bpf_config *cfg = w->cfg;
+    unsigned long long *cached = bpf_map_lookup_elem(&tstates, &w->tid);
+    unsigned long long native;
+    if (cached && *cached && read_ptr(*cached, cfg->tstate_native_thread_id, &native) == 0 &&
+        native == w->tid)
+        return *cached;
+    w->ts = 0;
+    w->interps = 1;
+    if (read_ptr(cfg->runtime, cfg->runtime_interpreters_head, &w->interp) < 0 ||
+        w->interp == 0 || read_ptr(w->interp, cfg->interp_threads_head, &w->ts) < 0)
+        return 0;
+    bpf_loop(RS_BPF_MAX_THREADS, tstate_step, w, 0);
+    if (w->ts != 0) bpf_map_update_elem(&tstates, &w->tid, &w->ts, BPF_ANY);
+    return w->ts;
+}
+
+static __always_inline void mark_entry(struct walk_state *w) {
+    /* The frame emitted last was entered from C. */
+    if (w->n > 0 && w->n <= RS_BPF_MAX_FRAMES)
+        w->rec->frames[(w->n - 1) & (RS_BPF_MAX_FRAMES - 1)].instr |= 1;
+}
+
+/* One frame of the chain, innermost first: 1 stops (w->status says why). */
+static long frame_step(unsigned int k, void *data) {
+    struct walk_state *w = data;
+    const struct rs_bpf_config *cfg = w->cfg;
+    if (w->frame == 0) {
+        mark_entry(w); /* the outermost frame was entered from C (Py_RunMain, a thread) */
+        w->status = RS_BPF_OK;
+        return 1;
+    }
+    unsigned long long previous, code, instr;
+    unsigned char owner = 0, is_entry = 0;
+    if (read_ptr(w->frame, cfg->frame_previous, &previous) < 0 || previous == w->frame ||
+        bpf_probe_read_user(&owner, 1, (const void *)(w->frame + cfg->frame_owner)) < 0)
+        return 1; /* status stays RS_BPF_FAULT */
+    if (cfg->owner_cstack >= 0 && owner == cfg->owner_cstack) {
+        /* The C stack's entry frame (3.12+), not Python code: the frame above it was
+         * entered from C. */
+        mark_entry(w);
+        w->frame = previous;
+        return 0;
+    }
+    if (w->n >= RS_BPF_MAX_FRAMES) {
+        w->status = RS_BPF_TRUNCATED;
+        return 1;
+    }
+    if (read_ptr(w->frame, cfg->frame_code, &code) < 0 ||
+        read_ptr(w->frame, cfg->frame_instr, &instr) < 0)
+        return 1;
+    if (cfg->frame_is_entry >= 0 &&
+        bpf_probe_read_user(&is_entry, 1, (const void *)(w->frame + cfg->frame_is_entry)) < 0)
+        return 1;
+    struct rs_bpf_frame *out = &w->rec->frames[w->n & (RS_BPF_MAX_FRAMES - 1)];
+    out->code = code;
+    out->instr = (instr & ~1ULL) | (is_entry ? 1 : 0);
+    w->n++;
+    w->frame = previous;
+    return 0;
+}
+
+/* Walks the thread's chain into rec->frames; returns the record's status. */
+static __always_inline int walk(struct walk_state *w, unsigned long long ts) {
+    const struct rs_bpf_config *cfg = w->cfg;
+    if (cfg->tstate_current_frame >= 0) {
+        if (read_ptr(ts, cfg->tstate_current_frame, &w->frame) < 0) return RS_BPF_FAULT;
+    } else {
+        unsigned long long cframe;
+        if (read_ptr(ts, cfg->tstate_cframe, &cframe) < 0 || cframe == 0) return RS_BPF_FAULT;
+        if (read_ptr(cframe, cfg->cframe_current_frame, &w->frame) < 0) return RS_BPF_FAULT;
+    }
+    w->n = 0;
+    w->status = RS_BPF_FAULT;
+    long steps = bpf_loop(RS_BPF_MAX_STEPS, frame_step, w, 0);
+    if (steps >= RS_BPF_MAX_STEPS && w->status == RS_BPF_FAULT && w->frame != 0)
+        w->status = RS_BPF_TRUNCATED; /* C-stack frames used up the steps */
+    w->rec->n = (unsigned short)w->n;
+    return w->status;
+}
+
+SEC("perf_event")
+int rs_pyperf(struct rs_perf_ctx *ctx) {
+    unsigned long long pid_tgid = bpf_get_current_pid_tgid();
+    unsigned int tgid = (unsigned int)(pid_tgid >> 32), tid = (unsigned int)pid_tgid;
+    const struct rs_bpf_config *cfg = bpf_map_lookup_elem(&configs, &tgid);
+    if (!cfg) return 1;
+    unsigned int zero = 0;
+    struct rs_bpf_record *rec = bpf_map_lookup_elem(&scratch, &zero);
+    if (!rec) return 1;
+    count(RS_BPF_RUNS);
+    rec->time = bpf_ktime_get_ns();
+#if defined(__TARGET_ARCH_x86)
+    rec->ip = ctx->regs[16];
+    rec->sp = ctx->regs[19];
+#else
+    rec->ip = 0;
+    rec->sp = 0;
+#endif
+    rec->tid = tid;
+    rec->n = 0;
+    struct walk_state w = {.cfg = cfg, .rec = rec, .tid = tid};
+    unsigned long long ts = find_tstate(&w);
+    rec->status = ts ? walk(&w, ts) : RS_BPF_NOTHREAD;
+    if (rec->status == RS_BPF_FAULT) rec->n = 0;
+    unsigned long long size = RS_BPF_RECORD_HEADER +
+        (unsigned long long)(rec->n & (RS_BPF_MAX_FRAMES * 2 - 1)) * sizeof(struct rs_bpf_frame);
+    if (size > sizeof *rec) size = sizeof *rec;
+    if (bpf_ringbuf_output(&records, rec, size, 0) < 0) count(RS_BPF_RB_FULL);
+    return 1;
+}

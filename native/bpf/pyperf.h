@@ -1,0 +1,74 @@
+/* pyperf.h: what the BPF sampler of Python frames (native/bpf/pyperf.bpf.c) and the
+ * recorder (native/perf.c, native/pybpf.c) share: the per-process configuration userspace
+ * writes into the `configs` map, and the record the program writes into the `records`
+ * ring buffer for each perf sample of a configured process. Plain C with fixed-size
+ * fields: it is compiled for both the BPF target and the host. docs/native.md, "Python
+ * frames read at sample time (BPF)". */
+#ifndef RSPROF_BPF_PYPERF_H
+#define RSPROF_BPF_PYPERF_H
+
+/* Python frames walked per sample at most; a deeper chain is cut (its outermost frames
+ * are not read) and the record says so (RS_BPF_TRUNCATED): the sample keeps its native
+ * frames, as a read that does not pair up does. 3.12/3.13 also step over one C-stack
+ * entry frame per C->Python entry, which counts against RS_BPF_MAX_STEPS. */
+#define RS_BPF_MAX_FRAMES 128
+#define RS_BPF_MAX_STEPS 192
+/* Thread states looked at per sample to find the sampled thread's (all interpreters). */
+#define RS_BPF_MAX_THREADS 256
+#define RS_BPF_MAX_INTERPS 8
+
+/* Offsets (bytes; -1: the field does not exist in this version) of the CPython
+ * structures the walk reads, copied from the PyFrameReader of the process (whose numbers
+ * are collector/pyframes.py's LAYOUTS, or 3.13's own _Py_DebugOffsets). */
+struct rs_bpf_config {
+    unsigned long long runtime;       /* address of _PyRuntime in the process */
+    int runtime_interpreters_head;
+    int interp_next;
+    int interp_threads_head;
+    int tstate_next;
+    int tstate_native_thread_id;
+    int tstate_cframe;                /* 3.11/3.12: tstate->cframe->current_frame */
+    int cframe_current_frame;
+    int tstate_current_frame;         /* 3.13: tstate->current_frame */
+    int frame_code;
+    int frame_instr;
+    int frame_previous;
+    int frame_owner;
+    int owner_cstack;                 /* FRAME_OWNED_BY_CSTACK (3.12+), else -1 */
+    int frame_is_entry;               /* 3.11 */
+};
+
+enum {
+    RS_BPF_OK = 0,          /* frames[0..n) is the whole chain */
+    RS_BPF_NOTHREAD = 1,    /* no thread state has this thread's id: no Python frames */
+    RS_BPF_FAULT = 2,       /* a read failed (page not present, garbage): no frames */
+    RS_BPF_TRUNCATED = 3,   /* deeper than RS_BPF_MAX_FRAMES: the inner ones only */
+};
+
+/* Indices of the program's counters (the `counters` per-CPU array). */
+enum {
+    RS_BPF_RUNS = 0,        /* samples of configured processes the program ran for */
+    RS_BPF_RB_FULL = 1,     /* records not written: the ring buffer was full */
+    RS_BPF_N_COUNTERS = 4,
+};
+
+/* One frame: the code object, and the instruction pointer with bit 0 set when the frame
+ * was entered from C (the outermost Python frame of one _PyEval_EvalFrameDefault call;
+ * instructions are 2-byte aligned, so bit 0 is free). */
+struct rs_bpf_frame {
+    unsigned long long code;
+    unsigned long long instr;
+};
+
+struct rs_bpf_record {
+    unsigned long long time;          /* bpf_ktime_get_ns(): CLOCK_MONOTONIC, as the samples */
+    unsigned long long ip, sp;        /* the interrupted registers, as the sample's */
+    unsigned int tid;
+    unsigned short n;                 /* frames that follow */
+    unsigned short status;            /* RS_BPF_* */
+    struct rs_bpf_frame frames[RS_BPF_MAX_FRAMES];
+};
+
+#define RS_BPF_RECORD_HEADER 32 /* offsetof(struct rs_bpf_record, frames) */
+
+#endif
