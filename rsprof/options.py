@@ -51,6 +51,9 @@ def sample_options(func: click.decorators.FC) -> click.decorators.FC:
         click.option("--ignore", metavar="REGEX", help="Drop samples with a frame matching REGEX."),
         click.option("--show", metavar="REGEX", help="Keep only frames matching REGEX."),
         click.option("--hide", metavar="REGEX", help="Remove frames matching REGEX."),
+        click.option("--hide-runtime", is_flag=True,
+                     help="Fold out process and thread start-up frames (_start, clone3, ...)"
+                          " and, in Python stacks, the interpreter's own: your code first."),
         click.option("--tid", type=click.IntRange(1, 2**31 - 1),
                      help="Only this thread (CPU: the sampled thread; heap: the allocating"
                           " thread)."),
@@ -79,7 +82,8 @@ def build_query(kind: str, options: dict[str, Any]) -> SampleQuery:
         raise click.BadParameter("must be later than --since", param_hint="'--until'")
     try:
         filters = FrameFilter.compile(focus=options.pop("focus"), ignore=options.pop("ignore"),
-                                      show=options.pop("show"), hide=options.pop("hide"))
+                                      show=options.pop("show"), hide=options.pop("hide"),
+                                      hide_runtime=options.pop("hide_runtime"))
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     tid = options.pop("tid")

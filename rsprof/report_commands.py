@@ -94,7 +94,7 @@ def top(kind: str, file: Path | None, limit: int, threshold: float, cum: bool, s
     if as_json and as_csv:
         raise click.UsageError("give --json or --csv, not both")
     fmt = "json" if as_json else "csv" if as_csv else "table"
-    narrowed = any(options[k] is not None for k in options)
+    narrowed = any(value not in (None, False) for value in options.values())
     query = build_query(kind, options)
     with Profile(profile_file(file)) as profile:
         if kind == "cpu":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from rsprof.storage.runtime import fold_runtime
 from rsprof.storage.samples import Frame, Line, Sample
 
 
@@ -26,10 +27,14 @@ class FrameFilter:
     ignore: re.Pattern[str] | None = None
     show: re.Pattern[str] | None = None
     hide: re.Pattern[str] | None = None
+    # --hide-runtime: start-up and interpreter frames folded out (storage/runtime.py), after
+    # the regexes; never drops a sample.
+    hide_runtime: bool = False
 
     @classmethod
     def compile(cls, *, focus: str | None = None, ignore: str | None = None,
-                show: str | None = None, hide: str | None = None) -> FrameFilter:
+                show: str | None = None, hide: str | None = None,
+                hide_runtime: bool = False) -> FrameFilter:
         """Raises ValueError naming the option whose regex does not compile."""
         patterns: dict[str, re.Pattern[str] | None] = {}
         for option, text in (("focus", focus), ("ignore", ignore), ("show", show),
@@ -38,17 +43,19 @@ class FrameFilter:
                 patterns[option] = re.compile(text) if text else None
             except re.error as error:
                 raise ValueError(f"--{option} {text!r} is not a valid regex: {error}") from None
-        return cls(**patterns)
+        return cls(**patterns, hide_runtime=hide_runtime)
 
     @property
     def active(self) -> bool:
-        return any(p is not None for p in (self.focus, self.ignore, self.show, self.hide))
+        return self.hide_runtime or any(
+            p is not None for p in (self.focus, self.ignore, self.show, self.hide))
 
     def describe(self) -> str:
         """'focus=heavy; hide=spin', as pprof's "Active filters" line."""
-        return "; ".join(f"{name}={pattern.pattern}" for name, pattern in (
+        parts = [f"{name}={pattern.pattern}" for name, pattern in (
             ("focus", self.focus), ("ignore", self.ignore), ("show", self.show),
-            ("hide", self.hide)) if pattern is not None)
+            ("hide", self.hide)) if pattern is not None]
+        return "; ".join([*parts, "hide-runtime"] if self.hide_runtime else parts)
 
     def apply(self, samples: list[Sample]) -> list[Sample]:
         if not self.active:
@@ -81,6 +88,10 @@ class FrameFilter:
             frames = self._visible(frames, {} if rewritten is None else rewritten)
             if not frames:
                 return None
+        if self.hide_runtime:
+            folded = fold_runtime(frames)
+            if len(folded) != len(frames):
+                frames = folded
         return frames
 
     def _selected(self, frames: tuple[Frame, ...], verdicts: dict[int, bool | None]) -> bool:

@@ -357,3 +357,24 @@ def test_completion_offers_kinds_and_formats(words: str, offered: list[str]) -> 
     assert result.returncode == 0, result.stderr
     got = [line.split(",", 1)[1] for line in result.stdout.splitlines()]
     assert sorted(got) == sorted(offered), result.stdout
+
+
+def test_hide_runtime_puts_the_programs_functions_first(split_cpu_profile: Path) -> None:
+    """--hide-runtime (storage/runtime.py): no start-up frame in top, traces or folded
+    stacks; no sample lost (the same total, each function's self time unchanged: a
+    start-up frame is never a leaf here)."""
+    plain = {r["function"]: r for r in top_json(split_cpu_profile, "cpu")}
+    folded = {r["function"]: r for r in top_json(split_cpu_profile, "cpu", "--hide-runtime")}
+    startup = {"_start", "__libc_start_main_impl", "__libc_start_call_main", "start_thread",
+               "clone3"}
+    assert startup & set(plain) and not startup & set(folded), sorted(folded)
+    assert {name: r["self"] for name, r in folded.items()} == {
+        name: r["self"] for name, r in plain.items() if name not in startup}
+    assert folded["work"]["total"] == plain["work"]["total"]
+    exported = run_rsprof("export", str(split_cpu_profile), "-f", "folded", "-o", "-",
+                          "--hide-runtime")
+    assert exported.returncode == 0, exported.stderr
+    roots = {line.split(";", 1)[0] for line in exported.stdout.splitlines()}
+    assert roots and not roots & startup, roots
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in exported.stdout.splitlines()) == sum(
+        r["self"] for r in plain.values())

@@ -3,6 +3,8 @@ what folding them leaves. Table-driven: one row per rule."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from rsprof.storage.runtime import fold_runtime, is_interpreter, is_python, is_startup
 from rsprof.storage.samples import Frame, Line, Mapping
@@ -29,10 +31,13 @@ def frame(function: str, module: str) -> Frame:
      False),
     ("main", "/usr/bin/app", False, False, False),
     ("PyEval_EvalCode", "/usr/bin/python3.11", False, True, False),
+    ("Py_BytesMain", "/usr/bin/python3.11", True, True, False),
+    ("pymain_run_python", "/usr/lib/libpython3.12.so.1.0", True, True, False),
     ("_PyEval_EvalFrameDefault", "/opt/py/lib/libpython3.12.so.1.0", False, True, False),
     ("python3.13+0x1234", "/root/.pyenv/versions/3.13.0/bin/python3.13", False, True, False),
     ("zlib_compress", "/usr/lib/x86_64-linux-gnu/libz.so.1.2.13", False, False, False),
     ("heavy", "/srv/app.py", False, False, True),
+    ("addsitedir", "<frozen site>", False, False, True),
     ("python_helper", "/usr/bin/python3-config", False, False, False),  # not an interpreter
 ])
 def test_which_frames_are_the_runtimes(function: str, module: str, startup: bool,
@@ -63,12 +68,76 @@ PY = "/usr/bin/python3.11"
     ([("deflate", "/lib/libz.so.1"), ("zlib_compress", "/lib/zlib.cpython-311.so"),
       ("PyObject_Vectorcall", PY), ("pack", "/t/app.py"), ("start_thread", _LIBC)],
      ["deflate", "zlib_compress", "pack"]),
-    # without Python frames the interpreter is a program like any other (its start-up goes)
-    ([("PyObject_Free", PY), ("Py_FinalizeEx", PY), ("Py_RunMain", PY), ("_start", PY)],
-     ["PyObject_Free", "Py_FinalizeEx", "Py_RunMain"]),
+    # without Python frames the interpreter is a program like any other (its start-up,
+    # its own main included, goes)
+    ([("PyObject_Free", PY), ("Py_FinalizeEx", PY), ("Py_RunMain", PY), ("Py_BytesMain", PY),
+      ("_start", PY)], ["PyObject_Free", "Py_FinalizeEx"]),
+    # Python code whose frames were not read (start-up): the interpreter's frames go too
+    ([("python3.11+0x1a85", PY), ("_PyEval_EvalFrameDefault", PY), ("PyEval_EvalCode", PY),
+      ("Py_RunMain", PY), ("_start", PY)], ["python3.11+0x1a85"]),
+    ([("__libc_open64", _LIBC), ("_Py_wfopen", PY), ("_PyEval_EvalFrameDefault", PY),
+      ("Py_BytesMain", PY)], ["__libc_open64"]),
+    # a program's own function called Py_RunMain is not the interpreter's
+    ([("Py_RunMain", "/usr/bin/app"), ("main", "/usr/bin/app")], ["Py_RunMain", "main"]),
     # nothing but runtime: the leaf stays, the sample is never lost
     ([("_start", "/app")], ["_start"]),
     ([("clone3", _LIBC), ("_start", "/app")], ["clone3"]),
 ])
 def test_fold_runtime(stack: list[tuple[str, str]], folded: list[str]) -> None:
     assert _names(fold_runtime(tuple(frame(f, m) for f, m in stack))) == folded
+
+
+# ------------------------------------------------------------------ on a real Python program
+
+
+@pytest.fixture(scope="module")
+def python_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import python_binary, run_rsprof
+
+    folder = tmp_path_factory.mktemp("runtime")
+    script = folder / "busy.py"
+    script.write_text("def heavy():\n    return sum(i * i for i in range(200_000))\n"
+                      "def main():\n    for _ in range(60):\n        heavy()\n"
+                      "main()\n")
+    out = folder / "busy.db"
+    done = run_rsprof("run", "-qq", "--no-heap", "-F", "499", "-o", str(out), "--",
+                      str(python_binary("debian-3.11")), str(script))
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_tui_hides_the_runtime_of_a_python_program_and_h_shows_it(
+        python_profile: Path, tmp_path: Path) -> None:
+    """A Python program's first screen has its functions, not the interpreter's (on by
+    default there, as py-spy top); H shows them again; `x` exports what is shown, as
+    `rsprof export --hide-runtime` does."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from rsprof.storage.live import CpuRow
+    from test_tui_export import drive, pprof
+    from tui_fixture import make_app
+
+    copy = tmp_path / "rsprof.busy.261126160000.db"
+    shutil.copy(python_profile, copy)
+    hidden = drive(make_app(copy), ["x"])
+    functions = [r.function for r in hidden.rows if isinstance(r, CpuRow)]
+    assert "heavy" in functions[:3] and "main" in functions[:3], functions
+    # the first screen (samples of start-up, before any Python frame, keep theirs)
+    runtime = {"_start", "Py_RunMain", "PyEval_EvalCode", "__libc_start_call_main",
+               "_PyEval_EvalFrameDefault", "Py_BytesMain"}
+    assert not runtime & set(functions[:12]), functions[:12]
+    from conftest import run_rsprof
+
+    written = tmp_path / "rsprof.busy.261126160000.cpu.pb.gz"
+    expected = tmp_path / "cli.pb.gz"
+    done = run_rsprof("export", str(copy), "-o", str(expected), "--hide-runtime")
+    assert done.returncode == 0, done.stderr
+    assert pprof(written) == pprof(expected)
+    shown = drive(make_app(copy), ["H"])
+    functions = [r.function for r in shown.rows if isinstance(r, CpuRow)]
+    assert {"_start", "Py_RunMain"} <= set(functions), functions

@@ -39,6 +39,7 @@ from .model import (
     column,
     max_pan,
     next_sort,
+    runtime_hidden,
 )
 from .screens import ALL_THREADS, HelpScreen, ThreadPicker
 from .widgets.chart import ChartState, ProfileChart
@@ -97,6 +98,7 @@ class MainScreen(Screen[None]):
         Binding("t", "pick_thread", "Thread"),
         Binding("p", "pause", "Pause"),
         Binding("b", "bar", "Bar/line"),
+        Binding("H", "toggle_runtime", "Runtime", show=False),
         Binding("plus,equals_sign", "zoom(-1)", "Zoom", key_display="+/-"),
         Binding("minus", "zoom(1)", "Zoom out", show=False),
         Binding("h", "pan(1)", "Pan", key_display="h/l"),
@@ -389,6 +391,7 @@ class MainScreen(Screen[None]):
                 tab_suffix=(" flame" if self.state.flame_open
                             else " tree" if self.state.tree_open else ""),
                 kernel_sampled=info.kernel_sampled,
+                runtime_hidden=runtime_hidden(self.state.hide_runtime, info),
             )
         )
 
@@ -448,6 +451,13 @@ class MainScreen(Screen[None]):
         if not self.state.chart_open and chart.has_focus:
             self._primary().focus()
         self.refresh_bindings()
+        self.request_update()
+
+    def action_toggle_runtime(self) -> None:
+        """H: start-up and interpreter frames folded out, or shown (storage/runtime.py)."""
+        info = self.snapshot.info if self.snapshot is not None else None
+        shown = runtime_hidden(self.state.hide_runtime, info) if info is not None else False
+        self.state = replace(self.state, hide_runtime=not shown)
         self.request_update()
 
     def action_bar(self) -> None:

@@ -303,6 +303,9 @@ class Query:
     timeline_points: int = 0  # Memory view: the heap timeline's width in cells (0: none)
     trend_per_row: bool = False  # CPU Trend: each row its own scale, not the column's
     flame: bool = False  # the icicle of the call tree (CPU) or allocation tree (Memory)
+    # start-up and interpreter frames folded out (storage/runtime.py); None: as the
+    # recording suggests (on for a Python program, where they fill the first screen)
+    hide_runtime: bool | None = None
 
 
 Nodes = frozenset[tuple[int, ...]]
@@ -332,6 +335,7 @@ class ScreenState:
     from_zero: bool = False  # the chart's y axis starts at 0
     trend_per_row: bool = False
     paused: bool = False
+    hide_runtime: bool | None = None  # H; None: on for Python programs (runtime_hidden())
     expanded: tuple[Nodes, Nodes] = (frozenset(), frozenset())
     collapsed: tuple[Nodes, Nodes] = (frozenset(), frozenset())
 
@@ -375,6 +379,7 @@ class ScreenState:
             timeline_points=timeline_points if not cpu else 0,
             trend_per_row=self.trend_per_row,
             flame=self.flame_open,
+            hide_runtime=self.hide_runtime,
         )
 
 
@@ -413,13 +418,20 @@ def query_window(query: Query, summary: CheckpointSummary, interval_ms: int) -> 
     return start, end, f"last {request.zoom_label}{back}"
 
 
-def compile_filter(text: str) -> tuple[FrameFilter, str]:
+def runtime_hidden(asked: bool | None, info: ProfileInfo) -> bool:
+    """Whether start-up and interpreter frames are folded out: as the user toggled (H), else
+    for a Python program, whose first screen they fill (py-spy top shows none of them)."""
+    return info.python if asked is None else asked
+
+
+def compile_filter(text: str, hide_runtime: bool = False) -> tuple[FrameFilter, str]:
     """The filter box's text as `--focus` takes it, or no filter and why it is not a
-    regex (the box is read as the user types: `foo(` is on its way to `foo(int)`)."""
+    regex (the box is read as the user types: `foo(` is on its way to `foo(int)`);
+    hide_runtime as `--hide-runtime`."""
     try:
-        return FrameFilter.compile(focus=text or None), ""
+        return FrameFilter.compile(focus=text or None, hide_runtime=hide_runtime), ""
     except ValueError as error:
-        return FrameFilter(), str(error)
+        return FrameFilter(hide_runtime=hide_runtime), str(error)
 
 
 def build_snapshot(
@@ -431,7 +443,8 @@ def build_snapshot(
     info = source.info
     summary = source.summary()
     start, end, window_label = query_window(query, summary, info.interval_ms)
-    filters, filter_error = compile_filter(query.filter)
+    filters, filter_error = compile_filter(query.filter,
+                                           runtime_hidden(query.hide_runtime, info))
     cpu = query.view is View.CPU
     time_range = (source.time_range(start, end) if start is not None and end is not None
                   else TimeRange())

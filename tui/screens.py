@@ -39,6 +39,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("r", "CPU Trend: one scale for the column, or per row"),
     ("Tab", "move focus between table and chart"),
     ("/", "focus: samples through a frame matching a regex (--focus; Esc clears)"),
+    ("H", "hide or show start-up and interpreter frames (--hide-runtime; on for Python)"),
     ("s / S", "sort by the next column / reverse (or click a header)"),
     ("t", "show one thread, or all threads"),
     ("p", "pause the display (live mode; recording goes on)"),

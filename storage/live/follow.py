@@ -101,6 +101,7 @@ class FollowedFile:
             interval_ms=_int(meta.get("interval_ms")) or 1000,
             target_exit_code=_int(meta.get("target_exit_code")),
             kernel_sampled=meta.get("kernel_sampled") != "0",
+            python=bool(meta.get("python_runtimes")),
         )
         changed, self.info = info != self.info, info
         return changed

@@ -24,6 +24,7 @@ class ProfileInfo:
     interval_ms: int = 1000
     target_exit_code: int | None = None
     kernel_sampled: bool = True  # False: time in the kernel was not allowed to be sampled
+    python: bool = False  # a CPython whose frames were read (the TUI hides its runtime)
 
 
 @dataclass(frozen=True, slots=True)

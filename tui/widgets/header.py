@@ -41,6 +41,7 @@ class HeaderState:
     thread: str = "all"
     filter: str = ""  # the filter box's `--focus` regex
     window: str = ""  # the CPU view's time window (`w`), e.g. "last 1m"; "" for everything
+    runtime_hidden: bool = False  # start-up and interpreter frames folded out (H)
     cpu_pct: float | None = None
     rss_bytes: int | None = None
     show_target: bool = False
@@ -123,6 +124,8 @@ def header_lines(state: HeaderState, width: int) -> tuple[Text, Text]:
         line2.append(_Field(Text.assemble(("window ", "dim"), (state.window, "bold")), 65))
     if state.filter:
         line2.append(_Field(Text.assemble(("focus ", "dim"), (state.filter, "bold")), 60))
+    if state.runtime_hidden:
+        line2.append(_Field(Text("runtime hidden (H)", style="dim"), 55))
     return _layout(line1, width), _layout(line2, width)
 
 
