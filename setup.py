@@ -29,10 +29,21 @@ COMMON_CFLAGS = [
 ]
 
 
+def _require_compiler() -> None:
+    """Building from source (an sdist, a checkout) needs a C compiler: without one, say so
+    in one line, not in setuptools' "No such file or directory: 'x86_64-linux-gnu-gcc'"."""
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None and shutil.which("gcc") is None:
+        raise SystemExit(
+            f"rsprof: building from source needs a C compiler ({compiler} not found): install"
+            " gcc (apt install gcc python3-dev), or install a wheel")
+
+
 class BuildNative(build_ext):
     """Builds the extension as usual, then the shim, the demo and the launcher next to it."""
 
     def run(self) -> None:
+        _require_compiler()
         bpf = self._build_bpf()
         if bpf:
             for ext in self.extensions:
