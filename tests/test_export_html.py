@@ -325,7 +325,7 @@ def test_page_layout_draws_wide_frames_and_zooms(split_cpu_profile: Path,
     found = _run_model(tmp_path / "cpu.html", "layout", "1000")
     assert found["root"] == data["nodes"]["total"][0]
     boxes = found["boxes"]
-    assert boxes[0][:4] == ["all", 0, 1000, 0]
+    assert boxes[0] == ["all", 0, pytest.approx(1000), 0]
     assert all(width >= 1 for _, _, width, _ in boxes)
     assert all(x + width <= 1000 + 1e-6 for _, x, width, _ in boxes)
     # Zoomed into heavy(): its callers above it at full width, heavy itself at full width.
@@ -333,5 +333,5 @@ def test_page_layout_draws_wide_frames_and_zooms(split_cpu_profile: Path,
     callers = [box for box in zoomed if box[4]]
     assert [name for name, *_ in callers][:1] == ["all"]
     focus = next(box for box in zoomed if not box[4])
-    assert focus[0] == "heavy" and focus[1] == 0 and focus[2] == 1000
+    assert focus[:3] == ["heavy", 0, pytest.approx(1000)]
     assert focus[3] == len(callers)
