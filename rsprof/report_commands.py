@@ -242,7 +242,8 @@ def export_command(file: Path | None, fmt: str, kind: str, output: Path | None,
                                base_path=diff_base, sample_index=sample_index,
                                per_thread=per_thread, granularity=granularity)
     if target != "-":
-        kept = len(selection.samples.samples)
+        # Distinct stacks (per thread for CPU): the firefox format loads them per checkpoint.
+        kept = len({(sample.frames, sample.tid) for sample in selection.samples.samples})
         click.echo(f"rsprof: wrote {target} ({fmt}, {kind}, {kept} stacks)", err=True)
 
 
