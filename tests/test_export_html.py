@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -335,3 +336,115 @@ def test_page_layout_draws_wide_frames_and_zooms(split_cpu_profile: Path,
     focus = next(box for box in zoomed if not box[4])
     assert focus[:3] == ["heavy", 0, pytest.approx(1000)]
     assert focus[3] == len(callers)
+
+
+# -- the whole page in jsdom: the view's wiring, with a 2D context that records calls -----
+
+_VIEW_DRIVER = r"""
+const { JSDOM } = require("jsdom");
+const fs = require("fs");
+const calls = [];
+const dom = new JSDOM(fs.readFileSync(process.argv[2], "utf8"), {
+  runScripts: "dangerously", pretendToBeVisual: true,
+  beforeParse(window) {
+    window.HTMLCanvasElement.prototype.getContext = () => new Proxy({}, {
+      get: (target, name) => name in target ? target[name]
+        : (...args) => calls.push([name, ...args]),
+      set: (target, name, value) => { target[name] = value; calls.push(["set", name, value]);
+                                      return true; },
+    });
+    Object.defineProperty(window.Element.prototype, "clientWidth", { get: () => 1000 });
+  },
+});
+const w = dom.window, d = w.document, canvas = d.getElementById("canvas");
+canvas.getBoundingClientRect = () => ({ left: 0, top: 0 });
+const labels = () => calls.filter((c) => c[0] === "fillText").map((c) => c[1]);
+const tooltipAt = (x, y) => {
+  canvas.dispatchEvent(new w.MouseEvent("mousemove", { clientX: x, clientY: y }));
+  return d.getElementById("tooltip").textContent;
+};
+const out = { title: d.title, heading: d.getElementById("title").textContent,
+              subtitle: d.getElementById("subtitle").textContent, labels: labels() };
+out.rootTooltip = tooltipAt(500, 9);
+const query = process.argv[3];
+calls.length = 0;
+const input = d.getElementById("search");
+input.value = query;
+input.dispatchEvent(new w.Event("input"));
+out.match = d.getElementById("match").textContent;
+out.highlighted = calls.filter((c) => c[0] === "set" && c[1] === "fillStyle"
+                               && c[2] === "#e040c0").length;
+// Click the first box of the searched function, found with the page's own layout.
+const tree = w.FlameModel.buildTree(JSON.parse(d.getElementById("rsprof-data").textContent));
+const box = w.FlameModel.layout(tree, tree.root, 1000, 1)
+  .find((b) => w.FlameModel.pattern(query).test(b.node.name));
+calls.length = 0;
+canvas.dispatchEvent(new w.MouseEvent("click", { clientX: box.x + box.width / 2,
+                                                 clientY: box.depth * 18 + 9 }));
+out.zoomedLabels = labels();
+out.zoomedTooltip = tooltipAt(500, box.depth * 18 + 9);
+out.zoomedName = box.node.name;
+calls.length = 0;
+d.dispatchEvent(new w.KeyboardEvent("keydown", { key: "Escape" }));
+out.resetLabels = labels();
+console.log(JSON.stringify(out));
+"""
+
+
+def _jsdom_node_path() -> str | None:
+    """Where jsdom is installed (npm's global folder or RSPROF_NODE_PATH), if it is."""
+    if NODE is None:
+        return None
+    folders = [os.environ.get("RSPROF_NODE_PATH", "")]
+    npm = shutil.which("npm")
+    if npm:
+        root = subprocess.run([npm, "root", "-g"], capture_output=True, text=True, timeout=60)
+        folders.append(root.stdout.strip())
+    for folder in filter(None, folders):
+        if (Path(folder) / "jsdom" / "package.json").exists():
+            return folder
+    return None
+
+
+JSDOM_PATH = _jsdom_node_path()
+
+
+def _drive(page: Path, query: str) -> dict[str, Any]:
+    assert NODE and JSDOM_PATH
+    driver = page.parent / "drive_view.cjs"
+    driver.write_text(_VIEW_DRIVER)
+    result = subprocess.run([NODE, str(driver), str(page), query], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "NODE_PATH": JSDOM_PATH})
+    assert result.returncode == 0, result.stderr
+    found: dict[str, Any] = json.loads(result.stdout)
+    return found
+
+
+@pytest.mark.skipif(JSDOM_PATH is None, reason="node or jsdom not installed (npm i -g jsdom)")
+def test_page_view_searches_zooms_and_resets(split_cpu_profile: Path, tmp_path: Path) -> None:
+    _, data = _export_html(split_cpu_profile, tmp_path / "cpu.html")
+    total = data["nodes"]["total"][0]
+    view = _drive(tmp_path / "cpu.html", "^heavy$")
+    assert view["title"] == view["heading"] == data["title"]
+    assert "cpu.html" not in view["subtitle"] and "values in count" in view["subtitle"]
+    assert view["labels"][0] == "all"
+    assert view["rootTooltip"].startswith("all\n") and f"total {total:,} samples" in \
+        view["rootTooltip"] and "(100.00% of all)" in view["rootTooltip"]
+    heavy = sum(count for frames, count in _folded(split_cpu_profile) if "heavy" in frames)
+    assert view["match"] == f"matched {heavy:,} samples ({100 * heavy / total:.2f}%)"
+    assert view["highlighted"] >= 1
+    # Zoomed into heavy(): its callers, then heavy at full width with its callees.
+    assert view["zoomedName"] == "heavy"
+    assert view["zoomedLabels"][:2] == ["all", "_start"] and "heavy" in view["zoomedLabels"]
+    assert view["zoomedTooltip"].startswith("heavy\n")
+    assert "100.00% of the zoomed frame" in view["zoomedTooltip"]
+    assert "late_worker" not in view["zoomedLabels"]
+    assert view["resetLabels"][0] == "all" and "late_worker" in view["resetLabels"]
+
+
+@pytest.mark.skipif(JSDOM_PATH is None, reason="node or jsdom not installed (npm i -g jsdom)")
+def test_page_view_heap_in_bytes(leaky_heap_profile: Path, tmp_path: Path) -> None:
+    _export_html(leaky_heap_profile, tmp_path / "heap.html", "--kind", "heap")
+    view = _drive(tmp_path / "heap.html", "leak_site")
+    assert "heap inuse_space" in view["title"]
+    assert view["match"].startswith("matched 234.4 KiB (")  # 240000 B
