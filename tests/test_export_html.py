@@ -356,6 +356,7 @@ const dom = new JSDOM(fs.readFileSync(process.argv[2], "utf8"), {
     Object.defineProperty(window.Element.prototype, "clientWidth", { get: () => 1000 });
   },
 });
+(async () => {
 const w = dom.window, d = w.document, canvas = d.getElementById("canvas");
 canvas.getBoundingClientRect = () => ({ left: 0, top: 0 });
 const labels = () => calls.filter((c) => c[0] === "fillText").map((c) => c[1]);
@@ -371,6 +372,7 @@ calls.length = 0;
 const input = d.getElementById("search");
 input.value = query;
 input.dispatchEvent(new w.Event("input"));
+await new Promise((resolve) => setTimeout(resolve, 300));  // the page waits for typing to pause
 out.match = d.getElementById("match").textContent;
 out.highlighted = calls.filter((c) => c[0] === "set" && c[1] === "fillStyle"
                                && c[2] === "#e040c0").length;
@@ -388,6 +390,7 @@ calls.length = 0;
 d.dispatchEvent(new w.KeyboardEvent("keydown", { key: "Escape" }));
 out.resetLabels = labels();
 console.log(JSON.stringify(out));
+})();
 """
 
 
