@@ -423,3 +423,37 @@ def test_firefox_profiler_loads_heap(leaky_heap_profile: Path, tmp_path: Path) -
         assert totals["leak_site"] == LEAK_BYTES
     finally:
         session.stop()
+
+
+def test_python_functions_in_both_exports(tmp_path: Path) -> None:
+    """A CPython program: its Python functions are frames of category Python with their
+    file and line and no library, in the Firefox export, and blue (category 1) boxes in the
+    HTML flame graph."""
+    from conftest import python_binary
+
+    script = Path(__file__).parent / "targets" / "pysplit.py"
+    profile = tmp_path / "py.db"
+    result = run_rsprof("run", "-q", "--no-heap", "--cpu-freq", "499", "-i", "250ms", "-o",
+                        str(profile), "--", str(python_binary("debian-3.11")), str(script),
+                        "1", timeout=120)
+    assert result.returncode == 0, result.stderr
+    document = _export(profile, tmp_path / "py.json")
+    shared = document["shared"]
+    strings, funcs, frames = shared["stringArray"], shared["funcTable"], shared["frameTable"]
+    categories = [c["name"] for c in document["meta"]["categories"]]
+    in_script: dict[str, set[tuple[str, bool, int]]] = {}
+    for func, category, line in zip(frames["func"], frames["category"], frames["line"]):
+        source = funcs["source"][func]
+        if source is not None and strings[shared["sources"]["filename"][source]] == str(script):
+            in_script.setdefault(strings[funcs["name"][func]], set()).add(
+                (categories[category], bool(line and line > 0), funcs["resource"][func]))
+    assert {"heavy", "light", "main", "<module>"} <= set(in_script)
+    assert set().union(*in_script.values()) == {("Python", True, -1)}
+    html = run_rsprof("export", str(profile), "-f", "html", "-o", str(tmp_path / "py.html"))
+    assert html.returncode == 0, html.stderr
+    text = (tmp_path / "py.html").read_text(encoding="utf-8")
+    data = json.loads(text.split('id="rsprof-data">', 1)[1].split("</script>", 1)[0])
+    nodes, names = data["nodes"], data["strings"]
+    python_categories = {nodes["category"][i] for i in range(len(nodes["parent"]))
+                         if names[nodes["file"][i]] == str(script)}
+    assert python_categories == {1}
