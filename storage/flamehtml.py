@@ -126,7 +126,7 @@ def write_html(samples: SampleSet, out: TextIO, *, value_index: int | None = Non
     what = "CPU" if samples.kind == "cpu" else "heap"
     title = f"{process}{f' (pid {pid})' if pid else ''}: {what} {sample_type}"
     seconds = max(0, samples.end_ms - samples.start_ms) / 1000
-    subtitle = " · ".join(part for part in (source, f"{seconds:.1f} s", f"values in {unit}")
+    subtitle = " · ".join(part for part in (source, f"{seconds:.1f} s", f"{sample_type} ({unit})")
                           if part)
     data = {
         "title": title,

@@ -429,7 +429,7 @@ def test_page_view_searches_zooms_and_resets(split_cpu_profile: Path, tmp_path: 
     total = data["nodes"]["total"][0]
     view = _drive(tmp_path / "cpu.html", "^heavy$")
     assert view["title"] == view["heading"] == data["title"]
-    assert "cpu.html" not in view["subtitle"] and "values in count" in view["subtitle"]
+    assert "cpu.html" not in view["subtitle"] and "samples (count)" in view["subtitle"]
     assert view["labels"][0] == "all"
     assert view["rootTooltip"].startswith("all\n") and f"total {total:,} samples" in \
         view["rootTooltip"] and "(100.00% of all)" in view["rootTooltip"]
