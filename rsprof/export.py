@@ -8,6 +8,8 @@ A device, a FIFO or standard output (`-o -`, `-o /dev/stdout`) is written into d
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gzip
 import io
 import os
 import stat
@@ -15,7 +17,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import click
 
@@ -24,9 +26,9 @@ from rsprof.storage.analysis import growing_sites, rank_cpu, rank_heap
 from rsprof.storage.reader import Profile
 from rsprof.storage.selection import SampleQuery, Selection, require_samples, select
 
-FORMATS = ("pprof", "folded", "speedscope", "json", "csv")
+FORMATS = ("pprof", "folded", "speedscope", "json", "csv", "html", "firefox")
 SUFFIXES = {"pprof": ".pb.gz", "folded": ".folded", "speedscope": ".speedscope.json",
-            "json": ".json", "csv": ".csv"}
+            "json": ".json", "csv": ".csv", "html": ".html", "firefox": ".firefox.json"}
 
 
 class ExportError(click.ClickException):
@@ -56,6 +58,9 @@ def export(
     if base_path is not None and fmt != "pprof":
         raise click.BadParameter("only the pprof format carries a diff base",
                                  param_hint="'--diff-base'")
+    if fmt == "firefox" and query.kind == "cpu":
+        # A timeline: samples per checkpoint, not merged over the range.
+        query = dataclasses.replace(query, per_checkpoint=True)
     with Profile(profile_path) as profile:
         selection = select(profile, query)
         require_samples(selection, query, profile_path, profile.summary().duration_ms)
@@ -68,7 +73,9 @@ def export(
             require_samples(base, query, base_path)
     index = value_index(selection, sample_index)
     target = output if output is not None else default_output(profile_path, fmt, query.kind)
-    binary = fmt == "pprof"
+    # The Firefox Profiler opens gzipped files as they are: a name ending .gz asks for one.
+    gzipped = fmt == "firefox" and target.name.endswith(".gz")
+    binary = fmt == "pprof" or gzipped
     with _open_output(target, binary=binary) as out:
         if fmt == "pprof":
             from rsprof.storage.pprof.writer import write_pprof
@@ -85,6 +92,21 @@ def export(
 
             write_speedscope(selection.samples, out,  # type: ignore[arg-type]
                              value_index=index, name=profile_path.name)
+        elif fmt == "html":
+            from rsprof.storage.flamehtml import write_html
+
+            write_html(selection.samples, out,  # type: ignore[arg-type]
+                       value_index=index, per_thread=per_thread, source=profile_path.name)
+        elif fmt == "firefox":
+            from rsprof.storage.firefox import write_firefox
+
+            if gzipped:
+                with gzip.GzipFile(fileobj=cast(IO[bytes], out), mode="wb", mtime=0) as packed, \
+                        io.TextIOWrapper(packed, encoding="utf-8", newline="") as text:
+                    write_firefox(selection.samples, text, value_index=index)
+            else:
+                write_firefox(selection.samples, out,  # type: ignore[arg-type]
+                              value_index=index)
         else:
             _write_table(selection, fmt, granularity, growing, out)  # type: ignore[arg-type]
     return str(target), selection

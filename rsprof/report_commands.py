@@ -223,26 +223,32 @@ def diff(old: Path, new: Path, kind: str, limit: int, as_json: bool, **options: 
 @click.option("--diff-base", type=click.Path(path_type=Path),
               help="pprof: add OLD's samples negated and labelled pprof::base, as pprof does.")
 @SAMPLE_INDEX_OPTION
-@click.option("--per-thread", is_flag=True, help="folded: one root frame per thread.")
+@click.option("--per-thread", is_flag=True,
+              help="folded, html: one root frame per thread (firefox: always per thread).")
 @granularity_option("functions")
 @sample_options
 def export_command(file: Path | None, fmt: str, kind: str, output: Path | None,
                    diff_base: Path | None, sample_index: str | None, per_thread: bool,
                    granularity: str, **options: Any) -> None:
-    """Write a profile as pprof (gzipped profile.proto), folded stacks, speedscope JSON, or
-    the top table as JSON / CSV. FILE: the newest profile in this folder by default.
+    """Write a profile as pprof (gzipped profile.proto), folded stacks, speedscope JSON, an
+    interactive HTML flame graph (one file, no network: search, zoom, tooltips), the Firefox
+    Profiler's format (threads on a timeline at checkpoint resolution; gzipped if -o ends
+    .gz), or the top table as JSON / CSV. FILE: the newest profile in this folder by default.
 
     \b
     rsprof export app.db -o cpu.pb.gz && go tool pprof -top cpu.pb.gz
     rsprof export app.db --kind heap -o heap.pb.gz   (pprof -sample_index=inuse_space)
     rsprof export app.db -f folded -o - | flamegraph.pl > cpu.svg
+    rsprof export app.db -f html -o cpu.html         (open in any browser)
+    rsprof export app.db -f firefox -o app.json.gz   (load at profiler.firefox.com)
     """
     query = build_query(kind, options)
     target, selection = export(profile_file(file), fmt=fmt, query=query, output=output,
                                base_path=diff_base, sample_index=sample_index,
                                per_thread=per_thread, granularity=granularity)
     if target != "-":
-        kept = len(selection.samples.samples)
+        # Distinct stacks (per thread for CPU): the firefox format loads them per checkpoint.
+        kept = len({(sample.frames, sample.tid) for sample in selection.samples.samples})
         click.echo(f"rsprof: wrote {target} ({fmt}, {kind}, {kept} stacks)", err=True)
 
 

@@ -74,6 +74,10 @@ class Sample:
     tid: int | None = None  # CPU: the sampled thread (heap samples are merged over threads)
     thread_name: str = ""
     freed: tuple[int, int] = (0, 0)  # heap: (objects, bytes) freed in the range
+    pid: int | None = None  # CPU: the process of the sampled thread
+    # CPU loaded per checkpoint: the checkpoint's interval (absolute Unix ms, start and end)
+    # the samples were taken in; None when merged over the whole range.
+    interval_ms: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -88,6 +92,8 @@ class SampleSet:
     end_ms: int  # absolute Unix ms the range ends at
     period_ns: int = 0  # CPU: nanoseconds one sample stands for; heap: 0
     meta: dict[str, str] = field(default_factory=dict)
+    # pid -> process name (`comm` of the target, the command's program of a followed child)
+    process_names: dict[int, str] = field(default_factory=dict)
 
     @property
     def duration_ns(self) -> int:
@@ -133,9 +139,11 @@ def load_samples(
     time_range: TimeRange = TimeRange(),
     tid: int | None = None,
     pid: int | None = None,
+    per_checkpoint: bool = False,
 ) -> SampleSet:
     """Every CPU (or heap) sample of `profile` in `time_range`, for one thread if `tid`, one
-    process if `pid`."""
+    process if `pid`. `per_checkpoint` keeps CPU samples of each checkpoint apart (with its
+    interval) instead of merging them over the range: the resolution of a timeline."""
     if kind not in ("cpu", "heap"):
         raise ValueError(f"unknown kind {kind!r}: use cpu or heap")
     meta = profile.meta()
@@ -144,11 +152,28 @@ def load_samples(
     if kind == "cpu":
         freq = int(meta.get("cpu_freq_hz") or 99)
         period_ns = 1_000_000_000 // max(1, freq)
-        samples = _cpu_samples(profile, frames, checkpoints, tid, pid, period_ns)
+        samples = _cpu_samples(profile, frames, checkpoints, tid, pid, period_ns,
+                               per_checkpoint=per_checkpoint)
         return SampleSet("cpu", CPU_SAMPLE_TYPES, 0, samples, start_ms, end_ms,
-                         period_ns=period_ns, meta=meta)
+                         period_ns=period_ns, meta=meta, process_names=_process_names(profile))
     samples = _heap_samples(profile, frames, checkpoints, pid, tid)
-    return SampleSet("heap", HEAP_SAMPLE_TYPES, 3, samples, start_ms, end_ms, meta=meta)
+    return SampleSet("heap", HEAP_SAMPLE_TYPES, 3, samples, start_ms, end_ms, meta=meta,
+                     process_names=_process_names(profile))
+
+
+def _process_names(profile: Profile) -> dict[int, str]:
+    """The target's `comm` (meta), and for followed children their command's program name."""
+    names: dict[int, str] = {}
+    tables = {r[0] for r in profile.rows("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "processes" in tables:
+        for pid, command in profile.rows("SELECT pid, COALESCE(command, '') FROM processes"
+                                         " ORDER BY id"):
+            program = command.split(" ", 1)[0].rsplit("/", 1)[-1]
+            names.setdefault(int(pid), program or str(pid))
+    meta = profile.meta()
+    if str(meta.get("pid", "")).isdigit():
+        names[int(meta["pid"])] = meta.get("process_name") or names.get(int(meta["pid"]), "")
+    return names
 
 
 def _checkpoints_in_range(
@@ -199,10 +224,20 @@ def _cpu_samples(
     tid: int | None,
     pid: int | None,
     period_ns: int,
+    *,
+    per_checkpoint: bool = False,
 ) -> list[Sample]:
     inside = _id_list(cid for cid, within in checkpoints if within)
+    # Files recorded before processes were followed have no threads.pid: all of it is the
+    # one process in meta.
+    has_pid = "pid" in {row[1] for row in profile.rows("PRAGMA table_info(threads)")}
+    meta_pid = profile.meta().get("pid", "")
+    default_pid = int(meta_pid) if meta_pid.isdigit() else None
+    pid_column = "t.pid" if has_pid else "NULL"
+    checkpoint_column = "s.checkpoint_id" if per_checkpoint else "0"
     sql = (
-        "SELECT s.stack_id, s.tid, COALESCE(t.name, ''), SUM(s.count) FROM cpu_stack_samples s"
+        f"SELECT s.stack_id, s.tid, COALESCE(t.name, ''), SUM(s.count), {pid_column},"
+        f" {checkpoint_column} FROM cpu_stack_samples s"
         f" LEFT JOIN threads t ON t.tid = s.tid WHERE s.checkpoint_id IN ({inside})"
     )
     params: tuple[object, ...] = ()
@@ -210,22 +245,37 @@ def _cpu_samples(
         sql += " AND s.tid = ?"
         params = (tid,)
     if pid is not None:
-        # Files recorded before processes were followed have no threads.pid: all of it is
-        # the one process in meta.
-        columns = {row[1] for row in profile.rows("PRAGMA table_info(threads)")}
-        if "pid" in columns:
+        if has_pid:
             sql += " AND t.pid = ?"
             params = (*params, pid)
-        elif str(pid) != str(profile.meta().get("pid")):
+        elif pid != default_pid:
             return []
-    rows = profile.rows(sql + " GROUP BY s.stack_id, s.tid ORDER BY s.stack_id, s.tid", params)
+    order = "s.checkpoint_id, " if per_checkpoint else ""
+    rows = profile.rows(sql + f" GROUP BY {order}s.stack_id, s.tid"
+                        f" ORDER BY {order}s.stack_id, s.tid", params)
     stacks = frames.stacks({row[0] for row in rows})
+    intervals = _checkpoint_intervals(profile) if per_checkpoint else {}
     samples = []
-    for stack_id, thread, name, count in rows:
+    for stack_id, thread, name, count, thread_pid, checkpoint_id in rows:
         stack = stacks.get(stack_id)
         if stack and count:
-            samples.append(Sample(stack, [count, count * period_ns], thread, name))
+            samples.append(Sample(stack, [count, count * period_ns], thread, name,
+                                  pid=thread_pid if thread_pid is not None else default_pid,
+                                  interval_ms=intervals.get(checkpoint_id)))
     return samples
+
+
+def _checkpoint_intervals(profile: Profile) -> dict[int, tuple[int, int]]:
+    """Checkpoint id -> (start, end) in Unix ms: a checkpoint's interval starts where the
+    previous one ended (the first at the recording's start)."""
+    meta = profile.meta()
+    rows = profile.rows("SELECT id, timestamp_ms FROM checkpoints ORDER BY id")
+    previous = int(meta.get("start_time_ms") or (rows[0][1] if rows else 0))
+    intervals = {}
+    for checkpoint_id, end in rows:
+        intervals[checkpoint_id] = (min(previous, end), end)
+        previous = end
+    return intervals
 
 
 def _heap_samples(

@@ -22,6 +22,8 @@ class SampleQuery:
     time_range: TimeRange = field(default_factory=TimeRange)
     filters: FrameFilter = field(default_factory=FrameFilter)
     pid: int | None = None  # one process of a recording that followed children
+    # CPU samples of each checkpoint kept apart, with its interval (timelines: Firefox)
+    per_checkpoint: bool = False
 
 
 WHOLE_CPU_PROFILE = SampleQuery()
@@ -39,7 +41,7 @@ class Selection:
 
 def select(profile: Profile, query: SampleQuery) -> Selection:
     samples = load_samples(profile, query.kind, time_range=query.time_range, tid=query.tid,
-                           pid=query.pid)
+                           pid=query.pid, per_checkpoint=query.per_checkpoint)
     totals = [samples.total(i) for i in range(len(samples.sample_types))]
     samples.samples = query.filters.apply(samples.samples)
     return Selection(samples, totals)
