@@ -221,18 +221,23 @@ try:
                       os.geteuid(), start, 0, 0, 64)
     os.pwrite(fd, hdr, 0)
     run = threading.Event(); stop = False
+    # Held while the file is shrunk and regrown: run.clear() then `with toggling` leaves the
+    # file whole (no toggle under way, none starts), however late the toggler is scheduled.
+    toggling = threading.Lock()
     def toggle():
         while not stop:
             run.wait(0.1)
-            if run.is_set():
-                os.ftruncate(fd, 4096)
-                os.ftruncate(fd, size)
+            with toggling:
+                if run.is_set():
+                    os.ftruncate(fd, 4096)
+                    os.ftruncate(fd, size)
     t = threading.Thread(target=toggle); t.start()
     counts = {"sigbus": 0, "fstat": 0, "polls": 0}
     deadline = time.monotonic() + float(sys.argv[1])
     while time.monotonic() < deadline:
-        run.clear(); time.sleep(0.001)
-        r = HeapReader.attach(pid)
+        run.clear()
+        with toggling:
+            r = HeapReader.attach(pid)
         run.set()
         try:
             for _ in range(20000):
@@ -241,8 +246,9 @@ try:
         except ValueError as e:
             counts["sigbus" if "SIGBUS" in str(e) else "fstat"] += 1
         r.take(); r.discard(); r.close()
-        run.clear(); time.sleep(0.001)
-        os.ftruncate(fd, size); os.pwrite(fd, b'\0' * 4, 132)
+        run.clear()
+        with toggling:
+            os.ftruncate(fd, size); os.pwrite(fd, b'\0' * 4, 132)
     print(counts)
 finally:
     stop = True; run.set()
