@@ -387,6 +387,50 @@ def test_new_stack_budget_defers_not_drops() -> None:
         HeapReader.sweep_stale()
 
 
+def test_exited_ring_is_read_without_the_budget() -> None:
+    """A process that marked its ring exited writes no more and may wait at exit until it is
+    read: its ring is read at once, whatever the budget (up to the per-take bound of 512 Ki
+    words, 8 Ki 64-deep stacks), so it exits as soon as it did before budgets."""
+    env = {**os.environ, "LD_PRELOAD": str(SHIM)}
+    proc = subprocess.Popen([str(build_target("ring_abuse.c")), "flood", "0.3", "0"], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        reader = None
+        while reader is None:
+            try:
+                reader = HeapReader.attach(proc.pid)
+            except FileNotFoundError:
+                assert time.monotonic() < deadline and proc.poll() is None
+        with reader:
+            reader.new_stack_budget = 100
+            reader.take()
+            while not reader.deferred:
+                assert time.monotonic() < deadline
+                reader.poll()
+            assert len(reader.take().new_stacks) == 100
+            stdout, _ = proc.communicate(timeout=30)  # it exits: the shim marks the ring
+            committed = int(stdout.split()[-1])
+            assert reader.shim_flags & 1  # EXITED
+            new = 0
+            while True:
+                reader.poll()
+                batch = reader.take()
+                new += len(batch.new_stacks)
+                assert batch.dropped == 0
+                if batch.exited:
+                    break
+                # Never the budget's 100: all of the per-take bound, or the rest.
+                assert len(batch.new_stacks) == 8192, len(batch.new_stacks)
+            # Every record the target wrote, each a new stack, and its few real allocations.
+            assert committed <= 100 + new < committed + 50, (new, committed)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        HeapReader.sweep_stale()
+
+
 # ------------------------------------------------------------------ 3. corrupt debug info
 
 FUZZ_SCRIPT = r'''
