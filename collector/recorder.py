@@ -95,10 +95,14 @@ RING_BUDGET_KIB = 64 * 1024
 # stacks per take() as take this share of the interval, at the cost per stack last measured
 # (never fewer than HEAP_STACKS_MIN); the allocations of further new stacks wait in the
 # shared ring for the next take (only what the ring cannot hold meanwhile is lost, counted
-# by the shim). Until a first measurement the budget is the reader's maximum, so a
-# program's start is never held back on an idle machine.
+# by the shim). Until a first measurement the budget is HEAP_STACKS_START: 100 ms of
+# stacks at 50 us each. The reader's maximum there made the first checkpoints of a flood
+# 1.3-2.3 s apart on a loaded machine. On an idle one a program's start with more new
+# stacks than that is read over the first checkpoints (the ring keeps the rest), and the
+# first measurement sizes the budget.
 HEAP_STACKS_SHARE = 0.4
 HEAP_STACKS_MIN = 256
+HEAP_STACKS_START = 2048
 HEAP_STACKS_MAX = 65536
 # Below this many new stacks, a fill's time says too little about the cost of one.
 HEAP_STACKS_MEASURED = 64
@@ -236,7 +240,7 @@ class Recorder:
         # Seconds to symbolize and store one new heap stack (moving average; None until
         # measured) and the budget of new stacks per take() it gives every heap reader.
         self._heap_stack_cost: float | None = None
-        self._heap_stack_budget = HEAP_STACKS_MAX
+        self._heap_stack_budget = HEAP_STACKS_START
 
     @property
     def sampler(self) -> PerfSampler:

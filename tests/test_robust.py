@@ -330,21 +330,23 @@ def test_flooding_target_bounded_memory_checkpoints_go_on(tmp_path: Path) -> Non
         conn.close()
     # The checkpoints written while the target floods (its first 5 s; after it, rsprof reads
     # what the ring still holds, with no cadence to keep). Before the budget every one had
-    # 8 Ki new stacks to symbolize: 470 ms-2 s apart at load 8 on 2 cores, 4-9 of them, the
-    # gaps growing; with it 17-19, the median gap 250-252 ms (4 CPU hogs).
+    # 8 Ki new stacks to symbolize: 470 ms-2 s apart with 4 CPU hogs on 2 cores, 5-10 of
+    # them, the gaps growing; with it 17-21, the median gap 247-256 ms.
     flood = [stamp for stamp in times if stamp <= times[0] + seconds * 1000]
     gaps = sorted(later - earlier for earlier, later in itertools.pairwise(flood))
     assert len(flood) >= seconds * 1000 / (2 * interval_ms), (len(times), gaps)
     assert gaps[len(gaps) // 2] <= 2 * interval_ms, gaps
-    assert gaps[-1] < 8 * interval_ms, gaps
     # Deferred, never dropped to save time: every record the target wrote was read (its few
     # real allocations besides), and those beyond the reader's memory caps counted as lost,
     # with those the full ring refused.
     assert committed <= events < committed + 1000, (committed, events)
     assert lost > 0
-    assert took < seconds + 20  # reading the full 64 MiB ring at the end included
-    # Measured: 390-400 MiB peak (the caps reached: 128 Ki stacks), against 2.0 GiB after
-    # an 8 s flood before the caps. Baseline ~32 MiB.
+    # main: 62 s more after an 8 s flood. Now the full 64 MiB ring is read after the target
+    # exits (~90 k new stacks; before, dropped) and the target waits up to 2 s at exit for
+    # it: 11-16 s in all with 4 CPU hogs, 23-34 s at load 250.
+    assert took < seconds + 40
+    # Measured: 390-415 MiB peak (the caps reached: 128 Ki stacks, all symbolized and
+    # stored), against 2.0 GiB after an 8 s flood before the caps. Baseline 31 MiB.
     assert peak - base_peak < 400 * 1024, (peak, base_peak)
 
 
