@@ -89,17 +89,18 @@ RING_BUDGET_KIB = 64 * 1024
 
 # A checkpoint symbolizes and stores the heap stacks new since the last one, on the main
 # thread: a target allocating from ever new stacks (a flood: tests/targets/ring_abuse.c)
-# brought 8 Ki of them to every checkpoint, ~65 us each at load 8 on 2 cores (Python,
-# SQLite, and the garbage collector walking the growing caches), and checkpoints of a
-# 250 ms interval came 470-690 ms apart. Each heap reader announces at most as many new
-# stacks per take() as take this share of the interval, at the cost per stack last measured
-# (never fewer than HEAP_STACKS_MIN); the allocations of further new stacks wait in the
-# shared ring for the next take (only what the ring cannot hold meanwhile is lost, counted
-# by the shim). Until a first measurement the budget is HEAP_STACKS_START: 100 ms of
-# stacks at 50 us each. The reader's maximum there made the first checkpoints of a flood
-# 1.3-2.3 s apart on a loaded machine. On an idle one a program's start with more new
-# stacks than that is read over the first checkpoints (the ring keeps the rest), and the
-# first measurement sizes the budget.
+# brought 8 Ki of them to every checkpoint, ~65 us each with 4 CPU hogs on 2 cores
+# (Python, SQLite, and the garbage collector walking the growing caches), and
+# checkpoints of a 250 ms interval came 570 ms-1.3 s apart (median), up to 1.9 s, the
+# gaps growing; with the budget 250 ms (median), up to 250-480 ms. Each heap reader
+# announces at most as many new stacks per take() as take this share of the interval, at
+# the cost per stack last measured (never fewer than HEAP_STACKS_MIN); the allocations
+# of further new stacks wait in the shared ring for the next take (only what the ring
+# cannot hold meanwhile is lost, counted by the shim). Until a first measurement the
+# budget is HEAP_STACKS_START: 100 ms of stacks at 50 us each. The reader's maximum
+# there made the first checkpoints of a flood 1.3-2.3 s apart on a loaded machine. On an
+# idle one a program's start with more new stacks than that is read over the first
+# checkpoints (the ring keeps the rest), and the first measurement sizes the budget.
 HEAP_STACKS_SHARE = 0.4
 HEAP_STACKS_MIN = 256
 HEAP_STACKS_START = 2048
