@@ -934,8 +934,9 @@ def _freeze_garbage_collection() -> None:
     under a flood of new heap stacks the collector took 31 % of the checkpoints' time
     (2.8 s of 8.9 s; 131 Ki new stacks, 245-280 k tracked objects). Frozen objects are still
     freed by reference counting; only a cycle that becomes garbage later waits for the end
-    of the recording. The young generations are collected first, so that what died in a
-    cycle during this checkpoint is not frozen with the rest."""
+    of the recording (measured: none after 204 checkpoints of a Python target, 27 objects
+    after a shell script's 200 children). The young generations are collected first, so
+    that what died in a cycle during this checkpoint is not frozen with the rest."""
     gc.collect(1)
     gc.freeze()
 
