@@ -88,6 +88,12 @@ class HeapTracker:
         self.shim_flags = 0  # the ring header's flags, as of the last take()
         # The drain thread polls while the main thread takes: the reader is not shared-safe.
         self._lock = threading.Lock()
+        # (new stacks, seconds) the last fill() spent symbolizing and storing them: the
+        # recorder sizes every reader's budget of new stacks per take() by it.
+        self.last_resolve: tuple[int, float] = (0, 0.0)
+        # The last take() came while the reader had spent its budget of new stacks: more
+        # waits in the ring (read by the polls after that take).
+        self.deferred = False
 
     @classmethod
     def attach(
@@ -135,6 +141,12 @@ class HeapTracker:
                     return
                 except MemoryError:
                     return  # the record is retried by the next poll
+
+    def set_budget(self, new_stacks: int) -> None:
+        """New stacks one take() announces at most (clamped by the reader to 1 .. 65536)."""
+        with self._lock:
+            if not self.reader.closed:
+                self.reader.new_stack_budget = new_stacks
 
     def python_stats(self) -> dict[str, int] | None:
         """New stacks with all, some or none of their Python frames decoded (totals since
@@ -192,6 +204,7 @@ class HeapTracker:
             self._last_taken = self.dropped is not None
             if not self.reader.closed:
                 self.shim_flags = self.reader.shim_flags
+                self.deferred = self.dropped is None and self.reader.deferred
             return self.reader.take()
 
     def missed(self) -> list[str]:
@@ -213,11 +226,13 @@ class HeapTracker:
             self.resolver.python = self.python_reader
         # The shim read each allocation's Python frames then and there, under the GIL.
         # Its first address is the shim's return address into malloc's caller.
+        started = time.monotonic()
         stored = self.resolver.resolve_stacks(batch.new_stacks, python_read_late=False,
                                               leaf_is_return=True)
         self._native_to_stored.update(stored)
         for stack_id in stored.values():
             self._site_of_stack.setdefault(stack_id, self._site_location(stack_id))
+        self.last_resolve = (len(batch.new_stacks), time.monotonic() - started)
         # Added to what the checkpoint has already (an exec'd process's old and new rings
         # may both be read in one interval), in place: a shell script's hundred children
         # are a hundred trackers in one checkpoint.

@@ -9,6 +9,7 @@ one checkpoint, so slow symbolization never makes the kernel drop samples.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import stat
 import subprocess
@@ -88,6 +89,32 @@ RING_COPIES = (128, 32)
 # All CPUs' rings together stay under this, whatever the copy count asks for (a 64-CPU
 # machine must not pin 256 MiB for a profile).
 RING_BUDGET_KIB = 64 * 1024
+
+
+# A checkpoint symbolizes and stores the heap stacks new since the last one, on the main
+# thread: a target allocating from ever new stacks (a flood: tests/targets/ring_abuse.c)
+# brought 8 Ki of them to every checkpoint, ~65 us each with 4 CPU hogs on 2 cores
+# (Python, SQLite, and the garbage collector walking the growing caches), and
+# checkpoints of a 250 ms interval came 570 ms-1.3 s apart (median), up to 1.9 s, the
+# gaps growing; with the budget 250 ms (median), up to 250-480 ms. Each heap reader
+# announces at most as many new stacks per take() as take this share of the interval, at
+# the cost per stack last measured (never fewer than HEAP_STACKS_MIN); the allocations
+# of further new stacks wait in the shared ring for the next take (only what the ring
+# cannot hold meanwhile is lost, counted by the shim). Until a first measurement the
+# budget is HEAP_STACKS_START: 100 ms of stacks at 50 us each. The reader's maximum
+# there made the first checkpoints of a flood 1.3-2.3 s apart on a loaded machine. On an
+# idle one a program's start with more new stacks than that is read over the first
+# checkpoints (the ring keeps the rest), and the first measurement sizes the budget.
+HEAP_STACKS_SHARE = 0.4
+HEAP_STACKS_MIN = 256
+HEAP_STACKS_START = 2048
+HEAP_STACKS_MAX = 65536
+# Below this many new stacks, a fill's time says too little about the cost of one.
+HEAP_STACKS_MEASURED = 64
+# After the recording stops, checkpoints are written until every ring's deferred events
+# are read; the readers' memory bounds end it sooner (their dropping is counted), this only
+# guards against a ring that never empties.
+FINAL_ROUNDS = 64
 
 
 def ring_kib_for(options: RecordOptions, copies: int = RING_COPIES[0]) -> int:
@@ -221,6 +248,10 @@ class Recorder:
         self._heap_py_stats: dict[tuple[int, int], dict[str, int]] = {}
         self._heap_python_meta: dict[str, int] = {}
         self._heap_tracking_meta: dict[str, float] = {}
+        # Seconds to symbolize and store one new heap stack (moving average; None until
+        # measured) and the budget of new stacks per take() it gives every heap reader.
+        self._heap_stack_cost: float | None = None
+        self._heap_stack_budget = HEAP_STACKS_START
 
     @property
     def sampler(self) -> PerfSampler:
@@ -419,6 +450,29 @@ class Recorder:
         self._write_start_meta()
         drain = threading.Thread(target=self._drain_loop, name="rsprof-drain", daemon=True)
         drain.start()
+        try:
+            self._loop(drain)
+            self._checkpoint(final=True)
+            self._read_deferred()
+        finally:
+            # Back in the collector's sight: what died in a cycle meanwhile is collected.
+            gc.unfreeze()
+        self.sampler.close()
+        for heap in self._heaps.values():
+            heap.close()
+        if self.options.heap:
+            # A target killed without a chance to unlink its ring leaves it behind.
+            HeapTracker.sweep_stale()
+        result = self._totals
+        result.stop_reason = self.stop_reason or "interrupted"
+        result.kernel_sampled = self.sampler.kernel
+        result.threads = len(self._thread_names)
+        result.heap_mode = self._heap_mode[0] if self._heap_mode else "none"
+        return result
+
+    def _loop(self, drain: threading.Thread) -> None:
+        """Writes a checkpoint every interval until the recording stops, then stops the
+        drain thread."""
         started = time.monotonic()
         next_checkpoint = started + self.options.interval_s
         deadline = started + self.options.duration_s if self.options.duration_s else None
@@ -441,24 +495,27 @@ class Recorder:
                 if exited:
                     self.request_stop("target-exited")
                     break
+                _freeze_garbage_collection()
                 next_checkpoint += self.options.interval_s
                 if next_checkpoint < now:  # fell behind (e.g. a long cold symbolization)
                     next_checkpoint = now + self.options.interval_s
         finally:
             self._stop_drain(drain)
-        self._checkpoint(final=True)
-        self.sampler.close()
-        for heap in self._heaps.values():
-            heap.close()
-        if self.options.heap:
-            # A target killed without a chance to unlink its ring leaves it behind.
-            HeapTracker.sweep_stale()
-        result = self._totals
-        result.stop_reason = self.stop_reason or "interrupted"
-        result.kernel_sampled = self.sampler.kernel
-        result.threads = len(self._thread_names)
-        result.heap_mode = self._heap_mode[0] if self._heap_mode else "none"
-        return result
+
+    def _read_deferred(self) -> None:
+        """What the heap readers deferred is real allocations: read and written after the
+        recording stopped, however many checkpoints that takes now that no cadence is kept."""
+        for _ in range(FINAL_ROUNDS):
+            # A reader that had spent its budget when its batch was taken has more to read.
+            waiting = [heap for heap in self._heaps.values() if heap.deferred]
+            if not waiting:
+                return
+            _freeze_garbage_collection()
+            for heap in waiting:
+                heap.drain()
+            self._checkpoint(final=True)
+        self.warn("heap events still waiting in a ring after the recording stopped were not"
+                  " read")
 
     def _drain_loop(self) -> None:
         try:
@@ -488,6 +545,10 @@ class Recorder:
     def _stop_drain(self, drain: threading.Thread) -> None:
         self._drain_stop.set()
         drain.join()
+        # From now on every take() may announce as many new stacks as a reader holds.
+        self._heap_stack_budget = HEAP_STACKS_MAX
+        for heap in list(self._heaps.values()):
+            heap.set_budget(HEAP_STACKS_MAX)
         self.sampler.poll(0)
         if self.options.heap:
             self._scan_heap_rings()
@@ -542,6 +603,7 @@ class Recorder:
                                      self.warn, python=lambda: self._heap_python(pid))
         if tracker is None:
             return
+        tracker.set_budget(self._heap_stack_budget)
         # The image that made the ring: its fork or exec record is in the perf ring by now
         # (the kernel writes it before the new image runs), drained here. Its stacks are
         # resolved with that image's mappings, never those of the image before an exec
@@ -664,6 +726,8 @@ class Recorder:
             if current is not None:
                 heap.resolver = current.resolver
             done = heap.fill(heap_parts, heap_batch)
+            if not final:
+                self._measure_heap_stacks(*heap.last_resolve)
             stats = heap.python_stats()
             if stats is not None:
                 self._heap_py_stats[ring] = stats
@@ -723,6 +787,23 @@ class Recorder:
             # counted in the profile, so `top` can say how many stacks are incomplete
             self.writer.set_meta({"truncated_samples": totals.truncated_samples})
         return not self._target_alive()
+
+    def _measure_heap_stacks(self, stacks: int, seconds: float) -> None:
+        """Sizes every heap reader's budget of new stacks per take() so that symbolizing a
+        checkpoint's new stacks takes about HEAP_STACKS_SHARE of the interval at the cost
+        measured now: checkpoints keep their cadence under a flood of new stacks, on a busy
+        machine too, and the rest waits in the rings."""
+        if stacks < HEAP_STACKS_MEASURED:
+            return
+        cost = seconds / stacks
+        if self._heap_stack_cost is not None:
+            cost = (cost + self._heap_stack_cost) / 2
+        self._heap_stack_cost = cost
+        budget = int(HEAP_STACKS_SHARE * self.options.interval_s / max(cost, 1e-9))
+        self._heap_stack_budget = max(HEAP_STACKS_MIN, min(HEAP_STACKS_MAX, budget))
+        # Set on every reader each time: one the drain thread attached meanwhile has it too.
+        for heap in list(self._heaps.values()):
+            heap.set_budget(self._heap_stack_budget)
 
     def _count_heap_tracking(self, cpu: dict[tuple[int, int], int]) -> None:
         """Adds the checkpoint's samples in the heap shim's own work to the totals, and
@@ -889,6 +970,20 @@ class Recorder:
         if self.child is not None and self.child.poll() is None:
             return True
         return any(process.is_alive(pid) for pid in self.sampler.processes())
+
+
+def _freeze_garbage_collection() -> None:
+    """Takes what exists now out of the cyclic garbage collector's sight, until the recording
+    ends (Recorder.run unfreezes it). The recorder's caches (frames, locations, stacks: three
+    tracked objects per frame) only grow, and every full collection walked them all again:
+    under a flood of new heap stacks the collector took 31 % of the checkpoints' time
+    (2.8 s of 8.9 s; 131 Ki new stacks, 245-280 k tracked objects). Frozen objects are still
+    freed by reference counting; only a cycle that becomes garbage later waits for the end
+    of the recording (measured: none after 204 checkpoints of a Python target, 27 objects
+    after a shell script's 200 children). The young generations are collected first, so
+    that what died in a cycle during this checkpoint is not frozen with the rest."""
+    gc.collect(1)
+    gc.freeze()
 
 
 def _owner(pid: int) -> int | None:

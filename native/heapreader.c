@@ -57,9 +57,13 @@
  * (take()["dropped"]); the recording goes on.
  * - live map: 4 Mi blocks (slots at most 50 % full: <= 192 MiB);
  * - stack table: 256 Ki distinct stacks and 8 Mi words in all (64 MiB: return addresses,
- *   and for Python stacks the shim's raw frame words and the decoded ones);
- * - per take(): 64 Ki new stacks and 512 Ki new announced words, so that symbolizing one
- *   checkpoint's new stacks stays bounded and checkpoints keep being written. */
+ *   and for Python stacks the shim's raw frame words and the decoded ones).
+ * Per take(), at most `new_stack_budget` new stacks (set by the recorder, at most 64 Ki)
+ * and 512 Ki new announced words: symbolizing them is the checkpoint's work, and its
+ * cadence depends on it.  An allocation of one more new stack is not dropped but left in
+ * the ring (`deferred`) until the next take(): a real allocation is never thrown away to
+ * save time, and only what the ring itself cannot hold meanwhile is lost, counted by the
+ * shim (lost_events). */
 #define MAX_LIVE_BLOCKS (1u << 22)
 #define MAX_STACKS (1u << 18)
 #define MAX_STACK_IPS (1u << 23)
@@ -305,9 +309,11 @@ static bool stacks_grow_slots(stack_table *t) {
     return true;
 }
 
-/* Returns the id of this stack, adding it if new; -1 when out of memory, -2 when adding it
- * would exceed a bound (MAX_STACKS, MAX_STACK_IPS, or the per-take budget `new_budget`
- * counted from `ips_at_take` / `stacks_at_take`). */
+/* stacks_intern() results besides an id: out of memory (retry later), over a memory bound
+ * (MAX_STACKS, MAX_STACK_IPS: dropped, counted), over this take's budget (`new_budget` new
+ * stacks or MAX_NEW_IPS_PER_TAKE new words since `stacks_at_take` / `ips_at_take`: the
+ * record waits in the ring for the next take). */
+enum { STACK_NOMEM = -1, STACK_OVER_BOUND = -2, STACK_OVER_BUDGET = -3 };
 static bool pool_reserve(stack_table *t, size_t n) {
     if (t->nips + n <= t->ips_cap) return true;
     size_t cap = t->ips_cap;
@@ -319,9 +325,10 @@ static bool pool_reserve(stack_table *t, size_t n) {
     return true;
 }
 
+/* Returns the id of this stack, adding it if new, or one of the STACK_* results above. */
 static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth,
                              unsigned native, size_t stacks_at_take, size_t ips_at_take,
-                             bool *created) {
+                             size_t new_budget, bool *created) {
     *created = false;
     uint64_t h = stack_hash(ips, depth);
     size_t mask = t->cap - 1;
@@ -340,17 +347,17 @@ static int64_t stacks_intern(stack_table *t, const uint64_t *ips, unsigned depth
     /* The per-take budget counts what take() will announce (Python stacks: native
      * addresses, a marker, one word per frame), not the shim's raw words in the key. */
     unsigned announce = depth == native ? depth : native + 1 + (depth - native - 1) / 2;
-    if (t->count >= MAX_STACKS || t->nips + depth > MAX_STACK_IPS ||
-        t->count - stacks_at_take >= MAX_NEW_STACKS_PER_TAKE ||
+    if (t->count >= MAX_STACKS || t->nips + depth > MAX_STACK_IPS) return STACK_OVER_BOUND;
+    if (t->count - stacks_at_take >= new_budget ||
         t->announced + announce - ips_at_take > MAX_NEW_IPS_PER_TAKE)
-        return -2;
+        return STACK_OVER_BUDGET;
     if (t->count == t->info_cap) {
         stack_info *info = realloc(t->info, t->info_cap * 2 * sizeof(stack_info));
-        if (info == NULL) return -1;
+        if (info == NULL) return STACK_NOMEM;
         t->info = info;
         t->info_cap *= 2;
     }
-    if (!pool_reserve(t, depth)) return -1;
+    if (!pool_reserve(t, depth)) return STACK_NOMEM;
     uint32_t id = (uint32_t)t->count++;
     stack_info *si = &t->info[id];
     memset(si, 0, sizeof *si);
@@ -515,7 +522,9 @@ typedef struct {
     int32_t line;
 } py_memo;
 
-enum { RERR_NONE = 0, RERR_NOMEM, RERR_CORRUPT, RERR_TRUNCATED };
+/* RERR_DEFER: the record waits in the ring for the next take() (a new stack over the
+ * take's budget); not an error. */
+enum { RERR_NONE = 0, RERR_NOMEM, RERR_CORRUPT, RERR_TRUNCATED, RERR_DEFER };
 
 typedef struct {
     PyObject_HEAD
@@ -544,6 +553,9 @@ typedef struct {
     uint32_t *dirty;
     size_t ndirty, dirty_cap;
     uint32_t reported_stacks; /* stacks with id < this were returned by take() */
+    size_t new_stack_budget;  /* new stacks one take() announces, 1..MAX_NEW_STACKS_PER_TAKE */
+    size_t budget_now;        /* the budget of the drain under way (see drain_records) */
+    bool deferred;            /* a record waits in the ring for the next take() */
     size_t reported_ips;      /* stack-table announced words at the last take() */
     uint64_t events;          /* since the last take() */
     uint64_t unknown_frees;   /* since the last take() */
@@ -736,11 +748,13 @@ static int on_alloc(HeapReaderObject *r, uint64_t addr, uint64_t size, uint32_t 
     if (addr == 0 || !weigh(r, size, &b, &c)) return RERR_CORRUPT; /* malloc never records NULL */
     bool created;
     int64_t id = stacks_intern(&r->stacks, ips, depth, native, r->reported_stacks,
-                               r->reported_ips, &created);
-    if (id == -1) return RERR_NOMEM;
+                               r->reported_ips, r->budget_now, &created);
+    if (id == STACK_NOMEM) return RERR_NOMEM;
+    /* Before its way is touched: read again after the next take(), the record names it. */
+    if (id == STACK_OVER_BUDGET) return RERR_DEFER;
     uint32_t *ways = way ? ways_of(&r->ways, tid, true) : NULL;
     if (ways != NULL) ways[way - 1] = id >= 0 ? (uint32_t)id + 1 : 0; /* 0: repeats dropped */
-    if (id == -2) { /* over a bound: dropped, counted */
+    if (id == STACK_OVER_BOUND) { /* over a memory bound: dropped, counted */
         r->dropped++;
         return RERR_NONE;
     }
@@ -810,6 +824,13 @@ static uint64_t drain_records(HeapReaderObject *r) {
     const uint64_t m = r->mask;
     uint64_t pos = r->read_pos, published = pos, limit = pos + r->ring_size, n = 0;
     uint64_t ips[KEY_MAX];
+    /* A process that has marked its ring exited writes no more and waits at exit until it
+     * is read (RSPROF_HEAP_EXIT_WAIT_MS): its ring is read as fast as before budgets, so it
+     * exits as soon as it did (a shell script's short children), within the per-take
+     * bounds. */
+    r->budget_now = (__atomic_load_n(&r->hdr->flags, __ATOMIC_ACQUIRE) & RSPROF_HEAP_HF_EXITED)
+                        ? MAX_NEW_STACKS_PER_TAKE
+                        : r->new_stack_budget;
     while (pos < limit) {
         uint64_t i = pos >> 3;
         uint64_t head = __atomic_load_n(&d[i & m], __ATOMIC_ACQUIRE);
@@ -871,6 +892,10 @@ static uint64_t drain_records(HeapReaderObject *r) {
             r->error = RERR_NOMEM;
             break;
         }
+        if (err == RERR_DEFER) { /* the take's budget is spent: read it after the take */
+            r->deferred = true;
+            break;
+        }
         if (err == RERR_CORRUPT) {
             set_error(r, RERR_CORRUPT, pos, "implausible size, address or total");
             break;
@@ -904,7 +929,7 @@ static bool ring_size_ok(HeapReaderObject *r) {
  * SIGBUS (the target truncating its ring between the check and the access).  Called with
  * `lock` held and the GIL released. */
 static uint64_t drain(HeapReaderObject *r) {
-    if (r->error != RERR_NONE) return 0;
+    if (r->error != RERR_NONE || r->deferred) return 0;
     if (!ring_size_ok(r)) {
         set_error(r, RERR_TRUNCATED, r->read_pos, "the ring file was truncated");
         return 0;
@@ -1268,6 +1293,7 @@ static PyObject *HeapReader_attach(PyObject *cls, PyObject *args) {
         return PyErr_NoMemory();
     }
     r->lock_ready = true;
+    r->new_stack_budget = MAX_NEW_STACKS_PER_TAKE;
     if (!live_init(&r->live) || !stacks_init(&r->stacks)) {
         Py_DECREF(r);
         return PyErr_NoMemory();
@@ -1516,6 +1542,7 @@ static PyObject *build_take(HeapReaderObject *r) {
     /* Committed: reset the batch. */
     r->reported_stacks = (uint32_t)t->count;
     r->reported_ips = t->announced;
+    r->deferred = false; /* a new budget: the next poll reads on */
     r->dropped = 0;
     for (size_t k = 0; k < r->ndirty; k++) {
         stack_info *si = &t->info[r->dirty[k]];
@@ -1661,6 +1688,34 @@ static PyObject *HeapReader_get_inode(HeapReaderObject *r, void *c) {
 static PyObject *HeapReader_get_repeated(HeapReaderObject *r, void *c) {
     return PyLong_FromUnsignedLongLong(r->again);
 }
+static PyObject *HeapReader_get_new_stack_budget(HeapReaderObject *r, void *c) {
+    lock_nogil(r);
+    size_t v = r->new_stack_budget;
+    pthread_mutex_unlock(&r->lock);
+    return PyLong_FromSize_t(v);
+}
+/* The recorder sizes it to the work a checkpoint can do in its interval; clamped to
+ * 1 .. MAX_NEW_STACKS_PER_TAKE (at least one new stack per take: the ring always moves). */
+static int HeapReader_set_new_stack_budget(HeapReaderObject *r, PyObject *value, void *c) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "new_stack_budget cannot be deleted");
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 1) v = 1;
+    if (v > MAX_NEW_STACKS_PER_TAKE) v = MAX_NEW_STACKS_PER_TAKE;
+    lock_nogil(r);
+    r->new_stack_budget = (size_t)v;
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+}
+static PyObject *HeapReader_get_deferred(HeapReaderObject *r, void *c) {
+    lock_nogil(r);
+    bool v = r->deferred;
+    pthread_mutex_unlock(&r->lock);
+    return PyBool_FromLong(v);
+}
 static PyObject *HeapReader_get_created_ns(HeapReaderObject *r, void *c) {
     return PyLong_FromUnsignedLongLong(r->created_mono_ns);
 }
@@ -1713,6 +1768,12 @@ static PyGetSetDef HeapReader_getset[] = {
     {"repeated", (getter)HeapReader_get_repeated, NULL,
      "allocations read as a repeat of a stack the same thread sent before (ALLOC_AGAIN)",
      NULL},
+    {"new_stack_budget", (getter)HeapReader_get_new_stack_budget,
+     (setter)HeapReader_set_new_stack_budget,
+     "new stacks one take() announces at most (1 .. 65536); the allocations of further new "
+     "stacks wait in the ring for the next take()", NULL},
+    {"deferred", (getter)HeapReader_get_deferred, NULL,
+     "the take's budget is spent: polls read nothing until the next take()", NULL},
     {"python_wanted", (getter)HeapReader_get_python_wanted, NULL,
      "an allocation with Python frames waits for set_python()", NULL},
     {"shim_flags", (getter)HeapReader_get_shim_flags, NULL,

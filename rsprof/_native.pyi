@@ -214,6 +214,13 @@ class HeapReader:
     @property
     def repeated(self) -> int:
         """Allocations read as a repeat of a stack their thread sent before."""
+    new_stack_budget: int
+    """New stacks one take() announces at most (1 .. 65536, clamped; default 65536). The
+    allocation of one more new stack waits in the ring for the next take() (`deferred`);
+    nothing is dropped for it. The recorder sizes it to its checkpoint interval."""
+    @property
+    def deferred(self) -> bool:
+        """This take's budget is spent: poll() reads nothing until the next take()."""
     @property
     def python_wanted(self) -> bool: ...
     @property

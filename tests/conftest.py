@@ -180,14 +180,22 @@ def checkpoint_count(profile: Path) -> int:
         return 0
 
 
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 20,
+               poll: float = 0.02) -> None:
+    """Waits until `condition()` is true, checked every `poll` seconds; fails naming `what`
+    after `timeout` seconds. For a test that needs something to have happened (a file
+    written, a process gone), instead of a sleep sized for an idle machine."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(poll)
+
+
 def wait_for_checkpoints(profile: Path, count: int, timeout: float = 20) -> None:
     """Waits until a recording in progress has committed `count` checkpoints."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if profile.exists() and checkpoint_count(profile) >= count:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{profile} did not reach {count} checkpoints")
+    wait_until(lambda: profile.exists() and checkpoint_count(profile) >= count,
+               f"{profile} reaches {count} checkpoints", timeout, poll=0.1)
 
 
 def _record_run(out: Path, *args: str) -> Path:
