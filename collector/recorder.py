@@ -422,6 +422,8 @@ class Recorder:
                 "process_name": self.target.name,
                 "exe_path": self.target.exe,
                 "cmdline": self.target.cmdline,
+                # 1: started by `rsprof run` (ending the recording ends it), 0: attached
+                "target_launched": int(self.child is not None),
                 "start_time": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds"),
                 "start_time_ms": int(now * 1000),
                 "cpu_freq_hz": self.options.freq_hz,

@@ -14,7 +14,7 @@ from rsprof.storage.live import CpuRow
 from rsprof.tui.app import RsprofApp
 from rsprof.tui.main_screen import MainScreen
 from rsprof.tui.model import TreeRow, View
-from rsprof.tui.screens import HelpScreen, ThreadPicker
+from rsprof.tui.screens import ConfirmQuit, HelpScreen, ThreadPicker
 from rsprof.tui.widgets.chart import ProfileChart
 from rsprof.tui.widgets.header import ProfileHeader
 from rsprof.tui.widgets.peek import PeekPanel
@@ -782,5 +782,60 @@ def test_keys_replace_the_screen_state(profile: Path) -> None:
         assert after.sorts[View.CPU.slot] == ("live", True)  # each view keeps its own
         with pytest.raises(dataclasses.FrozenInstanceError):
             after.filter = ""  # type: ignore[misc]
+
+    drive(make_app(profile), scenario)
+
+
+@pytest.mark.parametrize("launched", [True, False])
+@pytest.mark.parametrize("key", ["q", "escape", "ctrl+q"])
+def test_no_key_ends_a_live_recording_without_asking(tmp_path: Path, key: str,
+                                                     launched: bool) -> None:
+    """While a live recording runs, q, Esc with nothing open and Ctrl-Q ask first (issue 24:
+    a stray Esc ended the program `rsprof run` had started); n (or Esc, q) stays, y quits.
+    The question says whether the program ends (run) or keeps running (attached)."""
+    path = build_profile(tmp_path / "live.db", 10, state="recording")
+    db = sqlite3.connect(path)
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('target_launched', ?)", (str(int(launched)),))
+    db.commit()
+    db.close()
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        await press(pilot, key)
+        assert app.is_running and isinstance(app.screen, ConfirmQuit)
+        asked = app.screen.question
+        assert ("end demo (PID 4242)" in asked) == launched, asked
+        assert ("keeps running" in asked) == (not launched), asked
+        await press(pilot, "n")
+        assert app.is_running and not isinstance(app.screen, ConfirmQuit)
+        await press(pilot, key, "escape")  # Esc in the question: no
+        assert app.is_running and not isinstance(app.screen, ConfirmQuit)
+        await press(pilot, key)
+        await pilot.press("y")
+        await pilot.pause()
+        assert app.return_code == 0 and not app.is_running
+
+    drive(make_app(path, live=True), scenario)
+
+
+def test_a_finished_file_quits_at_once(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.return_code == 0 and not app.is_running
+
+    drive(make_app(profile, live=True), scenario)
+
+
+def test_escape_from_the_flame_returns_to_the_tree_it_was_opened_from(profile: Path) -> None:
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main = app.main
+        await press(pilot, "f", "F")
+        assert main.state.flame_open and not main.state.tree_open
+        await press(pilot, "escape")
+        assert main.state.tree_open and not main.state.flame_open  # back to the tree
+        await press(pilot, "escape")
+        assert not main.state.tree_open and app.is_running  # then the table
+        await press(pilot, "F", "escape")
+        assert not main.state.tree_open and not main.state.flame_open  # table: table
 
     drive(make_app(profile), scenario)

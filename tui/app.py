@@ -52,6 +52,10 @@ class RsprofApp(App[int]):
     def on_mount(self) -> None:
         self.push_screen(MainScreen())
 
+    async def action_quit(self) -> None:
+        """Ctrl-Q (Textual's quit key) asks as q does while a live recording runs."""
+        self.main.action_quit()
+
     def action_interrupt(self) -> None:
         """Ctrl-C: exit code 130 tells the recording session "interrupted" (it stops and
         finalizes the file); viewing a file, it just quits."""

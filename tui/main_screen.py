@@ -41,7 +41,7 @@ from .model import (
     next_sort,
     runtime_hidden,
 )
-from .screens import ALL_THREADS, HelpScreen, ThreadPicker
+from .screens import ALL_THREADS, ConfirmQuit, HelpScreen, ThreadPicker
 from .widgets.chart import ChartState, ProfileChart
 from .widgets.flame import FlameView
 from .widgets.footer import FitFooter
@@ -430,7 +430,24 @@ class MainScreen(Screen[None]):
         return self.FOOTER_RANKS.get(action, 10)
 
     def action_quit(self) -> None:
-        self.app.exit(0, return_code=0)
+        """q, Esc with nothing open, Ctrl-Q: while a live recording runs, ask first (for a
+        program `rsprof run` started, quitting ends it); else quit."""
+        info = self.snapshot.info if self.snapshot is not None else None
+        live = getattr(self.app, "live", False) and info is not None and (
+            info.state == "recording")
+        if not live or any(isinstance(s, ConfirmQuit) for s in self.app.screen_stack):
+            self.app.exit(0, return_code=0)
+            return
+        assert info is not None
+        target = f"{info.process_name or 'the program'} (PID {info.pid})"
+        question = (f"Stop recording and end {target}?" if info.launched else
+                    f"Stop recording? {target} keeps running.")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.app.exit(0, return_code=0)
+
+        self.app.push_screen(ConfirmQuit(question), answered)
 
 
 
@@ -586,9 +603,12 @@ class MainScreen(Screen[None]):
     def action_toggle_flame(self) -> None:
         """The icicle of what the tree shows (thread, window, filter) instead of the table;
         it replaces the tree too."""
-        self.state = replace(self.state, flame_open=not self.state.flame_open)
+        opening = not self.state.flame_open
+        # The flame replaces the tree; closing it returns to the view it was opened from.
+        self.state = replace(self.state, flame_open=opening,
+                             tree_open=False if opening else self.state.flame_from_tree,
+                             flame_from_tree=self.state.tree_open if opening else False)
         if self.state.flame_open:
-            self.state = replace(self.state, tree_open=False)
             if self.state.chart_open and self.state.view is View.MEMORY:
                 self.action_toggle_chart()  # the Memory chart is per call site
         flame = self.query_one(FlameView)

@@ -326,6 +326,7 @@ class ScreenState:
     thread: int | None = None
     tree_open: bool = False  # the call tree (CPU) or allocation tree (Memory) for the table
     flame_open: bool = False  # the icicle instead of the table (or tree)
+    flame_from_tree: bool = False  # the flame was opened from the tree: Esc goes back there
     chart_open: bool = False
     peek_open: bool = False  # the callers and callees panel
     window_on: bool = False  # the CPU view covers the zoom/pan window, not everything

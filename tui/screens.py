@@ -6,6 +6,7 @@ import os
 from typing import ClassVar
 
 from rich.table import Table
+from rich.text import Text
 from rsprof.storage.live import ThreadInfo
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -17,8 +18,8 @@ from textual.widgets.option_list import Option
 from .format import fmt_count
 
 KEYS: tuple[tuple[str, str], ...] = (
-    ("q", "quit (live: stops and finalizes the recording)"),
-    ("Esc", "close filter, chart, callers, flame or tree; else quit"),
+    ("q, Ctrl-Q", "quit (live: asks first, then stops and finalizes the recording)"),
+    ("Esc", "close filter, chart, callers, flame (back to the tree) or tree; else as q"),
     ("Ctrl-C", "stop the recording and quit"),
     ("1 / 2", "CPU view / Memory view"),
     ("m", "toggle between the two views"),
@@ -133,3 +134,23 @@ class ThreadPicker(ModalScreen[str | None]):
 
     async def action_dismiss(self, result: object = None) -> None:
         self.dismiss(None)
+
+
+class ConfirmQuit(ModalScreen[bool]):
+    """Asks before a key ends a live recording (perf top asks too): a stray Esc must not
+    end the program `rsprof run` started. y or Enter: quit; n, Esc or q: stay."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("y,enter", "answer(True)", "Yes"),
+        Binding("n,escape,q", "answer(False)", "No"),
+    ]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text(f"{self.question}  y/n"), id="confirm-quit")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)

@@ -102,6 +102,7 @@ class FollowedFile:
             target_exit_code=_int(meta.get("target_exit_code")),
             kernel_sampled=meta.get("kernel_sampled") != "0",
             python=bool(meta.get("python_runtimes")),
+            launched=meta.get("target_launched") == "1",
         )
         changed, self.info = info != self.info, info
         return changed

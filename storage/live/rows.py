@@ -25,6 +25,7 @@ class ProfileInfo:
     target_exit_code: int | None = None
     kernel_sampled: bool = True  # False: time in the kernel was not allowed to be sampled
     python: bool = False  # a CPython whose frames were read (the TUI hides its runtime)
+    launched: bool = False  # started by `rsprof run`: stopping the recording ends it
 
 
 @dataclass(frozen=True, slots=True)
