@@ -124,11 +124,19 @@ class BuildNative(build_ext):
         )
 
     def _build_demo(self) -> None:
+        # The demo's source ships beside it, and its debug info names it relative to
+        # itself ("demo.c", not the build folder, which pip deletes): the symbolizer finds a
+        # relative source path beside the binary (collector/symbols/symbolizer.py).
+        source = NATIVE / "demo"
         self._build_program(
             "demo", "rsprof-demo",
-            ["-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-pthread"],
+            ["-O1", "-g", "-fno-omit-frame-pointer", "-mno-omit-leaf-frame-pointer", "-pthread",
+             f"-ffile-prefix-map={Path.cwd()}=.", f"-ffile-prefix-map={HERE.resolve()}=.",
+             f"-ffile-prefix-map={source.resolve()}=."],
             ["-pthread"],
         )
+        for c_file in source.glob("*.c"):
+            shutil.copyfile(c_file, self._package_dir() / "bin" / c_file.name)
 
     def _build_launcher(self) -> None:
         """`rsprof run` starts its target through this (native/launch/launch.c)."""

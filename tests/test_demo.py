@@ -27,6 +27,11 @@ def test_demo_headless_summary(tmp_path: Path) -> None:
     assert "thread_trampoline" not in result.stdout
     assert "thread_trampoline" not in by_name
     assert not [row for row in rows if "librsprof_heap" in row["module"]]
+    # The demo's source ships beside it and its rows name that file, which exists (it
+    # named pip's deleted build folder: /tmp/pip-req-build-*/native/demo/demo.c).
+    demo_rows = [by_name[name] for name in ("compute_hashes", "spin_for", "parse_requests")]
+    for row in demo_rows:
+        assert row["file"].endswith("rsprof/bin/demo.c") and Path(row["file"]).is_file(), row
 
 
 def test_demo_help_lists_what_a_demo_uses() -> None:

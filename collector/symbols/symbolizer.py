@@ -67,6 +67,7 @@ class Module:
         self._memo: dict[int, tuple[SourceFrame, ...]] = {}
         self._symtab: SymbolTable | None = None
         self._fdes: tuple[list[int], list[int]] | None = None
+        self._sources: dict[str, str] = {}  # relative source path -> as shown (_source_path)
         self._dwarf_loaded = False
         self._dwarf: DwarfIndex | None = None
         self._dwarf_elf: ElfFile = elf  # the file the DWARF comes from (maybe a debug file)
@@ -170,6 +171,19 @@ class Module:
         results = dwarf.lookup(vaddrs) if dwarf is not None else {}
         return {a: self._frames(a, symtab.lookup(a), results.get(a)) for a in vaddrs}
 
+    def _source_path(self, file: str) -> str:
+        """A relative source path names the file beside the binary when there is one there:
+        a binary built with `-ffile-prefix-map=SRC=.` (reproducible builds do it, so does
+        rsprof's own demo, whose source ships beside it) records paths relative to a build
+        folder that is gone. Else the path stays as the debug info has it."""
+        if not file or os.path.isabs(file):
+            return file
+        found = self._sources.get(file)
+        if found is None:
+            beside = os.path.normpath(os.path.join(os.path.dirname(self.path), file))
+            found = self._sources[file] = beside if os.path.isfile(beside) else file
+        return found
+
     def _unknown(self, vaddr: int) -> str:
         """A name for code no symbol covers. Stripped code is grouped by the function ranges
         of its CFI (the FDEs of .eh_frame), so one stripped function is one row named after
@@ -193,6 +207,7 @@ class Module:
     def _frames(self, vaddr: int, symbol: str | None,
                 result: DwarfResult | None) -> tuple[SourceFrame, ...]:
         file, line = result.line if result is not None and result.line else ("", 0)
+        file = self._source_path(file)
         if result is None or not result.scopes:
             if symbol is None:
                 return (SourceFrame(self._unknown(vaddr), file, line, None),)
@@ -220,7 +235,7 @@ class Module:
                 function = self._unknown(vaddr)
             if outermost and system is None and symbol and symbol != function:
                 system = symbol  # e.g. the clone `foo.constprop.0` of DWARF's `foo`
-            frames.append(SourceFrame(function, file, line,
+            frames.append(SourceFrame(function, self._source_path(file), line,
                                       system if system != function else None))
             # The next (outer) frame is positioned at the call site of this inlined one.
             file = table.file_name(call_file) if table is not None else ""
