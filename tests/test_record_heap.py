@@ -100,7 +100,9 @@ def test_attach_later_with_preload(tmp_path: Path) -> None:
 
 
 def test_cpu_only_profile_says_how_to_enable_heap(tmp_path: Path) -> None:
-    target = subprocess.Popen([str(build_target("leaky.c")), "200", "10"],
+    """A process started without the shim (it lives 30 s, killed after: under four CPU hogs
+    rsprof took longer than the 2 s it once lived to attach)."""
+    target = subprocess.Popen([str(build_target("leaky.c")), "3000", "10"],
                               stdout=subprocess.PIPE, text=True,
                               env=rsprof_env() | {"LD_PRELOAD": ""})
     try:
