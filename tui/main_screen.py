@@ -20,6 +20,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import Screen
 from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import Input, Static
 
 from .export import ExportFailed, export_view
@@ -505,11 +506,18 @@ class MainScreen(Screen[None]):
         return self.query_one(ProfileTable)
 
     def action_switch_focus(self) -> None:
+        """Tab: the table (or tree, flame), then the chart and the callers panel when they
+        are open, in turn. The callers panel scrolls with the arrow keys once focused (at
+        80x24 it shows a few of its rows)."""
         primary, chart = self._primary(), self.query_one(ProfileChart)
-        if self.state.chart_open and chart.display and primary.has_focus:
-            chart.focus()
-        else:
-            primary.focus()
+        peek = self.query_one(PeekPanel)
+        ring: list[Widget] = [primary]
+        if self.state.chart_open and chart.display:
+            ring.append(chart)
+        if self.state.peek_open and peek.display:
+            ring.append(peek)
+        at = next((i for i, widget in enumerate(ring) if widget.has_focus), -1)
+        ring[(at + 1) % len(ring)].focus()
 
     def action_cycle_sort(self) -> None:
         view = self.state.view

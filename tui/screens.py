@@ -38,7 +38,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("b", "bar or line chart"),
     ("z", "chart's y axis from zero, or fitted to the data"),
     ("r", "CPU Trend: one scale for the column, or per row"),
-    ("Tab", "move focus between table and chart"),
+    ("Tab", "move focus: table, chart, callers panel (arrows scroll it)"),
     ("/", "focus: samples through a frame matching a regex (--focus; Esc clears)"),
     ("H", "hide or show start-up and interpreter frames (--hide-runtime; on for Python)"),
     ("s / S", "sort by the next column / reverse (or click a header)"),

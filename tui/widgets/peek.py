@@ -28,7 +28,9 @@ def peek_table(peek: PeekInfo | None, window: str) -> Table | Text:
         if not items:
             table.add_row("", "", Text(none, "dim italic"), "")
         for n in items:
-            table.add_row(fmt_count(n.samples), fmt_pct(n.pct), shown[n.function], n.location)
+            # Text, never a str: Rich reads a str cell as markup, and `[kernel]` vanished.
+            table.add_row(fmt_count(n.samples), fmt_pct(n.pct), Text(shown[n.function]),
+                          Text(n.location))
 
     base = peek.all_samples or 1
     table.title = Text.assemble(
@@ -40,7 +42,7 @@ def peek_table(peek: PeekInfo | None, window: str) -> Table | Text:
     add("callers", peek.callers, "(none: it starts its stacks)")
     table.add_row(
         fmt_count(peek.total_samples), "100.0%",
-        Text.assemble(("▶ ", "bold"), (shown[peek.function], "bold")), peek.location,
+        Text.assemble(("▶ ", "bold"), (shown[peek.function], "bold")), Text(peek.location),
         style="on grey23",
     )
     add("callees", peek.callees, "(none: all self time)")
