@@ -74,7 +74,7 @@ def dump(pid: int, *, python: bool = True, stack_bytes: int = 65536) -> ProcessD
     """Stops every thread of `pid` for a moment and returns their stacks."""
     target = process.target_from_pid(pid)
     runtime, reader = _python_reader(pid) if python else (None, None)
-    names = {tid: process.thread_name(pid, tid) or "" for tid in _tasks(pid)}
+    names = {tid: process.thread_name(pid, tid) or "" for tid in process.thread_ids(pid)}
     started = time.monotonic()
     try:
         stopped = StoppedProcess(pid, stack_bytes)
@@ -124,14 +124,6 @@ def _python_reader(pid: int) -> tuple[PythonRuntime | None, PyFrameReader | None
     if runtime is None or runtime.layout is None:
         return runtime, None
     return runtime, reader_for(pid, runtime)
-
-
-def _tasks(pid: int) -> list[int]:
-    try:
-        return sorted(int(entry.name) for entry in Path(f"/proc/{pid}/task").iterdir()
-                      if entry.name.isdigit())
-    except OSError:
-        return []
 
 
 def _symbolize(pid: int, reader: PyFrameReader | None, chains: list[tuple[int, list[int]]],

@@ -402,15 +402,22 @@ static pyf_code *pyf_code_at(rs_pyreader *self, uint64_t addr) {
     return c;
 }
 
+/* The code object at `code` (*c), or RS_PY_GONE (the process left) / RS_PY_DROPPED
+ * (counted): the lookup rs_pyreader_code and rs_pyreader_resolve share. */
+static int pyf_code_lookup(rs_pyreader *r, uint64_t code, pyf_code **c) {
+    r->gone = 0;
+    *c = pyf_code_at(r, code);
+    if (*c != NULL) return 0;
+    if (r->gone) return RS_PY_GONE;
+    r->dropped++;
+    return RS_PY_DROPPED;
+}
+
 int rs_pyreader_code(rs_pyreader *r, uint64_t code, uint32_t tag, int64_t unit,
                      uint32_t *function, int32_t *line) {
-    r->gone = 0;
-    pyf_code *c = pyf_code_at(r, code);
-    if (c == NULL) {
-        if (r->gone) return RS_PY_GONE;
-        r->dropped++;
-        return RS_PY_DROPPED;
-    }
+    pyf_code *c;
+    int rc = pyf_code_lookup(r, code, &c);
+    if (rc != 0) return rc;
     /* Another code object (or other strings) at the address since the shim saw it. */
     if (rsprof_heap_py_tag(c->name_ptr, c->file_ptr, c->table_ptr, c->first_line) != tag) {
         r->dropped++;
@@ -423,13 +430,9 @@ int rs_pyreader_code(rs_pyreader *r, uint64_t code, uint32_t tag, int64_t unit,
 
 int rs_pyreader_resolve(rs_pyreader *r, uint64_t code, uint64_t instr, uint32_t *function,
                         int32_t *line) {
-    r->gone = 0;
-    pyf_code *c = pyf_code_at(r, code);
-    if (c == NULL) {
-        if (r->gone) return RS_PY_GONE;
-        r->dropped++;
-        return RS_PY_DROPPED;
-    }
+    pyf_code *c;
+    int rc = pyf_code_lookup(r, code, &c);
+    if (rc != 0) return rc;
     /* The same instruction offset as the walk computes (rs_pyreader_walk). */
     uint64_t base = code + (uint64_t)r->off[O_CODE_ADAPTIVE];
     int64_t unit = instr >= base ? (int64_t)((instr - base) / 2) : -1;

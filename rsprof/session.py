@@ -24,6 +24,7 @@ from rsprof.collector.heap import HeapTracker
 from rsprof.collector.process import Target, target_from_pid
 from rsprof.collector.recorder import Recorder, RecordOptions, RecordResult, heap_tracking_share
 from rsprof.output import TAIL_LINES, OutputCapture
+from rsprof.render import human_bytes
 from rsprof.storage.errors import StorageFullError
 from rsprof.storage.writer import ProfileWriter
 
@@ -328,7 +329,7 @@ class ProgressLine:
         if totals.lost_samples:
             text += f" ({totals.lost_samples:,} lost)"
         if self.heap or self.recorder.heap_rings:
-            text += f", heap live {_bytes(totals.heap_live_bytes)}"
+            text += f", heap live {human_bytes(totals.heap_live_bytes)}"
         print(f"\r\x1b[K{text}", end="", file=sys.stderr, flush=True)
         self.shown = True
 
@@ -348,15 +349,6 @@ def _count(n: int, noun: str) -> str:
 
 def _seconds(value: float) -> str:
     return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
-
-
-def _bytes(value: int) -> str:
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(size) < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 def _finish_quietly(writer: ProfileWriter, reason: str) -> None:

@@ -159,6 +159,24 @@ def record_pid(pid: int, out: Path, *extra: str,
                       timeout=timeout)
 
 
+def read_pty(primary: int, timeout: float = 60) -> bytes:
+    """Everything written to a pty's other side until it closes (EIO); the caller closes
+    `primary`. Each read waits at most `timeout` seconds."""
+    import select
+
+    said = b""
+    while True:
+        ready, _, _ = select.select([primary], [], [], timeout)
+        assert ready, said
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: the other side closed
+            return said
+        if not chunk:
+            return said
+        said += chunk
+
+
 @pytest.fixture
 def spinner() -> Iterator[subprocess.Popen[str]]:
     """A CPU-bound target without the heap shim."""

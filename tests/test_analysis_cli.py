@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LEAKY_THREADS, LEAKY_TICKS, assert_share, rsprof_env, run_rsprof, top_json
+from conftest import (
+    LEAKY_THREADS,
+    LEAKY_TICKS,
+    assert_share,
+    read_pty,
+    rsprof_env,
+    run_rsprof,
+    top_json,
+)
 
 
 def _by_function(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -316,16 +324,8 @@ def _on_a_terminal(args: tuple[str, ...], env: dict[str, str]) -> str:
                             stdin=subprocess.DEVNULL, stdout=secondary,
                             stderr=subprocess.DEVNULL, env={**rsprof_env(), **env})
     os.close(secondary)
-    said = b""
     try:
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # EIO: the other side closed
-                break
-            if not chunk:
-                break
-            said += chunk
+        said = read_pty(primary)
     finally:
         os.close(primary)
         proc.wait(timeout=60)

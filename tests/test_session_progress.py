@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import rsprof_env, run_rsprof
+from conftest import read_pty, rsprof_env, run_rsprof
 
 
 def _first_line(proc: subprocess.Popen[bytes], timeout: float) -> tuple[str, float]:
@@ -82,18 +82,8 @@ def test_progress_on_a_terminal_is_rewritten_in_place(tmp_path: Path) -> None:
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=secondary,
         env=rsprof_env())
     os.close(secondary)
-    said = b""
     try:
-        while True:
-            ready, _, _ = select.select([primary], [], [], 60)
-            assert ready, said
-            try:
-                chunk = os.read(primary, 4096)
-            except OSError:  # EIO: the other side closed
-                break
-            if not chunk:
-                break
-            said += chunk
+        said = read_pty(primary)
     finally:
         os.close(primary)
         proc.wait(timeout=60)

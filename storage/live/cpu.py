@@ -17,6 +17,7 @@ from rsprof.storage.live.functions import (
     NO_FILTER,
     WHOLE_RECORDING,
     CallPath,
+    FilteredStacks,
     FunctionLabels,
 )
 from rsprof.storage.live.rows import CallNode, CpuRow, Neighbour, PeekInfo, Series
@@ -33,10 +34,7 @@ class CpuModel:
         self.thread: int | None = None
         self._frames: dict[int, tuple[Frame, ...]] = {}  # stack id -> frames, leaf first
         self._paths: dict[int, CallPath] = {}
-        self._filter = NO_FILTER
-        self._filtered: dict[int, CallPath | None] = {}  # under self._filter; None: dropped
-        self._verdicts: dict[int, bool | None] = {}
-        self._rewritten: dict[int, Frame | None] = {}
+        self._filtered: FilteredStacks[CallPath] = FilteredStacks()
         self.reset(None)
 
     def reset(self, thread: int | None) -> None:
@@ -122,15 +120,7 @@ class CpuModel:
         """The stack's call path after the filters; None when they drop its samples."""
         if not filters.active:
             return self._paths[stack_id]
-        if filters != self._filter:
-            self._filter = filters
-            self._filtered, self._verdicts, self._rewritten = {}, {}, {}
-        if stack_id in self._filtered:
-            return self._filtered[stack_id]
-        frames = filters.stack(self._frames[stack_id], self._verdicts, self._rewritten)
-        path = None if frames is None else self.labels.path(frames)
-        self._filtered[stack_id] = path
-        return path
+        return self._filtered.get(stack_id, self._frames[stack_id], filters, self.labels.path)
 
     def stack_weights(self, time_range: TimeRange) -> dict[int, int]:
         """Samples per stack id of the thread shown in `time_range`."""

@@ -4,8 +4,9 @@ it), numbered once for the file's lifetime, and named with its hottest line."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from rsprof.storage.callgraph import TreeNode
 from rsprof.storage.filters import FrameFilter
@@ -17,6 +18,7 @@ from rsprof.storage.samples import Frame, Line, TimeRange
 # fast paths, which need no per-stack work, are taken for exactly these.
 WHOLE_RECORDING = TimeRange()
 NO_FILTER = FrameFilter()
+T = TypeVar("T")
 
 
 class CallPath(NamedTuple):
@@ -82,3 +84,25 @@ class FunctionLabels:
             )
 
         return replace(convert(root, ()), base_samples=base)
+
+
+class FilteredStacks(Generic[T]):
+    """What each stack becomes under the view's filters (a call path, a heap call site...),
+    computed once per stack and filter: a new filter starts over. The frame-level caches of
+    FrameFilter.stack live as long as the filter does."""
+
+    def __init__(self) -> None:
+        self._filter = NO_FILTER
+        self._made: dict[int, T | None] = {}  # stack id -> result; None: the sample is dropped
+        self._verdicts: dict[int, bool | None] = {}
+        self._rewritten: dict[int, Frame | None] = {}
+
+    def get(self, stack_id: int, frames: tuple[Frame, ...], filters: FrameFilter,
+            make: Callable[[tuple[Frame, ...]], T]) -> T | None:
+        if filters != self._filter:
+            self._filter = filters
+            self._made, self._verdicts, self._rewritten = {}, {}, {}
+        if stack_id not in self._made:
+            kept = filters.stack(frames, self._verdicts, self._rewritten)
+            self._made[stack_id] = None if kept is None else make(kept)
+        return self._made[stack_id]

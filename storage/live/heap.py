@@ -19,7 +19,7 @@ from rsprof.storage.callgraph import call_tree
 from rsprof.storage.filters import FrameFilter
 from rsprof.storage.granularity import Entry, entry
 from rsprof.storage.live.follow import FollowedFile, trends
-from rsprof.storage.live.functions import NO_FILTER, CallPath, FunctionLabels
+from rsprof.storage.live.functions import NO_FILTER, CallPath, FilteredStacks, FunctionLabels
 from rsprof.storage.live.rows import CallNode, HeapRow, HeapTimeline, Series, location_text
 from rsprof.storage.samples import Frame
 
@@ -43,10 +43,7 @@ class HeapModel:
         self._site_numbers: dict[Entry, int] = {}
         self._frames: dict[int, tuple[Frame, ...]] = {}  # stack id -> from the call site
         self._stacks: dict[int, HeapStack] = {}
-        self._filter = NO_FILTER
-        self._filtered: dict[int, HeapStack | None] = {}
-        self._verdicts: dict[int, bool | None] = {}
-        self._rewritten: dict[int, Frame | None] = {}
+        self._filtered: FilteredStacks[HeapStack] = FilteredStacks()
         self._has_data = False
         self.reset(None)
 
@@ -169,15 +166,7 @@ class HeapModel:
         """The stack's call site and path after the filters; None when they drop it."""
         if not filters.active:
             return self._stacks[stack_id]
-        if filters != self._filter:
-            self._filter = filters
-            self._filtered, self._verdicts, self._rewritten = {}, {}, {}
-        if stack_id in self._filtered:
-            return self._filtered[stack_id]
-        frames = filters.stack(self._frames[stack_id], self._verdicts, self._rewritten)
-        found = None if frames is None else self._heap_stack(frames)
-        self._filtered[stack_id] = found
-        return found
+        return self._filtered.get(stack_id, self._frames[stack_id], filters, self._heap_stack)
 
     # -- results ------------------------------------------------------------------------------
 
