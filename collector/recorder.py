@@ -679,7 +679,10 @@ class Recorder:
         self._add_mmaps([mmap for mmaps in pending.values() for mmap in mmaps])
         for pid, tid in batch.new_threads:
             self._thread_pids[tid] = pid
-            self._thread_names.setdefault(tid, process.thread_name(pid, tid))
+            # Gone before its name could be read: a new thread starts with the comm of the
+            # thread that made it, the process's as far as rsprof knows.
+            self._thread_names.setdefault(
+                tid, process.thread_name(pid, tid) or self._thread_names.get(pid))
             self._python_names.pop(tid, None)  # a reused tid: not the old thread's name
         for tid, name in batch.comms:
             self._thread_names[tid] = name
@@ -859,6 +862,9 @@ class Recorder:
             "python_bpf_unpaired_records": stats["bpf_unpaired"],
             "python_bpf_ring_full": stats["bpf_ring_full"],
             "python_bpf_pair_dt_ns": f"{stats['bpf_dt_min_ns']}..{stats['bpf_dt_max_ns']}",
+            # samples of an interpreter's process taken before rsprof found the interpreter
+            # (its start-up, while libpython was being mapped): native frames only
+            "python_before_reader": stats["before_reader"],
             "python_walks": walks,
             "python_spliced": sum(r.python_spliced for r in resolvers.values()),
             "python_between": sum(r.python_between for r in resolvers.values()),

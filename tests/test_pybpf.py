@@ -140,18 +140,16 @@ def test_recursion_keeps_its_python_frames_under_load(
     the evaluator lack their Python frames (drain-time reads lost 20-60 % here: the chain
     changed under the read).
 
-    Not counted: samples in the interpreter's initialization (under `pymain_init`). Those
-    taken before rsprof found the interpreter (it looks once libpython is mapped, at the
-    first drain after the exec) have no frames read at sample time; under load that can be
-    all of start-up (the project's CI: 12 of 1008, every one under pymain_init)."""
+    Samples taken before rsprof found the interpreter (it looks once libpython is mapped,
+    at the first drain after the exec) can have no frames: under load that can be all of
+    start-up (the project's CI: 12 of 1008, every one under pymain_init). The profile counts
+    them (meta python_before_reader) and the bound allows them, no more."""
     script = tmp_path / "fib.py"
     script.write_text(FIB)
     profile = _record(python_binary(name), script, "5", tmp_path / "fib.db")
     evaluating = lost = 0
     lost_stacks = []
     for count, frames in _stacks(profile):
-        if any(function == "pymain_init" for function, _ in frames):
-            continue
         # any Python frame: the script's, or the start-up's (`<frozen importlib._bootstrap>`,
         # site.py), which are as much the evaluator's frames as fib's
         python = any(module.endswith(".py") or module.startswith("<frozen")
@@ -164,7 +162,9 @@ def test_recursion_keeps_its_python_frames_under_load(
                 lost_stacks.append((count, " <- ".join(f for f, _ in frames)))
     meta = profile_meta(profile)
     assert evaluating >= 200, (evaluating, meta)
-    assert lost <= 0.01 * evaluating, (lost, evaluating, lost_stacks[:5], meta)
+    before_reader = int(meta["python_before_reader"])
+    assert lost <= 0.01 * evaluating + before_reader, (
+        lost, evaluating, before_reader, lost_stacks[:5], meta)
     assert int(meta["python_bpf_attached"]) >= 0.95 * evaluating, meta
     assert meta["python_bpf_ip_mismatch"] == "0", meta
 

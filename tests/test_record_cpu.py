@@ -17,7 +17,8 @@ from conftest import build_target, run_rsprof, start_target, top_json
 def split_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """split.c recorded 3 s at 999 Hz; its late thread starts 1.5 s in, after the attach."""
     out = tmp_path_factory.mktemp("split") / "split.db"
-    target = start_target(build_target("split.c"), "6", "1500")
+    # lives 60 s, killed after the 3 s recording: under load rsprof can take seconds to attach
+    target = start_target(build_target("split.c"), "60", "1500")
     try:
         result = run_rsprof("-p", str(target.pid), "-q", "-d", "3s", "--cpu-freq", "999",
                             "-o", str(out))
@@ -180,7 +181,8 @@ def test_frequency_by_the_names_perf_and_py_spy_users_type(option: str, tmp_path
     result = run_rsprof("run", "-q", option, "499", "-d", "300ms", "-o", str(out), "--",
                         "sleep", "5")
     assert result.returncode == 0, result.stderr
-    target = start_target(build_target("split.c"), "2", "0")
+    # lives 30 s, killed after: under load rsprof can take seconds to attach
+    target = start_target(build_target("split.c"), "30", "0")
     attached = tmp_path / "attach.db"
     try:
         result = run_rsprof("-p", str(target.pid), "-q", option, "299", "-d", "300ms",
