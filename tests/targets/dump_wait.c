@@ -1,4 +1,4 @@
-/* dump_wait: threads in known places for tests/test_dump.py.
+/* dump_wait: threads in known places for tests/system/test_dump.py.
  *
  * "dump-spin" spins in spin_here(); "dump-block" is blocked in read() on a pipe nobody
  * writes, called from block_here(); the main thread waits in pthread_join.  A real-time

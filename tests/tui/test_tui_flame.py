@@ -19,7 +19,7 @@ from rsprof.tui.widgets.peek import PeekPanel
 from rsprof.tui.widgets.table import ProfileTable
 from textual.pilot import Pilot
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tui_fixture import append_checkpoints, build_profile, cpu_pattern, make_app, settle
 
 Scenario = Callable[[Pilot[Any], RsprofApp], Awaitable[None]]

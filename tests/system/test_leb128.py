@@ -14,7 +14,7 @@ import pytest
 
 from rsprof._native import DwarfReader
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 U64 = (1 << 64) - 1
 
 

@@ -84,7 +84,7 @@ def test_leaf_and_caller_lines_equal_addr2line(tmp_path: Path) -> None:
     wrong_heap = [(hex(vaddr), file, line) for vaddr, _, file, line in heap
                   if (file, line) != truth_heap[vaddr - 1]]
     assert not wrong_heap, f"heap frames whose line is not addr2line's at the call: {wrong_heap}"
-    source = (Path(__file__).parent / "targets" / "frames_lines.c").read_text().splitlines()
+    source = (Path(__file__).parent.parent / "targets" / "frames_lines.c").read_text().splitlines()
     malloc_line = next(n for n, text in enumerate(source, 1) if "void *p = malloc(n);" in text)
     sites = [row for row in top_json(out, "heap") if row["function"] == "grab"]
     assert sites and all(row["line"] == malloc_line for row in sites), sites

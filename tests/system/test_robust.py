@@ -303,6 +303,7 @@ def test_corrupt_ring_drops_heap_keeps_cpu(mode: str, tmp_path: Path) -> None:
         conn.close()
 
 
+@pytest.mark.slow
 def test_flooding_target_bounded_memory_checkpoints_go_on(tmp_path: Path) -> None:
     """A target writing allocation records with random 64-deep stacks and addresses as fast
     as its ring takes them: checkpoints keep their cadence (each reads the new stacks it has

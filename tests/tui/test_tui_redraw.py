@@ -14,7 +14,7 @@ from rsprof.tui.widgets.chart import ProfileChart
 from rsprof.tui.widgets.table import ProfileTable
 from textual.strip import Strip
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tui_fixture import build_profile, make_app, settle
 
 

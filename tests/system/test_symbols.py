@@ -21,7 +21,7 @@ from rsprof.collector.symbols.demangle import demangle_rust_legacy, demangle_rus
 from rsprof.collector.symbols.dwarf import DwarfIndex
 from rsprof.collector.symbols.elf import ElfFile
 
-TARGETS = Path(__file__).parent / "targets"
+TARGETS = Path(__file__).parent.parent / "targets"
 BUILD_DIR = Path(os.environ.get("RSPROF_TEST_BUILD", "/tmp/rsprof-test-targets"))
 
 

@@ -126,7 +126,7 @@ def test_tui_memory_view_lists_the_leak_line(debian_profile: Path) -> None:
     import asyncio
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from rsprof.storage.live import HeapRow
     from rsprof.tui.widgets.table import ProfileTable
     from tui_fixture import make_app, settle

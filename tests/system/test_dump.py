@@ -16,7 +16,7 @@ from conftest import PYTHONS, build_target, python_binary, run_rsprof
 
 from rsprof._native import StoppedProcess
 
-TARGETS = Path(__file__).parent / "targets"
+TARGETS = Path(__file__).parent.parent / "targets"
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import heap_rings, run_rsprof
 
+pytestmark = pytest.mark.slow  # real programs (sqlite3, perl, git...) with and without rsprof
+
 C_SOURCE = "int add(int a, int b) { return a + b; }\nint main(void) { return add(1, 2) - 3; }\n"
 ASM_SOURCE = ".text\n.globl f\nf:\n  movl $42, %eax\n  ret\n"
 

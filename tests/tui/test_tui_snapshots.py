@@ -1,6 +1,6 @@
 """SVG snapshots of the TUI (pytest-textual-snapshot) from the fixed fixture profile.
 
-Update after an intended change with `python -m pytest tests/test_tui_snapshots.py
+Update after an intended change with `python -m pytest tests/tui/test_tui_snapshots.py
 --snapshot-update`, then look at the SVGs before committing them.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from textual.pilot import Pilot
 
 # tests/ is not a package: make its helpers importable under plain `pytest` too.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tui_fixture import build_profile, make_app, settle
 
 SIZES = pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])

@@ -32,7 +32,7 @@ def test_cpp_template_method_is_demangled(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("rustc") is None, reason="rustc is not installed")
 @pytest.mark.parametrize("mangling", ["legacy", "v0"])
 def test_rust_function_is_demangled(tmp_path: Path, mangling: str) -> None:
-    source = Path(__file__).parent / "targets" / "rustspin.rs"
+    source = Path(__file__).parent.parent / "targets" / "rustspin.rs"
     binary = BUILD_DIR / f"rustspin-{mangling}"
     flags = ["-C", "symbol-mangling-version=v0"] if mangling == "v0" else []
     subprocess.run(["rustc", "-g", "-C", "opt-level=1", "-C", "force-frame-pointers=yes",

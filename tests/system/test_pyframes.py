@@ -18,7 +18,7 @@ from rsprof.collector.pyframes import LAYOUTS, find_runtime, open_reader, split_
 
 from rsprof._native import PyFrameReader
 
-TARGETS = Path(__file__).parent / "targets"
+TARGETS = Path(__file__).parent.parent / "targets"
 SCRIPT = TARGETS / "pysplit.py"
 PYENV = Path.home() / ".pyenv/versions"
 

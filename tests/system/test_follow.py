@@ -8,7 +8,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import assert_share, build_target, heap_rings, run_rsprof, start_target
+
+pytestmark = pytest.mark.slow  # hundreds of threads, forks and execs: minutes in all
 
 
 def _top(profile: Path, *extra: str) -> dict[str, dict[str, Any]]:

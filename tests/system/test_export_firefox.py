@@ -431,7 +431,7 @@ def test_python_functions_in_both_exports(tmp_path: Path) -> None:
     HTML flame graph."""
     from conftest import python_binary
 
-    script = Path(__file__).parent / "targets" / "pysplit.py"
+    script = Path(__file__).parent.parent / "targets" / "pysplit.py"
     profile = tmp_path / "py.db"
     result = run_rsprof("run", "-q", "--no-heap", "--cpu-freq", "499", "-i", "250ms", "-o",
                         str(profile), "--", str(python_binary("debian-3.11")), str(script),

@@ -12,7 +12,7 @@ from rsprof.tui.format import fit_start, fmt_bytes, fmt_elapsed, sparkline
 from rsprof.tui.model import ChartRequest, Query, View, build_snapshot, next_sort
 
 # tests/ is not a package: make its helpers importable under plain `pytest` too.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tui_fixture import (
     LONG_NAME,
     START_MS,

@@ -210,7 +210,7 @@ def test_tui_lists_python_functions(debian_profile: Path) -> None:
     import asyncio
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from rsprof.storage.live import CpuRow
     from rsprof.tui.widgets.table import ProfileTable
     from tui_fixture import make_app, settle

@@ -21,7 +21,7 @@ from rsprof.tui.export import export_view
 from rsprof.tui.model import Snapshot
 from rsprof.tui.widgets.table import ProfileTable
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))
 from conftest import run_rsprof
 from tui_fixture import append_checkpoints, build_profile, make_app, settle
 

@@ -24,6 +24,7 @@ def _cli_available() -> bool:
 
 
 pytestmark = [
+    pytest.mark.slow,  # a real terminal per test
     pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
     pytest.mark.skipif(not _cli_available(), reason="needs the rsprof CLI (rsprof.cli)"),
 ]

@@ -26,7 +26,7 @@ from rsprof._native import PerfBatch, PerfMmap, PerfSampler
 if TYPE_CHECKING:
     from rsprof._native import ProcessEvent
 
-TARGETS = Path(__file__).parent / "targets"
+TARGETS = Path(__file__).parent.parent / "targets"
 
 
 class Target:

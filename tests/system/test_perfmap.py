@@ -20,7 +20,7 @@ from conftest import build_target, rsprof_env, run_rsprof, top_json
 from rsprof.collector import perfmap
 from rsprof.collector.perfmap import LOOK_BACK, MAX_LINE, PerfMap, is_anonymous, parse_line
 
-TARGETS = Path(__file__).parent / "targets"
+TARGETS = Path(__file__).parent.parent / "targets"
 NODE = shutil.which("node") or "/usr/bin/node"
 PERF_PYTHONS = [Path.home() / ".pyenv/versions/3.12.1/bin/python3.12",
                 Path.home() / ".pyenv/versions/3.13.0/bin/python3.13"]
@@ -188,7 +188,7 @@ def test_python_perf_trampolines_name_python_functions(tmp_path: Path, python: P
         pytest.skip("needs CFI unwinding (frame pointers never reach the trampolines)")
     out = tmp_path / "py.db"
     # --python=off: the perf map's names alone (Python frames read from outside would
-    # bring rows of the same names, tests/test_pysplice.py)
+    # bring rows of the same names, tests/system/test_pysplice.py)
     result = run_rsprof("run", "-q", "--no-heap", "--python=off", "--cpu-freq", "499",
                         "-o", str(out), "--", str(python), "-X", "perf",
                         str(TARGETS / "jit_hot.py"), "2", cwd=tmp_path)
@@ -231,6 +231,7 @@ def _model_lookup(model: dict[int, tuple[int, str]], address: int) -> str | None
     return None
 
 
+@pytest.mark.slow
 def test_compact_index_agrees_with_a_plain_model(tmp_path: Path) -> None:
     """Batches of every size (one line, thousands), in no address order, with repeated
     starts (the later line wins) and garbage lines, read as the file grows: every lookup
