@@ -861,6 +861,8 @@ class Recorder:
             "python_bpf_ip_mismatch": stats["bpf_ip_mismatch"],
             "python_bpf_unpaired_records": stats["bpf_unpaired"],
             "python_bpf_ring_full": stats["bpf_ring_full"],
+            # 3.11/3.12: the innermost _PyCFrame was being set up: read from the caller's
+            "python_bpf_outer": stats["bpf_outer"],
             "python_bpf_pair_dt_ns": f"{stats['bpf_dt_min_ns']}..{stats['bpf_dt_max_ns']}",
             # samples of an interpreter's process taken before rsprof found the interpreter
             # (its start-up, while libpython was being mapped): native frames only

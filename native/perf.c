@@ -1858,7 +1858,7 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
         (unsigned long long)st.stale_over_1ms, "walk_ns_sum", (unsigned long long)st.walk_ns_sum,
         "stale_log2_us", hist);
     PyObject *more = Py_BuildValue(
-        "{sssssKsKsKsKsKsKsKsKsKsKsLsLsKsKsK}", "mode", bpf ? "bpf" : "drain", "bpf_error",
+        "{sssssKsKsKsKsKsKsKsKsKsKsLsLsKsKsKsK}", "mode", bpf ? "bpf" : "drain", "bpf_error",
         bpf_error, "bpf_attached", (unsigned long long)st.bpf_attached, "bpf_missing",
         (unsigned long long)st.bpf_missing, "bpf_empty", (unsigned long long)st.bpf_empty,
         "bpf_fault", (unsigned long long)st.bpf_fault, "bpf_truncated",
@@ -1869,7 +1869,8 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
         (long long)st.bpf_dt_min, "bpf_dt_max_ns", (long long)st.bpf_dt_max, "bpf_runs",
         (unsigned long long)counters[RS_BPF_RUNS], "bpf_ring_full",
         (unsigned long long)counters[RS_BPF_RB_FULL], "before_reader",
-        (unsigned long long)st.before_reader);
+        (unsigned long long)st.before_reader, "bpf_outer",
+        (unsigned long long)counters[RS_BPF_OUTER]);
     if (stats == NULL || more == NULL || PyDict_Update(stats, more) < 0) {
         Py_XDECREF(stats);
         Py_XDECREF(more);
