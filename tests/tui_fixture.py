@@ -18,6 +18,7 @@ leaky_cache_insert, 4242 load_config, and make_buffer is split evenly between 42
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -246,3 +247,26 @@ async def settle(pilot: Pilot[Any]) -> None:
         await pilot.pause(0.01)
     await app.workers.wait_for_complete()
     await pilot.pause()
+
+
+# A pilot scenario: what a test does with the running app.
+Scenario = Callable[["Pilot[Any]", "RsprofApp"], Awaitable[None]]
+
+
+def drive(app: RsprofApp, scenario: Scenario, size: tuple[int, int] = (80, 24)) -> None:
+    """Runs `scenario` on `app` headless at `size`, once the first screen has settled."""
+    import asyncio
+
+    async def main() -> None:
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            await scenario(pilot, app)
+
+    asyncio.run(main())
+
+
+async def press(pilot: Pilot[Any], *keys: str) -> None:
+    """Presses `keys` one by one, each settled before the next."""
+    for key in keys:
+        await pilot.press(key)
+        await settle(pilot)

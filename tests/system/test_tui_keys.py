@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,31 +20,16 @@ from textual.widgets import OptionList
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tui_fixture import (
     build_profile,
+    drive,
     make_app,
+    press,
     settle,
 )
-
-Scenario = Callable[[Pilot[Any], RsprofApp], Awaitable[None]]
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_profile(tmp_path_factory.mktemp("tui") / "fixture.db")
-
-
-def drive(app: RsprofApp, scenario: Scenario, size: tuple[int, int] = (80, 24)) -> None:
-    async def main() -> None:
-        async with app.run_test(size=size) as pilot:
-            await settle(pilot)
-            await scenario(pilot, app)
-
-    asyncio.run(main())
-
-
-async def press(pilot: Pilot[Any], *keys: str) -> None:
-    for key in keys:
-        await pilot.press(key)
-        await settle(pilot)
 
 
 def parts(app: RsprofApp) -> tuple[MainScreen, ProfileTable, ProfileChart, str]:

@@ -3,9 +3,7 @@ the thread, time window and filter shown; its keys, and its layout's arithmetic.
 
 from __future__ import annotations
 
-import asyncio
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +18,20 @@ from rsprof.tui.widgets.table import ProfileTable
 from textual.pilot import Pilot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tui_fixture import append_checkpoints, build_profile, cpu_pattern, make_app, settle
-
-Scenario = Callable[[Pilot[Any], RsprofApp], Awaitable[None]]
+from tui_fixture import (
+    append_checkpoints,
+    build_profile,
+    cpu_pattern,
+    drive,
+    make_app,
+    press,
+    settle,
+)
 
 
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_profile(tmp_path_factory.mktemp("flame") / "rsprof.demo.261123101530.db")
-
-
-def drive(app: RsprofApp, scenario: Scenario, size: tuple[int, int] = (80, 24)) -> None:
-    async def main() -> None:
-        async with app.run_test(size=size) as pilot:
-            await settle(pilot)
-            await scenario(pilot, app)
-
-    asyncio.run(main())
-
-
-async def press(pilot: Pilot[Any], *keys: str) -> None:
-    for key in keys:
-        await pilot.press(key)
-        await settle(pilot)
 
 
 def status(flame: FlameView) -> str:
