@@ -764,10 +764,15 @@ static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, 
     for (size_t i = 0; i < self->n_py; i++)
         if (self->py[i].image == image) py = &self->py[i];
     if (py == NULL || self->pyframes == NULL) {
+        size_t had = self->cap_image_samples;
         if (image < (1u << 20) &&
             perf_vec_reserve((void **)&self->image_samples, &self->cap_image_samples,
-                             (size_t)image + 1, sizeof(uint64_t)))
+                             (size_t)image + 1, sizeof(uint64_t))) {
+            /* realloc leaves the grown part as it was: counters start at zero */
+            memset(self->image_samples + had, 0,
+                   (self->cap_image_samples - had) * sizeof(uint64_t));
             self->image_samples[image]++;
+        }
         return depth;
     }
     if (time > self->bpf_last_time) self->bpf_last_time = time;

@@ -201,6 +201,8 @@ def test_recursion_keeps_its_python_frames_under_load(
     meta = profile_meta(profile)
     assert evaluating >= 200, (evaluating, meta)
     before_reader = int(meta["python_before_reader"])
+    # a count of samples (once garbage: realloc'd counters that were never zeroed)
+    assert before_reader <= sum(count for count, _ in _stacks(profile)), meta
     assert lost <= 0.01 * evaluating + before_reader, (
         lost, evaluating, before_reader, lost_stacks[:5], meta)
     assert int(meta["python_bpf_attached"]) >= 0.95 * evaluating, meta
@@ -271,6 +273,7 @@ def test_c_to_python_entries_keep_their_python_frames(
     # interpreter, or read at drain time and too late
     startup = (int(meta["python_before_reader"]) + int(meta["python_late"])
                + int(meta["python_dropped"]))
+    assert int(meta["python_before_reader"]) <= sum(count for count, _ in _stacks(profile))
     assert evaluating >= 400, (evaluating, meta)
     assert int(meta["python_bpf_fault"]) <= 0.003 * evaluating, (evaluating, meta)
     assert lost - startup <= 0.003 * evaluating, (lost, startup, evaluating, meta)

@@ -58,10 +58,16 @@ def test_tui_hides_the_runtime_of_a_python_program_and_h_shows_it(
     hidden = drive(make_app(copy), ["x"])
     functions = [r.function for r in hidden.rows if isinstance(r, CpuRow)]
     assert "heavy" in functions[:3] and "main" in functions[:3], functions
-    # the first screen (samples of start-up, before any Python frame, keep theirs)
+    # The first screen: the runtime's functions only with the few samples of start-up
+    # taken before rsprof found the interpreter, or whose Python frames did not pair
+    # (those keep their native leaf: 0-3 of ~340 here, meta python_before_reader and
+    # python_unpaired), never with the program's time.
     runtime = {"_start", "Py_RunMain", "PyEval_EvalCode", "__libc_start_call_main",
                "_PyEval_EvalFrameDefault", "Py_BytesMain"}
-    assert not runtime & set(functions[:12]), functions[:12]
+    rows = [r for r in hidden.rows if isinstance(r, CpuRow)]
+    everything = sum(r.self_samples for r in rows)
+    shown = [(r.function, r.total_samples) for r in rows[:12] if r.function in runtime]
+    assert all(total <= 0.02 * everything for _, total in shown), (shown, everything)
     from conftest import run_rsprof
 
     written = tmp_path / "rsprof.busy.261126160000.cpu.pb.gz"
