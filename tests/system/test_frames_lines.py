@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import build_target, run_rsprof, top_json
-from rsprof.storage.writer import LocationKey, ProfileWriter
+from rsprof.storage.intern import LocationKey
+from rsprof.storage.writer import ProfileWriter
 
 pytestmark = pytest.mark.skipif(shutil.which("addr2line") is None,
                                 reason="binutils addr2line is not installed")
@@ -95,16 +96,16 @@ def test_one_address_two_lookups_are_two_frames(tmp_path: Path) -> None:
     different lines, also after reopening the file to append; the same chain is one frame."""
     path = tmp_path / "p.db"
     writer = ProfileWriter(path)
-    module = writer.module_id("/bin/prog", None)
+    module = writer.ids.module_id("/bin/prog", None)
     leaf = [LocationKey("spin", "a.c", 23, module)]
     call = [LocationKey("spin", "a.c", 22, module)]
-    leaf_id = writer.frame_id(0x12CD, module, 0x12CD, leaf)
-    call_id = writer.frame_id(0x12CD, module, 0x12CD, call)
+    leaf_id = writer.ids.frame_id(0x12CD, module, 0x12CD, leaf)
+    call_id = writer.ids.frame_id(0x12CD, module, 0x12CD, call)
     assert leaf_id != call_id
-    assert writer.frame_id(0x12CD, module, 0x12CD, leaf) == leaf_id
+    assert writer.ids.frame_id(0x12CD, module, 0x12CD, leaf) == leaf_id
     writer.close()
     again = ProfileWriter(path, append=True)
-    assert again.frame_id(0x12CD, module, 0x12CD, call) == call_id
-    assert again.frame_id(0x12CD, module, 0x12CD, leaf) == leaf_id
-    assert again.has_frame(0x12CD, module)
+    assert again.ids.frame_id(0x12CD, module, 0x12CD, call) == call_id
+    assert again.ids.frame_id(0x12CD, module, 0x12CD, leaf) == leaf_id
+    assert again.ids.has_frame(0x12CD, module)
     again.close()

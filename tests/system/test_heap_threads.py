@@ -5,12 +5,12 @@ live block, so a free is charged to the thread that allocated (as heaptrack does
 from __future__ import annotations
 
 import re
-import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
 from conftest import build_target, run_rsprof, top_json
+from unit.synthetic import schema_1_copy
 
 # tests/targets/heap_thread_leaks.c
 A_BLOCKS, A_SIZE, A_FREED = 300, 1000, 100
@@ -81,12 +81,7 @@ def run_pid(path: Path) -> str:
 def test_old_file_without_thread_heap(recorded: tuple[Path, int, int], tmp_path: Path) -> None:
     """A file written before the table existed: whole-heap reports work, `--tid` says why
     it cannot answer (one line, exit 6)."""
-    old = tmp_path / "old.db"
-    shutil.copy(recorded[0], old)
-    conn = sqlite3.connect(old)
-    conn.execute("DROP TABLE heap_thread_samples")
-    conn.commit()
-    conn.close()
+    old = schema_1_copy(recorded[0], tmp_path / "old.db", by_thread=False)
     assert _site(top_json(old, "heap"), "leak_site")["live_bytes"] == (
         (A_BLOCKS - A_FREED) * A_SIZE + B_BLOCKS * B_SIZE)
     result = run_rsprof("top", "heap", str(old), "--tid", str(recorded[1]))

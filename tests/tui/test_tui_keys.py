@@ -36,6 +36,7 @@ from tui_fixture import (
     press,
     settle,
 )
+from unit.synthetic import schema_1_copy
 
 
 @pytest.fixture(scope="module")
@@ -483,12 +484,7 @@ def test_memory_timeline_and_thread_note(profile: Path) -> None:
 
 def test_memory_thread_note_on_old_file(profile: Path, tmp_path: Path) -> None:
     """A file from before the heap kept its thread: the header says the heap is all threads'."""
-    old = tmp_path / "old.db"
-    old.write_bytes(profile.read_bytes())
-    conn = sqlite3.connect(old)
-    conn.execute("DROP TABLE heap_thread_samples")
-    conn.commit()
-    conn.close()
+    old = schema_1_copy(profile, tmp_path / "old.db", by_thread=False)
 
     async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
         main = app.main

@@ -6,13 +6,20 @@ reading so that the collector's rules run on made-up mappings."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import shutil
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from rsprof.collector.symbols.model import SourceFrame
-from rsprof.storage.callsite import call_site
+from rsprof.storage.callsite import call_site_position
+from rsprof.storage.intern import LocationKey
+from rsprof.storage.live.follow import FollowedFile
+from rsprof.storage.live.functions import FunctionLabels
 from rsprof.storage.samples import Frame, Line
-from rsprof.storage.writer import Checkpoint, HeapDelta, LocationKey, ProfileWriter
+from rsprof.storage.schema import VIEWS
+from rsprof.storage.writer import Checkpoint, HeapCallSite, HeapDelta, ProfileWriter
 
 START_MS = 1_700_000_000_000
 PID = 100
@@ -52,7 +59,7 @@ class Synth:
 
     def module(self, path: str) -> int:
         if path not in self._modules:
-            self._modules[path] = self.writer.module_id(path, None)
+            self._modules[path] = self.writer.ids.module_id(path, None)
         return self._modules[path]
 
     def frame(self, chain: Fn | list[Fn]) -> int:
@@ -66,21 +73,22 @@ class Synth:
                          for name, file, line, path in key]
             address = self._next_address
             self._next_address += 0x10
-            found = self._frames[key] = self.writer.frame_id(address, module, address - 0x400000,
-                                                             locations)
+            found = self._frames[key] = self.writer.ids.frame_id(
+                address, module, address - 0x400000, locations)
             self._frame_info[found] = (key[0][3], tuple(locations))
         return found
 
     def stack(self, *fns: Fn | list[Fn]) -> int:
         frame_ids = [self.frame(fn) for fn in fns]
-        found = self.writer.stack_id(frame_ids)
+        found = self.writer.ids.stack_id(frame_ids)
         self._stack_info[found] = [self._frame_info[f] for f in frame_ids]
         return found
 
-    def site(self, stack_id: int) -> int:
-        """The heap call site's location, by the collector's rule (collector/heap.py)."""
+    def site(self, stack_id: int) -> HeapCallSite:
+        """The heap call site, by the collector's rule (collector/heap.py)."""
         frames = self._stack_info[stack_id]
-        return self.writer.location_id(call_site(frames) or frames[0][1][0])
+        frame, depth = call_site_position(frames) or (0, 0)
+        return HeapCallSite(frame, depth, self.writer.ids.location_id(frames[frame][1][depth]))
 
     def checkpoint(self, cpu: Mapping[tuple[int, int], int] | None = None,
                    heap: Mapping[int, tuple[int, int, int, int]] | None = None, *,
@@ -88,18 +96,25 @@ class Synth:
                    | None = None, threads: Mapping[int, str] | None = None,
                    step_ms: int = 1000) -> int:
         """cpu: (stack, tid) -> count; heap: stack -> (alloc bytes, allocs, freed bytes,
-        frees); heap_by_tid: tid -> the same per stack."""
+        frees), all by the main thread (tid PID) unless heap_by_tid splits it: tid -> the
+        same per stack, adding up to `heap`."""
         self.time_ms += step_ms
         cpu = dict(cpu or {})
         tids = {tid for _stack, tid in cpu} | set(heap_by_tid or {})
         names = {tid: f"t{tid}" for tid in tids} | dict(threads or {})
-        deltas = {stack: HeapDelta(*values) for stack, values in (heap or {}).items()}
+        split = dict(heap_by_tid or {PID: heap or {}})
+        totals: dict[int, list[int]] = {}
+        for per in split.values():
+            for stack, values in per.items():
+                totals[stack] = [a + b for a, b in zip(totals.get(stack, [0] * 4), values,
+                                                       strict=True)]
+        assert heap is None or totals == {s: list(v) for s, v in heap.items()}, (
+            "heap_by_tid must add up to heap")
+        deltas = {(PID, tid): {s: HeapDelta(*v) for s, v in per.items()}
+                  for tid, per in split.items() if per}
         return self.writer.write_checkpoint(Checkpoint(
             timestamp_ms=self.time_ms, samples=sum(cpu.values()), cpu=cpu, heap=deltas,
-            heap_sites={stack: self.site(stack) for stack in deltas},
-            heap_by_pid={PID: deltas} if deltas else {},
-            heap_by_tid={(PID, tid): {s: HeapDelta(*v) for s, v in per.items()}
-                         for tid, per in (heap_by_tid or {}).items()},
+            heap_call_sites={stack: self.site(stack) for stack in totals},
             threads=names, thread_pids={tid: PID for tid in names}))
 
     def finish(self) -> Path:
@@ -177,3 +192,60 @@ def small_profile(path: Path, meta: Mapping[str, object] | None = None) -> Path:
                          heap_by_tid={1: {leak: (1000, 1, 0, 0)}, 2: {churn: (500, 5, 500, 5)}},
                          threads={1: "main-thread", 2: "worker"})
     return synth.finish()
+
+
+# schema 1's view over its per-site table (its heap was four tables; schema 2 keeps one)
+_SCHEMA_1_HEAP_SAMPLES = """CREATE VIEW heap_samples AS
+SELECT h.location_id AS location_id, l.function AS function, l.file AS file, l.line AS line,
+       SUM(h.alloc_bytes) AS total_alloc_bytes, SUM(h.free_bytes) AS total_free_bytes,
+       SUM(h.alloc_count) AS total_allocs, SUM(h.free_count) AS total_frees,
+       SUM(h.alloc_bytes) - SUM(h.free_bytes) AS live_bytes,
+       MAX(h.checkpoint_id) AS last_checkpoint_id
+FROM heap_site_samples h JOIN locations l ON l.id = h.location_id
+GROUP BY h.location_id"""
+
+
+def schema_1_copy(source: Path, dest: Path, *, by_thread: bool = True) -> Path:
+    """A copy of a profile laid out as rsprof wrote schema 1: the heap per stack, process,
+    thread and call site in four tables and no stored call site per stack; without
+    `by_thread`, as files were before the allocating process and thread were kept."""
+    shutil.copy(source, dest)
+    conn = sqlite3.connect(dest)
+    tables = ["heap_stack_samples", "heap_site_samples"]
+    if by_thread:
+        tables += ["heap_process_samples", "heap_thread_samples"]
+    for name in tables:
+        conn.execute(f"CREATE TABLE {name}_1 AS SELECT * FROM {name}")
+    for name in ("heap_sites", "heap_samples", "heap_stack_samples", "heap_process_samples",
+                 "heap_thread_samples", "heap_site_samples"):
+        conn.execute(f"DROP VIEW {name}")
+    for name in tables:
+        conn.execute(f"ALTER TABLE {name}_1 RENAME TO {name}")
+    conn.execute("DROP TABLE heap_deltas")
+    conn.execute("DROP TABLE heap_call_sites")
+    conn.execute(_SCHEMA_1_HEAP_SAMPLES)
+    conn.execute(f"CREATE VIEW heap_sites AS {VIEWS['heap_sites']}")
+    conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    return dest
+
+
+class _LiveModel(Protocol):
+    def reset(self, thread: int | None) -> None: ...
+    def read(self, last: int) -> None: ...
+
+
+LiveModel = TypeVar("LiveModel", bound=_LiveModel)
+
+
+def live_model(kind: Callable[[FollowedFile, FunctionLabels, int], LiveModel], path: Path,
+               trend: int, tid: int | None = None) -> LiveModel:
+    """The TUI's CPU or heap model (`kind`) of a finished file, every checkpoint read."""
+    followed = FollowedFile(path)
+    followed.read_meta()
+    followed.read_checkpoints()
+    model = kind(followed, FunctionLabels(), trend)
+    model.reset(tid)
+    model.read(followed.last_id)
+    return model

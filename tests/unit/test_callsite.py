@@ -14,7 +14,7 @@ from rsprof.storage.callsite import (
     is_python_address,
     is_runtime_module,
 )
-from rsprof.storage.writer import LocationKey
+from rsprof.storage.intern import LocationKey
 
 LIBC = "/usr/lib/x86_64-linux-gnu/libc.so.6"
 SHIM = "/opt/rsprof/lib/librsprof_heap.so"

@@ -72,9 +72,13 @@ class FakeReader:
 
 
 def batch(new_stacks: list[tuple[int, list[int]]], sites: list[tuple[int, ...]],
-          thread_sites: list[tuple[int, ...]] = (), **extra: int) -> Any:  # type: ignore[assignment]
+          thread_sites: list[tuple[int, ...]] | None = None, **extra: int) -> Any:
+    """A take() result; the per-thread split (stack, tid, values) defaults to every site's
+    activity by thread 42, as the C reader splits what it sums per stack."""
     values = {"sample_bytes": 0, "events": len(sites), "lost": 0, "dropped": 0, "exited": 0,
               "execed": 0} | extra
+    if thread_sites is None:
+        thread_sites = [(site[0], 42, *site[1:]) for site in sites]
     return SimpleNamespace(new_stacks=new_stacks, sites=sites, thread_sites=list(thread_sites),
                            **values)
 
@@ -90,8 +94,8 @@ def tracker(tmp_path: Path) -> HeapTracker:
 
 def site_name(tracker: HeapTracker, parts: HeapParts, stack_id: int) -> str:
     names = {lid: name for name, lid in (
-        (key[0], lid) for key, lid in tracker.resolver.writer._locations.items())}
-    return names[parts.sites[stack_id]]
+        (key[0], lid) for key, lid in tracker.resolver.ids._locations.items())}
+    return names[parts.call_sites[stack_id].location_id]
 
 
 def test_deltas_sites_processes_and_threads(tracker: HeapTracker) -> None:
@@ -102,26 +106,28 @@ def test_deltas_sites_processes_and_threads(tracker: HeapTracker) -> None:
         [(1, 7, 4096, 2, 0, 0), (2, 8, 100, 1, 100, 1)], events=5, lost=1, dropped=2))
     assert not done
     leak, buffer = (tracker._native_to_stored[i] for i in (1, 2))
-    assert (parts.heap[leak].alloc_bytes, parts.heap[buffer].free_count) == (4096, 1)
+    assert parts.deltas[(42, 7)][leak].alloc_bytes == 4096
+    assert parts.deltas[(42, 8)][buffer].free_count == 1
     # the heap stack's leaf is a return address: malloc's caller is looked up at the call
     assert site_name(tracker, parts, leak) == "leaky_insert"
     assert site_name(tracker, parts, buffer) == "make_buffer"  # the inlined std:: code is not
-    assert parts.by_pid[42][leak].alloc_count == 2
-    assert parts.by_tid[(42, 8)][buffer].free_bytes == 100
+    assert parts.deltas[(42, 8)][buffer].free_bytes == 100
+    assert parts.call_sites[leak].position == 1  # malloc's caller, under malloc
     assert (parts.events, parts.lost) == (5, 3)
     # a second batch adds to the same checkpoint; a known stack is not resolved again
-    tracker.fill(parts, batch([], [(1, 4096, 2, 0, 0)], exited=1))
-    assert parts.heap[leak].alloc_bytes == 8192
+    tracker.fill(parts, batch([], [(1, 4096, 2, 0, 0)], [(1, 7, 4096, 2, 0, 0)], exited=1))
+    assert parts.deltas[(42, 7)][leak].alloc_bytes == 8192
+    assert parts.live_bytes_change() == 8192
     checkpoint = Checkpoint(timestamp_ms=1)
-    parts.by_pid[43] = {}
+    parts.deltas[(43, 43)] = {}
     parts.into(checkpoint)
-    assert set(checkpoint.heap_by_pid) == {42}  # processes with nothing are left out
-    assert checkpoint.heap_sites == parts.sites and checkpoint.heap_events == 6
+    assert set(checkpoint.heap) == {(42, 7), (42, 8)}  # threads with nothing are left out
+    assert checkpoint.heap_call_sites == parts.call_sites and checkpoint.heap_events == 6
 
 
 def test_recorded_sites_are_the_reports_sites(tracker: HeapTracker) -> None:
-    """The call site chosen at record time (heap_site_samples) is the leaf of the stack the
-    reports trim with storage.callsite (issue 25: computed in several places, so compared)."""
+    """The call site chosen at record time (heap_call_sites) is the leaf of the stacks the
+    reports read, and heap_site_samples sums by it."""
     parts = HeapParts()
     stacks = [(1, [MALLOC, LEAK, MAIN]), (2, [MALLOC, BUFFER, MAIN]), (3, [MALLOC, MAIN]),
               (4, [MALLOC])]
@@ -135,7 +141,7 @@ def test_recorded_sites_are_the_reports_sites(tracker: HeapTracker) -> None:
         samples = load_samples(profile, "heap").samples
         recorded = dict(profile.rows("SELECT location_id, live_bytes FROM heap_site_samples"))
     reported = {s.frames[0].lines[0].location_id for s in samples}
-    assert reported == set(recorded) == set(parts.sites.values())
+    assert reported == set(recorded) == {site.location_id for site in parts.call_sites.values()}
     assert len(reported) == 4  # main itself; libc's malloc when nothing else is there
 
 

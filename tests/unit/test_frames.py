@@ -63,7 +63,7 @@ def resolver(tmp_path: Path) -> FrameResolver:
 def names(resolver: FrameResolver, ips: list[int], **options: Any) -> list[str]:
     """The stored stack of `ips` as function names, leaf first, inline levels their own."""
     stored = resolver.resolve_stacks([(1, ips)], **options)[1]
-    return [location.function for frame in resolver.stack_frames[stored]
+    return [location.function for frame in resolver.ids.stack_frames[stored]
             for location in resolver.frame_info[frame][1]]
 
 
@@ -102,7 +102,7 @@ def test_a_stack_ends_at_its_first_unjustified_caller(resolver: FrameResolver, i
 def test_truncation_is_one_shared_root_frame(resolver: FrameResolver) -> None:
     one = resolver.resolve_stacks([(1, [BASE + 0x1005, 0x9999])])[1]
     two = resolver.resolve_stacks([(2, [BASE + 0x1015, 0xDEAD0000, BASE + 0x2005])])[2]
-    assert resolver.stack_frames[one][-1] == resolver.stack_frames[two][-1]
+    assert resolver.ids.stack_frames[one][-1] == resolver.ids.stack_frames[two][-1]
     # no junk frame is ever made for the garbage addresses
     functions = {loc.function for _path, chain in resolver.frame_info.values() for loc in chain}
     assert not {"0x9999", "0xdead0000"} & functions
@@ -127,8 +127,8 @@ def test_one_address_as_leaf_and_caller_is_two_frames(resolver: FrameResolver) -
     the call was at 0x100f, in leaf."""
     stored = resolver.resolve_stacks([(1, [BASE + 0x1010, BASE + 0x2005]),
                                       (2, [BASE + 0x1005, BASE + 0x1010])])
-    as_leaf = resolver.stack_frames[stored[1]][0]
-    as_caller = resolver.stack_frames[stored[2]][1]
+    as_leaf = resolver.ids.stack_frames[stored[1]][0]
+    as_caller = resolver.ids.stack_frames[stored[2]][1]
     assert as_leaf != as_caller
     assert resolver.frame_info[as_leaf][1][0].function == "other_leaf"
     assert resolver.frame_info[as_caller][1][0].function == "leaf"
@@ -196,7 +196,7 @@ def test_python_frames_are_one_frame_per_line_at_a_python_address(
         (1, [EVAL, PY_MARK, *encode_python([(1, 4, False), MODULE])]),
         (2, [LEAF, EVAL, PY_MARK, *encode_python([(1, 4, False), (3, 21, True)])]),
     ])
-    first, second = (resolver.stack_frames[stored[i]] for i in (1, 2))
+    first, second = (resolver.ids.stack_frames[stored[i]] for i in (1, 2))
     assert first[0] == second[1]  # heavy:4 is one frame wherever it is
     assert first[1] != second[2]  # <module>:20 and <module>:21 are two
     assert all(resolver.is_python_frame(f) for f in (*first, second[1], second[2]))

@@ -17,7 +17,7 @@ from rsprof.storage.reader import Profile
 from rsprof.storage.samples import TimeRange
 from rsprof.storage.selection import SampleQuery, select
 
-from unit.synthetic import LIBC, START_MS, Synth
+from unit.synthetic import LIBC, START_MS, Synth, live_model
 
 CHECKPOINTS = 30
 TREND = 4
@@ -47,13 +47,7 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def model(path: Path, tid: int | None = None) -> CpuModel:
-    followed = FollowedFile(path)
-    followed.read_meta()
-    followed.read_checkpoints()
-    cpu = CpuModel(followed, FunctionLabels(), TREND)
-    cpu.reset(tid)
-    cpu.read(followed.last_id)
-    return cpu
+    return live_model(CpuModel, path, TREND, tid)
 
 
 SELECTIONS = [

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 from rsprof.storage.analysis import rank_heap
 from rsprof.storage.filters import FrameFilter
-from rsprof.storage.live.follow import FollowedFile
-from rsprof.storage.live.functions import NO_FILTER, FunctionLabels
+from rsprof.storage.live.functions import NO_FILTER
 from rsprof.storage.live.heap import HeapModel
 from rsprof.storage.live.rows import location_text
 from rsprof.storage.reader import Profile
 from rsprof.storage.selection import SampleQuery, select
 
-from unit.synthetic import LIBC, START_MS, Synth
+from unit.synthetic import LIBC, START_MS, Synth, live_model
 
 STDCXX = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"
 VECTOR = "/usr/include/c++/12/bits/vector.tcc"
@@ -60,13 +59,7 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def model(path: Path, tid: int | None = None) -> HeapModel:
-    followed = FollowedFile(path)
-    followed.read_meta()
-    followed.read_checkpoints()
-    heap = HeapModel(followed, FunctionLabels(), TREND)
-    heap.reset(tid)
-    heap.read(followed.last_id)
-    return heap
+    return live_model(HeapModel, path, TREND, tid)
 
 
 @pytest.mark.parametrize(("tid", "filters"), [

@@ -13,7 +13,7 @@ from rsprof.collector.shimframes import (
     shim_exports,
     shim_plan,
 )
-from rsprof.storage.writer import LocationKey
+from rsprof.storage.intern import LocationKey
 
 from rsprof.session import SHIM_PATH, heap_tracking_note
 
