@@ -66,8 +66,8 @@ def test_tui_hides_the_runtime_of_a_python_program_and_h_shows_it(
                "_PyEval_EvalFrameDefault", "Py_BytesMain"}
     rows = [r for r in hidden.rows if isinstance(r, CpuRow)]
     everything = sum(r.self_samples for r in rows)
-    shown = [(r.function, r.total_samples) for r in rows[:12] if r.function in runtime]
-    assert all(total <= 0.02 * everything for _, total in shown), (shown, everything)
+    on_screen = [(r.function, r.total_samples) for r in rows[:12] if r.function in runtime]
+    assert all(total <= 0.02 * everything for _, total in on_screen), (on_screen, everything)
     from conftest import run_rsprof
 
     written = tmp_path / "rsprof.busy.261126160000.cpu.pb.gz"
