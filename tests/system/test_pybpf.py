@@ -180,8 +180,11 @@ def test_recursion_keeps_its_python_frames_under_load(
 
     Samples taken before rsprof found the interpreter (it looks once libpython is mapped,
     at the first drain after the exec) can have no frames: under load that can be all of
-    start-up (the project's CI: 12 of 1008, every one under pymain_init). The profile counts
-    them (meta python_before_reader) and the bound allows them, no more."""
+    start-up (the project's CI: 12 of 1008, every one under pymain_init), and so can
+    samples read at drain time before the BPF program was attached (a CI run at load 42:
+    12 of 986, under `exec_code_in_module`). The profile counts them (meta
+    python_before_reader, python_late, python_dropped) and the bound allows them, no
+    more."""
     script = tmp_path / "fib.py"
     script.write_text(FIB)
     profile = _record(python_binary(name), script, "5", tmp_path / "fib.db")
@@ -203,8 +206,12 @@ def test_recursion_keeps_its_python_frames_under_load(
     before_reader = int(meta["python_before_reader"])
     # a count of samples (once garbage: realloc'd counters that were never zeroed)
     assert before_reader <= sum(count for count, _ in _stacks(profile)), meta
-    assert lost <= 0.01 * evaluating + before_reader, (
-        lost, evaluating, before_reader, lost_stacks[:5], meta)
+    # start-up before the BPF program read the frames: drained before rsprof found the
+    # interpreter, or read at drain time and too late (as test_c_to_python_entries counts)
+    startup = before_reader + int(meta["python_late"]) + int(meta["python_dropped"])
+    assert lost <= 0.01 * evaluating + startup, (
+        lost, evaluating, startup, lost_stacks[:5],
+        {key: value for key, value in meta.items() if key.startswith("python")})
     assert int(meta["python_bpf_attached"]) >= 0.95 * evaluating, meta
     assert meta["python_bpf_ip_mismatch"] == "0", meta
 
