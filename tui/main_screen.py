@@ -48,7 +48,7 @@ from .widgets.flame import FlameView
 from .widgets.footer import FitFooter
 from .widgets.header import HeaderState, ProfileHeader
 from .widgets.peek import PeekPanel
-from .widgets.table import ProfileTable
+from .widgets.table import ProfileTable, visible_columns
 from .widgets.timeline import HeapTimelineView
 
 if TYPE_CHECKING:
@@ -241,8 +241,7 @@ class MainScreen(Screen[None]):
         flame = self.query_one(FlameView)
         flame.display = q.flame and not no_heap
         if q.flame:
-            flame.show(snapshot.flame, bytes_=q.view is View.MEMORY,
-                       reset=previous is None or previous.query.view is not q.view)
+            flame.show(snapshot.flame, bytes_=q.view is View.MEMORY, reset=previous is None)
         self.query_one("#no-heap").display = no_heap
         timeline = self.query_one(HeapTimelineView)
         timeline.display = q.view is View.MEMORY and not no_heap
@@ -521,7 +520,9 @@ class MainScreen(Screen[None]):
 
     def action_cycle_sort(self) -> None:
         view = self.state.view
-        new = next_sort(view, self.state.sort[0])
+        width = self.query_one(ProfileTable).scrollable_content_region.width
+        shown = {c.key for c in visible_columns(COLUMNS[view], width)} if width else None
+        new = next_sort(view, self.state.sort[0], shown)
         self.state = self.state.with_sort(new, column(view, new).numeric)
         self.notify(f"sorted by {column(view, new).label}", timeout=1.5)
         self.request_update()
