@@ -21,6 +21,7 @@ from rsprof.storage.live import (
     CpuRow,
     HeapRow,
     HeapTimeline,
+    OutputChunk,
     PeekInfo,
     ProfileInfo,
     Series,
@@ -90,6 +91,7 @@ class DataSource(Protocol):
     def heap_tree(self, filters: FrameFilter = ..., allocated: bool = False) -> CallNode: ...
     def heap_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int,
                     filters: FrameFilter = ...) -> Series: ...
+    def output(self, after_id: int = 0, limit: int = 2000) -> list[OutputChunk]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +346,7 @@ class ScreenState:
     flame_from_tree: bool = False  # the flame was opened from the tree: Esc goes back there
     chart_open: bool = False
     peek_open: bool = False  # the callers and callees panel
+    output_open: bool = False  # the program's output (o)
     window_on: bool = False  # the CPU view covers the zoom/pan window, not everything
     zoom: int = DEFAULT_ZOOM  # index into ZOOM_LEVELS
     pan: int = 0  # half-windows back from the newest checkpoint

@@ -88,6 +88,15 @@ class HeapRow(NamedTuple):
     growing: bool = False
 
 
+class OutputChunk(NamedTuple):
+    """What the launched target wrote, as read from one of its ptys (`target_output`)."""
+
+    id: int
+    time_ms: int
+    stream: str  # 'stdout' | 'stderr'
+    data: bytes
+
+
 @dataclass(frozen=True, slots=True)
 class ThreadInfo:
     tid: int

@@ -223,3 +223,54 @@ def test_flame_keeps_each_views_selection(profile: Path) -> None:
         assert flame.selected == memory
 
     drive(make_app(profile), scenario)
+
+
+# -- the output pane (o) --------------------------------------------------------------------
+
+
+def test_output_pane_shows_the_programs_output_live(tmp_path: Path) -> None:
+    """o opens the pane: target_output's lines in order, stderr red, a line split across
+    chunks joined, `\\r` progress kept as its last state; new chunks appear as the file
+    gets them; Tab focuses it, Esc closes it. Without output it says why."""
+    from rsprof.tui.widgets.output import NOTHING, OutputPanel
+
+    path = build_profile(tmp_path / "out.db", 10, state="recording")
+
+    def write(*chunks: tuple[str, bytes]) -> None:
+        conn = sqlite3.connect(path)
+        conn.executemany("INSERT INTO target_output (time_ms, stream, data) VALUES (?, ?, ?)",
+                         [(START_MS, stream, data) for stream, data in chunks])
+        conn.commit()
+        conn.close()
+
+    def lines(panel: OutputPanel) -> list[str]:
+        return [strip.text.rstrip() for strip in panel.lines]
+
+    async def scenario(pilot: Pilot[Any], app: RsprofApp) -> None:
+        main = app.main
+        panel = main.query_one(OutputPanel)
+        await press(pilot, "o")
+        assert panel.display and lines(panel) == [NOTHING]
+        write(("stdout", b"out 0\nout "), ("stderr", b"err 0\n"), ("stdout", b"1\n"),
+              ("stdout", b"progress 10%\rprogress 100%\n"))
+        append_checkpoints(path, 11)
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if len(lines(panel)) >= 3:
+                break
+        await settle(pilot)
+        assert lines(panel) == ["out 0", "err 0", "out 1", "progress 100%"]
+        styles = [str(seg.style) for seg in panel.lines[1]._segments if seg.text.strip()]
+        assert any("red" in s for s in styles)
+        write(("stderr", b"err 1\n"))
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if "err 1" in lines(panel):
+                break
+        assert lines(panel)[-1] == "err 1"
+        await press(pilot, "tab")
+        assert panel.has_focus
+        await press(pilot, "escape")
+        assert not panel.display and main.query_one(ProfileTable).has_focus
+
+    drive(make_app(path, live=True, refresh_interval=0.05), scenario, size=(100, 30))
