@@ -131,8 +131,10 @@ COLUMNS: dict[View, tuple[Column, ...]] = {
         Column("alloc_bytes", "Allocated", 11, min_table=WIDE_TABLE),
         Column("alloc_count", "Allocs", 9),
         Column("free_count", "Frees", 9),
-        Column("growing", "Growing", 9),
-        FUNCTION,
+        Column("growing", "Growing", 7),
+        # the names get more of what is left than in the CPU view: 80 columns keep a
+        # call site's function (`remember_request`) whole
+        Column("function", "Function", flex=4, numeric=False),
         LOCATION,
         TREND,
     ),
