@@ -56,6 +56,10 @@ def test_output_pane_shows_the_programs_output_live(tmp_path: Path) -> None:
             if "err 1" in lines(panel):
                 break
         assert lines(panel)[-1] == "err 1"
+        shown = lines(panel)
+        panel.add(app.source.output(0))  # a read that overlapped another: nothing twice
+        await settle(pilot)
+        assert lines(panel) == shown
         await press(pilot, "tab")
         assert panel.has_focus
         await press(pilot, "escape")

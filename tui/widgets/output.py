@@ -38,8 +38,11 @@ class OutputPanel(RichLog, can_focus=True):
         self._empty_note = False
 
     def add(self, chunks: list[OutputChunk], *, ended: bool = False) -> None:
-        """Appends the chunks read (newer than last_id); `ended`: the recording is over, so
-        a last line without its newline is shown too."""
+        """Appends the chunks read that are newer than last_id; `ended`: the recording is
+        over, so a last line without its newline is shown too."""
+        # Reads overlap (a tick's read can start before the last one's chunks are added):
+        # a chunk already shown is not shown again.
+        chunks = [chunk for chunk in chunks if chunk.id > self.last_id]
         if chunks and self._empty_note:
             self.clear()
             self._empty_note = False
