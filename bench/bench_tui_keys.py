@@ -13,8 +13,17 @@ process's UI thread spends per key depends much less on it: read from
 /proc/PID/task/PID/stat around the presses, minus what the same thread used per second
 while idle just before (its refreshes), divided by the presses.
 
+`--views` (issue 24 item 4) measures the keys that open and close views, at 120x40 by
+default: f, F, e, c, m and Tab, each pressed to open and again to close (both count),
+with the chart closed and open; the time from send-keys until the pane shows the new
+state (f: the call tree's header, F: the flame's tab, e: the callers panel's header, c: the
+chart's title, m: the other view's columns, Tab: the table's cursor losing or regaining
+focus; with the chart closed, Tab goes to the callers panel, opened for it). "row": with
+the chart open, `j`/`k` until the chart's title names the new row. "first screen": `rsprof
+run -- rsprof-demo` started in a new tmux pane until the table shows a data row.
+
 Usage: python bench/bench_tui_keys.py [--presses N] [--size 80x24] [--freq 999]
-           [--baseline OTHER/bin/rsprof --rounds N]
+           [--baseline OTHER/bin/rsprof --rounds N] [--views] [--starts N]
 Prints median / p90 / max per mode, in ms; with --baseline, runs of the two builds
 alternate, so both see the same machine load.
 """
@@ -32,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 CURSOR_BG = re.compile(r"\x1b\[(?:[0-9;]*;)?48;5;130m")  # the table cursor's background
@@ -49,12 +59,115 @@ def cursor_line(session: str) -> int | None:
     return None
 
 
-def wait(check, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+def pane_text(session: str) -> str:
+    return tmux("capture-pane", "-p", "-t", session)
+
+
+def focused(session: str) -> bool:
+    """The table has the focus: its cursor row has the focused highlight."""
+    return cursor_line(session) is not None
+
+
+# key -> (tmux key, the pane shows the opened state)
+VIEW_KEYS: dict[str, tuple[str, Callable[[str], bool]]] = {
+    "f": ("f", lambda s: "Function (call tree)" in pane_text(s)),
+    "F": ("F", lambda s: "CPU flame" in pane_text(s)),
+    "e": ("e", lambda s: "% of it" in pane_text(s)),
+    "c": ("c", lambda s: "Total % of samples" in pane_text(s)),
+    "m": ("m", lambda s: "Allocs" in pane_text(s)),
+    "Tab": ("Tab", lambda s: not focused(s)),
+}
+
+
+def chart_title(session: str) -> str | None:
+    """The function the chart's title names (None: no chart)."""
+    for line in pane_text(session).splitlines():
+        if "· Total % of samples ·" in line:
+            return line.split("·")[0].strip()
+    return None
+
+
+def timed(session: str, key: str, done, timeout: float = 5) -> float:  # type: ignore[no-untyped-def]
+    """ms from send-keys until done() (5000 when it never happens)."""
+    start = time.perf_counter()
+    tmux("send-keys", "-t", session, key)
+    while True:
+        if done():
+            return (time.perf_counter() - start) * 1000
+        if time.perf_counter() - start > timeout:
+            return timeout * 1000
+        time.sleep(0.001)
+
+
+def measure_views(session: str, presses: int, rng: random.Random,
+                  chart: bool) -> dict[str, list[float]]:
+    """Each view key `presses` times (opening and closing alternately)."""
+    out: dict[str, list[float]] = {}
+    for name, (key, shown) in VIEW_KEYS.items():
+        extra = "e" if name == "Tab" and not chart else ""  # Tab needs a second panel
+        if extra:
+            tmux("send-keys", "-t", session, extra)
+            wait(lambda: "% of it" in pane_text(session), 10)
+        times = out.setdefault(f"{name} chart {'open' if chart else 'closed'}", [])
+        for i in range(presses):
+            want = i % 2 == 0  # open, then close
+            times.append(timed(session, key,
+                               lambda f=shown, w=want: f(session) == w))  # type: ignore[misc]
+            time.sleep(rng.uniform(0.1, 0.3))
+        if presses % 2:  # left open: close it
+            tmux("send-keys", "-t", session, key)
+            wait(lambda f=shown: not f(session), 10)  # type: ignore[misc]
+        if extra:
+            tmux("send-keys", "-t", session, extra)
+            wait(lambda: "% of it" not in pane_text(session), 10)
+        time.sleep(0.3)
+    return out
+
+
+def measure_rows(session: str, presses: int, rng: random.Random) -> list[float]:
+    """With the chart open: j/k until the chart's title names the new row."""
+    times = []
+    for i in range(presses):
+        before = chart_title(session)
+        times.append(timed(session, "j" if i % 2 == 0 else "k",
+                           lambda b=before: chart_title(session) not in (b, None)))
+        time.sleep(rng.uniform(0.1, 0.3))
+    return times
+
+
+def measure_start(rsprof: str, size: str, freq: int) -> float | None:
+    """ms from starting `rsprof run -- rsprof-demo` in a new pane to a data row on screen."""
+    cols, rows = size.split("x")
+    python = Path(rsprof).read_text().splitlines()[0].removeprefix("#!").strip()
+    demo = subprocess.run([python, "-P", "-c", "from rsprof import session;"
+                           " print(session.DEMO_PATH)"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        session = f"rsprof-start-{os.getpid()}"
+        out = Path(tmp) / "run.db"
+        command = (f"cd {shlex.quote(tmp)} && {shlex.quote(rsprof)} run --cpu-freq {freq}"
+                   f" -o {shlex.quote(str(out))} -- {shlex.quote(demo)}; sleep 60")
+        start = time.perf_counter()
+        tmux("new-session", "-d", "-s", session, "-x", cols, "-y", rows, command)
+        try:
+            if not wait(lambda: cursor_line(session) is not None, 60, step=0.005):
+                return None
+            elapsed = (time.perf_counter() - start) * 1000
+            tmux("send-keys", "-t", session, "q")
+            wait(lambda: "y/n" in pane_text(session), 10)
+            tmux("send-keys", "-t", session, "y")
+            wait(lambda: "RECORDING" not in pane_text(session), 20)
+        finally:
+            tmux("kill-session", "-t", session)
+    return elapsed
+
+
+def wait(check, timeout: float, step: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return True
-        time.sleep(0.05)
+        time.sleep(step)
     return False
 
 
@@ -113,12 +226,13 @@ def measure_cpu(session: str, pid: int | None, presses: int,
 def summary(name: str, times: list[float]) -> str:
     times = sorted(times)
     p90 = times[int(0.9 * (len(times) - 1))]
+    what = "runs" if name.endswith("after run") else "presses"
     return (f"{name}: median {statistics.median(times):.0f} ms, p90 {p90:.0f} ms,"
-            f" max {max(times):.0f} ms ({len(times)} presses)")
+            f" max {max(times):.0f} ms ({len(times)} {what})")
 
 
-def run_once(rsprof: str, size: str, freq: int, presses: int,
-             rng: random.Random, cpu: dict[str, list[float]]) -> dict[str, list[float]] | None:
+def run_once(rsprof: str, size: str, freq: int, presses: int, rng: random.Random,
+             cpu: dict[str, list[float]], views: bool = False) -> dict[str, list[float]] | None:
     cols, rows = size.split("x")
     with tempfile.TemporaryDirectory() as tmp:
         session = f"rsprof-keys-{os.getpid()}"
@@ -134,6 +248,18 @@ def run_once(rsprof: str, size: str, freq: int, presses: int,
                       file=sys.stderr)
                 return None
             time.sleep(3)  # a few checkpoints in: the table has rows to move over
+            if views:
+                got = measure_views(session, presses, rng, chart=False)
+                tmux("send-keys", "-t", session, "c")
+                wait(lambda: chart_title(session) is not None, 10)
+                time.sleep(1)
+                got |= measure_views(session, presses, rng, chart=True)
+                got["chart for a new row"] = measure_rows(session, presses, rng)
+                tmux("send-keys", "-t", session, "q")
+                wait(lambda: "y/n" in pane_text(session), 10)
+                tmux("send-keys", "-t", session, "y")
+                wait(lambda: "RECORDING" not in pane_text(session), 20)
+                return got
             pid = tui_pid(out)
             closed, per_key = measure_cpu(session, pid, presses, rng)
             cpu.setdefault("chart closed", []).append(per_key)
@@ -143,7 +269,9 @@ def run_once(rsprof: str, size: str, freq: int, presses: int,
             cpu.setdefault("chart open", []).append(per_key)
             tmux("send-keys", "-t", session, "c")
             tmux("send-keys", "-t", session, "q")
-            wait(lambda: "RECORDING" not in tmux("capture-pane", "-p", "-t", session), 20)
+            wait(lambda: "y/n" in pane_text(session), 10)  # a live recording asks first
+            tmux("send-keys", "-t", session, "y")
+            wait(lambda: "RECORDING" not in pane_text(session), 20)
         finally:
             tmux("kill-session", "-t", session)
     return {"chart closed": closed, "chart open": opened}
@@ -152,13 +280,20 @@ def run_once(rsprof: str, size: str, freq: int, presses: int,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presses", type=int, default=40)
-    parser.add_argument("--size", default="80x24")
+    parser.add_argument("--size", default=None, help="COLSxROWS (80x24; --views: 120x40)")
     parser.add_argument("--freq", type=int, default=999)
     parser.add_argument("--rsprof", default=shutil.which("rsprof") or "rsprof")
     parser.add_argument("--baseline", help="another rsprof to compare with: runs alternate "
                         "between the two (the machine's load changes over minutes)")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--views", action="store_true",
+                        help="f/F/e/c/m/Tab (chart closed and open) and the chart for a new "
+                        "row, instead of j/k (default size 120x40)")
+    parser.add_argument("--starts", type=int, default=0,
+                        help="also time `rsprof run` to the first data row, N times per round")
     args = parser.parse_args()
+    if args.size is None:
+        args.size = "120x40" if args.views else "80x24"
     if shutil.which("tmux") is None:
         print("needs tmux", file=sys.stderr)
         return 2
@@ -170,17 +305,24 @@ def main() -> int:
     cpu: dict[str, dict[str, list[float]]] = {name: {} for name in builds}
     for _ in range(args.rounds):
         for name, rsprof in builds.items():
-            got = run_once(rsprof, args.size, args.freq, args.presses, rng, cpu[name])
+            got = run_once(rsprof, args.size, args.freq, args.presses, rng, cpu[name],
+                           views=args.views)
+            for _ in range(args.starts):
+                first = measure_start(rsprof, args.size, args.freq)
+                if first is not None:
+                    times[name].setdefault("first screen after run", []).append(first)
             if got is None:  # a start-up slower than 90 s on a loaded machine: skip the run
                 continue
             for mode, values in got.items():
                 times[name].setdefault(mode, []).extend(values)
     print(f"rsprof demo --cpu-freq {args.freq}, {args.size}, {os.cpu_count()} CPUs,"
-          f" load average {os.getloadavg()[0]:.0f}")
+          f" load average {os.getloadavg()[0]:.0f} (1 min), {os.getloadavg()[2]:.0f} (15 min),"
+          f" {time.strftime('%Y-%m-%d %H:%M %Z')}")
     for name, modes in times.items():
         for mode, values in modes.items():
             per_key = " ".join(f"{v:.1f}" for v in cpu[name].get(mode, []))
-            print(summary(f"{name} {mode}", values) + f"; UI thread CPU {per_key} ms/key")
+            cpu_text = f"; UI thread CPU {per_key} ms/key" if per_key else ""
+            print(summary(f"{name} {mode}", values) + cpu_text)
     return 0
 
 

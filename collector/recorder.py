@@ -79,6 +79,9 @@ class RecordOptions:
     # Read them at sample time by BPF when it can be loaded (`--python=on`), else, or with
     # `--python=drain`, from outside when the sample is drained.
     python_bpf: bool = True
+    # One extra checkpoint this soon after sampling starts (the live TUI's first screen
+    # then has data before the first interval ends); None: the first after interval_s.
+    first_checkpoint_s: float | None = None
 
 
 # Stack copies per CPU ring, largest first: one ring per CPU takes every thread's samples,
@@ -480,9 +483,13 @@ class Recorder:
         started = time.monotonic()
         next_checkpoint = started + self.options.interval_s
         deadline = started + self.options.duration_s if self.options.duration_s else None
+        first = self.options.first_checkpoint_s
+        # the extra early checkpoint; the others keep their cadence
+        early = started + first if first is not None and first < self.options.interval_s else None
         try:
             while True:
-                wake = next_checkpoint if deadline is None else min(next_checkpoint, deadline)
+                wake = next_checkpoint if early is None else early
+                wake = wake if deadline is None else min(wake, deadline)
                 if self.stop_event.wait(max(0.0, wake - time.monotonic())):
                     if self._drain_error is not None:
                         raise self._drain_error
@@ -500,6 +507,9 @@ class Recorder:
                     self.request_stop("target-exited")
                     break
                 _freeze_garbage_collection()
+                if early is not None:
+                    early = None
+                    continue
                 next_checkpoint += self.options.interval_s
                 if next_checkpoint < now:  # fell behind (e.g. a long cold symbolization)
                     next_checkpoint = now + self.options.interval_s

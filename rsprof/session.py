@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
@@ -228,6 +228,9 @@ def record(
     (headless only): say at once what is recorded and how to stop it, then, on a terminal,
     a progress line rewritten at each checkpoint, as py-spy record does."""
     writer = ProfileWriter(output, append=append)
+    if not quiet and options.first_checkpoint_s is None:
+        # The TUI's first screen: data a quarter second in, not after the first interval.
+        options = replace(options, first_checkpoint_s=FIRST_CHECKPOINT_S)
     recorder = Recorder(target, writer, options, child=child)
     line = ProgressLine(target, output, options, child, recorder) if quiet and progress else None
     if quiet:  # with the TUI on screen, warnings are said once it has closed
@@ -462,6 +465,9 @@ def target_for_child(child: Launched, argv: Sequence[str]) -> Target:
     exe = shutil.which(argv[0]) or argv[0]
     return Target(pid=child.pid, name=Path(argv[0]).name[:15], exe=exe, cmdline=" ".join(argv))
 
+
+FIRST_CHECKPOINT_S = 0.25
+"""With the TUI, the first checkpoint comes this soon (then one every interval)."""
 
 # Above this share of CPU samples in the heap shim's own work, the summary says how to lower it.
 HEAP_TRACKING_HINT_PCT = 10.0

@@ -6,12 +6,19 @@ import os
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 from rsprof.storage.errors import ProfileError
 from rsprof.storage.granularity import Entry, EntryTable, entry
 from rsprof.storage.reader import Profile, ProfileSummary
-from rsprof.storage.samples import heap_deltas_source, heap_site_rows
+from rsprof.storage.samples import RowSource, heap_deltas_source, heap_site_rows
 from rsprof.storage.selection import WHOLE_CPU_PROFILE, SampleQuery, Selection, select
+
+
+class HeapRowSource(RowSource, Protocol):
+    """What growing_sites reads: a `Profile`, or the TUI's followed file."""
+
+    def has(self, name: str) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -245,9 +252,12 @@ def heap_rows(selection: Selection, granularity: str, growing: set[int]) -> list
     return list(rows.values())
 
 
-def growing_sites(profile: Profile) -> set[int]:
-    """Sites whose live bytes never fell and rose overall across the last checkpoints."""
-    last = profile.rows("SELECT MAX(id) FROM checkpoints")[0][0]
+def growing_sites(profile: HeapRowSource, last: int | None = None) -> set[int]:
+    """Sites (location ids) whose live bytes never fell and rose overall across the last
+    GROWTH_WINDOW checkpoints up to `last` (default: the newest). The TUI's Growing column
+    asks this of the checkpoints it has read, so it marks what `top heap` marks."""
+    if last is None:
+        last = profile.rows("SELECT MAX(id) FROM checkpoints")[0][0]
     if last is None:
         return set()
     first = last - GROWTH_WINDOW + 1
@@ -257,9 +267,9 @@ def growing_sites(profile: Profile) -> set[int]:
     steps: dict[int, list[int]] = {}
     for location_id, _checkpoint_id, delta in profile.rows(
         "SELECT location_id, checkpoint_id, SUM(alloc_bytes) - SUM(free_bytes)"
-        f" FROM {heap_site_rows(profile.has)} WHERE checkpoint_id >= ?"
+        f" FROM {heap_site_rows(profile.has)} WHERE checkpoint_id >= ? AND checkpoint_id <= ?"
         " GROUP BY location_id, checkpoint_id ORDER BY location_id, checkpoint_id",
-        (first - 1,),
+        (first - 1, last),
     ):
         steps.setdefault(location_id, []).append(delta)
     growing = set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 
 from rich.cells import cell_len, set_cell_size
 
@@ -222,12 +223,20 @@ def _collapse_templates(name: str) -> str:
     return "".join(out)
 
 
+# A name with none of these is shown as it is (C functions, `ns::f`, Python's): no scan.
+_PLAIN = re.compile(r"[^<>()\[\]{} @]*")
+
+
+@lru_cache(maxsize=1 << 16)
 def short_function(name: str) -> str:
     """A function name as `go tool pprof` shows it: no parameter list, no return type,
     template arguments as `<…>` (`std::sort<…>`, `shop::Basket::total`,
     `main::{lambda(int, int)#2}::operator()`); a `@plt` or version suffix is kept. Display
-    only: a profile keys functions by their full names."""
-    if not name or name[0] == "[":
+    only: a profile keys functions by their full names.
+
+    Cached: the TUI names the same functions at every refresh (scanning 10 000 names took
+    0.3-0.4 s of each rebuild of the table)."""
+    if not name or name[0] == "[" or _PLAIN.fullmatch(name):
         return name
     base, at, suffix = name, "", ""
     depths = _scan(name)
@@ -244,13 +253,18 @@ def short_function(name: str) -> str:
     return f"{short}{at}{suffix}" if short else name
 
 
+@lru_cache(maxsize=1 << 12)
+def _with_templates(name: str) -> str:
+    return _drop_return_type(_strip_parameters(name))
+
+
 def short_functions(names: Iterable[str]) -> dict[str, str]:
     """Display names for names shown together: each shortened (short_function), except
     that two different functions never look the same: where they would, they keep their
     template arguments, and if that is not enough their full names."""
     names = set(names)
     shown = {name: short_function(name) for name in names}
-    for fallback in (lambda n: _drop_return_type(_strip_parameters(n)), lambda n: n):
+    for fallback in (_with_templates, lambda n: n):
         seen: dict[str, set[str]] = {}
         for name, text in shown.items():
             seen.setdefault(text, set()).add(name)

@@ -47,8 +47,9 @@ from .widgets.chart import ChartState, ProfileChart
 from .widgets.flame import FlameView
 from .widgets.footer import FitFooter
 from .widgets.header import HeaderState, ProfileHeader
+from .widgets.output import OutputPanel
 from .widgets.peek import PeekPanel
-from .widgets.table import ProfileTable
+from .widgets.table import ProfileTable, visible_columns
 from .widgets.timeline import HeapTimelineView
 
 if TYPE_CHECKING:
@@ -67,6 +68,9 @@ NO_HEAP = (
 RECORDER_GONE_INTERVALS = 10
 """VIEW mode: a file that says "recording" but got no checkpoint for this many intervals
 (and at least 30 s) has lost its recorder (killed, machine rebooted)."""
+
+EARLY_TICK_S = 0.05
+"""How often the file is looked at until its first checkpoint (then: refresh_interval)."""
 
 FOLLOW_DELAY_S = 0.06
 """How long after the selection moves the chart and callers panel follow it."""
@@ -88,6 +92,7 @@ class MainScreen(Screen[None]):
         Binding("f", "toggle_tree", "Tree"),
         Binding("F", "toggle_flame", "Flame"),
         Binding("e", "toggle_peek", "Callers"),
+        Binding("o", "toggle_output", "Output", show=False),
         Binding("c,enter", "toggle_chart", "Chart"),
         Binding("space", "expand", "Fold", show=False),
         Binding("right", "expand(1)", "Expand", show=False),
@@ -121,6 +126,7 @@ class MainScreen(Screen[None]):
         self._job_pending: bool | None = None  # None: nothing pending, else "refresh" flag
         self._job_started = 0.0
         self._follow_timer: Timer | None = None
+        self._last_follow = 0.0  # when the chart and callers last followed the selection
         self.last_update_s = 0.0  # request to drawn widgets, for the benchmark
 
     @property
@@ -136,6 +142,7 @@ class MainScreen(Screen[None]):
             yield Static(NO_HEAP, id="no-heap")
             yield ProfileChart(id="chart")
             yield PeekPanel(id="peek")
+            yield OutputPanel(id="output")
         yield Input(placeholder="focus: a regex of a function, file or module (--focus)",
                     id="filter")
         yield FitFooter()
@@ -146,6 +153,9 @@ class MainScreen(Screen[None]):
         self._show_header()
         self.request_update(refresh=True)
         self.set_interval(self.rsprof.refresh_interval, self._tick)
+        # Until the file has a checkpoint, look for it more often: the first screen with
+        # data comes as soon as the recorder commits it, not up to a tick later.
+        self._early_timer: Timer | None = self.set_interval(EARLY_TICK_S, self._early_tick)
 
     # -- updates ----------------------------------------------------------------------------
 
@@ -216,6 +226,15 @@ class MainScreen(Screen[None]):
             refresh, self._job_pending = self._job_pending, None
             self.request_update(refresh=refresh)
 
+    def _early_tick(self) -> None:
+        snap = self.snapshot
+        if snap is not None and (snap.summary.count or snap.info.state == "finished"):
+            if self._early_timer is not None:
+                self._early_timer.stop()
+                self._early_timer = None
+            return
+        self._tick()
+
     def _tick(self) -> None:
         if self.state.paused:
             return
@@ -223,6 +242,8 @@ class MainScreen(Screen[None]):
         following = self.rsprof.live or snap is None or snap.info.state == "recording"
         if following and not self.busy:
             self.request_update(refresh=True)
+        if self.state.output_open:
+            self._read_output()
         self._show_header()
 
     def _apply(self, snapshot: Snapshot) -> None:
@@ -241,8 +262,7 @@ class MainScreen(Screen[None]):
         flame = self.query_one(FlameView)
         flame.display = q.flame and not no_heap
         if q.flame:
-            flame.show(snapshot.flame, bytes_=q.view is View.MEMORY,
-                       reset=previous is None or previous.query.view is not q.view)
+            flame.show(snapshot.flame, bytes_=q.view is View.MEMORY, reset=previous is None)
         self.query_one("#no-heap").display = no_heap
         timeline = self.query_one(HeapTimelineView)
         timeline.display = q.view is View.MEMORY and not no_heap
@@ -421,7 +441,8 @@ class MainScreen(Screen[None]):
     FOOTER_RANKS: ClassVar[dict[str, int]] = {
         "quit": 100, "help": 90, "toggle_chart": 70, "pause": 65, "toggle_tree": 60,
         "toggle_flame": 58, "pick_thread": 55, "zoom_in": 78, "zoom_out": 77,
-        "toggle_peek": 50, "filter": 40, "cycle_sort": 30, "bar": 20, "zoom": 20, "pan": 20,
+        "toggle_peek": 50, "toggle_output": 45, "filter": 40, "cycle_sort": 30, "bar": 20,
+        "zoom": 20, "pan": 20,
     }
 
     def footer_priority(self, action: str) -> int:
@@ -516,12 +537,17 @@ class MainScreen(Screen[None]):
             ring.append(chart)
         if self.state.peek_open and peek.display:
             ring.append(peek)
+        output = self.query_one(OutputPanel)
+        if self.state.output_open:
+            ring.append(output)
         at = next((i for i, widget in enumerate(ring) if widget.has_focus), -1)
         ring[(at + 1) % len(ring)].focus()
 
     def action_cycle_sort(self) -> None:
         view = self.state.view
-        new = next_sort(view, self.state.sort[0])
+        width = self.query_one(ProfileTable).scrollable_content_region.width
+        shown = {c.key for c in visible_columns(COLUMNS[view], width)} if width else None
+        new = next_sort(view, self.state.sort[0], shown)
         self.state = self.state.with_sort(new, column(view, new).numeric)
         self.notify(f"sorted by {column(view, new).label}", timeout=1.5)
         self.request_update()
@@ -551,13 +577,21 @@ class MainScreen(Screen[None]):
     def _selection_changed(self) -> None:
         # The chart and callers panel follow the selection a moment later: the moved
         # highlight is drawn first, and holding `j` redraws the chart once, not per row.
+        # A move after a quiet moment is followed at once (the chart for a new row came
+        # 60 ms later than it could); moves in quick succession (holding j) once, after.
         if self.state.chart_open or self.state.peek_open:
+            now = time.monotonic()
+            if self._follow_timer is None and now - self._last_follow >= FOLLOW_DELAY_S:
+                self._last_follow = now
+                self.request_update()
+                return
             if self._follow_timer is not None:
                 self._follow_timer.stop()
             self._follow_timer = self.set_timer(FOLLOW_DELAY_S, self._follow_selection)
 
     def _follow_selection(self) -> None:
         self._follow_timer = None
+        self._last_follow = time.monotonic()
         self.request_update()
 
     def action_filter(self) -> None:
@@ -599,6 +633,8 @@ class MainScreen(Screen[None]):
             self.action_toggle_chart()
         elif self.state.peek_open:
             self.action_toggle_peek()
+        elif self.state.output_open:
+            self.action_toggle_output()
         elif self.state.flame_open:
             self.action_toggle_flame()
         elif self.state.tree_open:
@@ -648,6 +684,31 @@ class MainScreen(Screen[None]):
             self._primary().focus()
         self.refresh_bindings()
         self.request_update()
+
+    def action_toggle_output(self) -> None:
+        """o: the program's output (stdout and stderr, as `rsprof run` kept it), live."""
+        self.state = replace(self.state, output_open=not self.state.output_open)
+        panel = self.query_one(OutputPanel)
+        panel.display = self.state.output_open
+        if self.state.output_open:
+            self._read_output()
+        elif panel.has_focus:
+            self._primary().focus()
+        self.refresh_bindings()
+
+    @work(thread=True, group="output", exclusive=True)
+    def _read_output(self) -> None:
+        """Reads the output chunks the pane has not shown (the file's target_output)."""
+        panel = self.query_one(OutputPanel)
+        source = self.rsprof.source
+        ended = self.snapshot is not None and self.snapshot.info.state == "finished"
+        try:
+            chunks = source.output(panel.last_id)
+        except Exception as exc:  # keep the UI alive; say what went wrong
+            self.app.call_from_thread(
+                self.notify, f"could not read the output: {exc}", severity="error")
+            return
+        self.app.call_from_thread(panel.add, chunks, ended=ended and len(chunks) < 2000)
 
     def action_toggle_window(self) -> None:
         self.state = replace(self.state, window_on=not self.state.window_on)

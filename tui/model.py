@@ -8,7 +8,7 @@ immutable `Snapshot` it returns.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from operator import attrgetter
@@ -21,6 +21,7 @@ from rsprof.storage.live import (
     CpuRow,
     HeapRow,
     HeapTimeline,
+    OutputChunk,
     PeekInfo,
     ProfileInfo,
     Series,
@@ -90,6 +91,7 @@ class DataSource(Protocol):
     def heap_tree(self, filters: FrameFilter = ..., allocated: bool = False) -> CallNode: ...
     def heap_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int,
                     filters: FrameFilter = ...) -> Series: ...
+    def output(self, after_id: int = 0, limit: int = 2000) -> list[OutputChunk]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,14 @@ class Column:
     numeric: bool = True  # right-aligned, sorted largest first
     sortable: bool = True
     cut: Literal["end", "start"] = "end"  # where a long value is cut
+    # shown only when the table is at least this wide (cells): narrow terminals drop the
+    # least needed columns whole instead of squeezing the names (0: always)
+    min_table: int = 0
+
+
+WIDE_TABLE = 100
+"""The Memory view's Allocated column shows from this table width (80 columns keep Live,
+Allocs, Frees, Growing, the names and Trend)."""
 
 
 TREND = Column("trend", "Trend", 12, numeric=False, sortable=False)
@@ -118,9 +128,13 @@ COLUMNS: dict[View, tuple[Column, ...]] = {
     ),
     View.MEMORY: (
         Column("live_bytes", "Live", 10),
-        Column("alloc_bytes", "Allocated", 11),
+        Column("alloc_bytes", "Allocated", 11, min_table=WIDE_TABLE),
         Column("alloc_count", "Allocs", 9),
-        FUNCTION,
+        Column("free_count", "Frees", 9),
+        Column("growing", "Growing", 7),
+        # the names get more of what is left than in the CPU view: 80 columns keep a
+        # call site's function (`remember_request`) whole
+        Column("function", "Function", flex=4, numeric=False),
         LOCATION,
         TREND,
     ),
@@ -157,6 +171,8 @@ _CELLS: dict[str, Callable[[Any, float | None], str]] = {
     "live_bytes": lambda r, _t: fmt_bytes(r.live_bytes),
     "alloc_bytes": lambda r, _t: fmt_bytes(r.alloc_bytes),
     "alloc_count": lambda r, _t: fmt_count(r.alloc_count),
+    "free_count": lambda r, _t: fmt_count(r.free_count),
+    "growing": lambda r, _t: "▲ yes" if r.growing else "",
     "total_bytes": lambda r, _t: fmt_bytes(r.total_value),
     "self_bytes": lambda r, _t: fmt_bytes(r.self_value),
 }
@@ -169,6 +185,8 @@ _SORT_KEYS: dict[str, Callable[[Any], Any]] = {
     "live_bytes": attrgetter("live_bytes"),
     "alloc_bytes": attrgetter("alloc_bytes"),
     "alloc_count": attrgetter("alloc_count"),
+    "free_count": attrgetter("free_count"),
+    "growing": lambda r: (r.growing, r.live_bytes),
 }
 
 
@@ -184,9 +202,10 @@ def column(view: View, key: str) -> Column:
     return next(c for c in COLUMNS[view] if c.key == key)
 
 
-def next_sort(view: View, key: str) -> str:
-    """The sortable column after `key` (`s` cycles through them)."""
-    keys = [c.key for c in COLUMNS[view] if c.sortable]
+def next_sort(view: View, key: str, shown: Collection[str] | None = None) -> str:
+    """The sortable column after `key` (`s` cycles through them; through those `shown`,
+    when given: the table's width may leave some out)."""
+    keys = [c.key for c in COLUMNS[view] if c.sortable and (shown is None or c.key in shown)]
     return keys[(keys.index(key) + 1) % len(keys)] if key in keys else keys[0]
 
 
@@ -329,6 +348,7 @@ class ScreenState:
     flame_from_tree: bool = False  # the flame was opened from the tree: Esc goes back there
     chart_open: bool = False
     peek_open: bool = False  # the callers and callees panel
+    output_open: bool = False  # the program's output (o)
     window_on: bool = False  # the CPU view covers the zoom/pan window, not everything
     zoom: int = DEFAULT_ZOOM  # index into ZOOM_LEVELS
     pan: int = 0  # half-windows back from the newest checkpoint

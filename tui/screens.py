@@ -19,7 +19,7 @@ from .format import fmt_count
 
 KEYS: tuple[tuple[str, str], ...] = (
     ("q, Ctrl-Q", "quit (live: asks first, then stops and finalizes the recording)"),
-    ("Esc", "close filter, chart, callers, flame (back to the tree) or tree; else as q"),
+    ("Esc", "close filter, chart, callers, output, flame (back to the tree) or tree; else q"),
     ("Ctrl-C", "stop the recording and quit"),
     ("1 / 2", "CPU view / Memory view"),
     ("m", "toggle between the two views"),
@@ -28,6 +28,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("F", "flame graph (icicle) of the thread, window and filter shown"),
     ("←→ ↑↓, ⏎ / u", "flame: move along a row, to parent / child; zoom in / out"),
     ("e", "callers and callees of the selected function"),
+    ("o", "the program's output (stdout, stderr in red), live (rsprof run keeps it)"),
     ("w", "CPU view: whole recording or the zoom/pan window"),
     ("c / Enter", "open or close the chart of the selected row"),
     ("j / k, ↓ / ↑", "next / previous row"),
@@ -38,7 +39,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("b", "bar or line chart"),
     ("z", "chart's y axis from zero, or fitted to the data"),
     ("r", "CPU Trend: one scale for the column, or per row"),
-    ("Tab", "move focus: table, chart, callers panel (arrows scroll it)"),
+    ("Tab", "move focus: table, chart, callers, output (arrows scroll them)"),
     ("/", "focus: samples through a frame matching a regex (--focus; Esc clears)"),
     ("H", "hide or show start-up and interpreter frames (--hide-runtime; on for Python)"),
     ("s / S", "sort by the next column / reverse (or click a header)"),

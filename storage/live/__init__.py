@@ -33,6 +33,7 @@ from rsprof.storage.live.rows import (
     HeapRow,
     HeapTimeline,
     Neighbour,
+    OutputChunk,
     PeekInfo,
     ProfileInfo,
     Series,
@@ -42,8 +43,8 @@ from rsprof.storage.samples import TimeRange
 
 __all__ = [
     "NO_FILTER", "TREND_LEN", "WHOLE_RECORDING", "CallNode", "CheckpointSummary", "CpuRow",
-    "HeapRow", "HeapTimeline", "LiveProfile", "Neighbour", "PeekInfo", "ProfileInfo", "Series",
-    "ThreadInfo",
+    "HeapRow", "HeapTimeline", "LiveProfile", "Neighbour", "OutputChunk", "PeekInfo",
+    "ProfileInfo", "Series", "ThreadInfo",
 ]
 
 
@@ -163,6 +164,16 @@ class LiveProfile:
                     filters: FrameFilter = NO_FILTER) -> Series:
         with self._lock:
             return self.heap.series(key, start_ms, end_ms, bucket_ms, filters)
+
+    def output(self, after_id: int = 0, limit: int = 2000) -> list[OutputChunk]:
+        """What the target wrote (`target_output`: `rsprof run` keeps it, saved at each
+        checkpoint), the chunks after id `after_id` in order, at most `limit`."""
+        with self._lock:
+            if not self.file.has_table("target_output"):
+                return []
+            return [OutputChunk(*row) for row in self.file.rows(
+                "SELECT id, time_ms, stream, data FROM target_output WHERE id > ?"
+                " ORDER BY id LIMIT ?", (after_id, limit))]
 
     def time_range(self, start_ms: int, end_ms: int) -> TimeRange:
         """A window of absolute timestamps as `--since/--until` give it (seconds from the

@@ -80,6 +80,10 @@ class FollowedFile:
             self._tables.add(name)
         return name in self._tables
 
+    def has(self, name: str) -> bool:
+        """As `Profile.has` (storage.analysis reads through either)."""
+        return self.has_table(name)
+
     @property
     def last_id(self) -> int:
         return self.checkpoint_ids[-1] if self.checkpoint_ids else 0

@@ -15,6 +15,7 @@ from array import array
 from collections import deque
 from typing import NamedTuple
 
+from rsprof.storage.analysis import growing_sites
 from rsprof.storage.callgraph import call_tree
 from rsprof.storage.filters import FrameFilter
 from rsprof.storage.granularity import Entry, entry
@@ -41,6 +42,8 @@ class HeapModel:
         self.trend_len = trend_len
         self.site_entries: list[Entry] = []
         self._site_numbers: dict[Entry, int] = {}
+        # call site number -> the location ids it stands for (growing_sites' keys)
+        self._site_locations: dict[int, set[int]] = {}
         self._frames: dict[int, tuple[Frame, ...]] = {}  # stack id -> from the call site
         self._stacks: dict[int, HeapStack] = {}
         self._filtered: FilteredStacks[HeapStack] = FilteredStacks()
@@ -59,6 +62,7 @@ class HeapModel:
         self._before: dict[int, int] = {}
         self._timeline = array("q")  # whole-heap live bytes after each checkpoint
         self._timeline_total = 0
+        self._growing: set[int] = set()  # location ids growing_sites() marks
 
     @property
     def by_thread(self) -> bool:
@@ -93,11 +97,14 @@ class HeapModel:
     def _heap_stack(self, frames: tuple[Frame, ...]) -> HeapStack:
         if not frames:
             return _EMPTY
-        site = entry(frames[0], frames[0].lines[0], "lines")
+        line = frames[0].lines[0]
+        site = entry(frames[0], line, "lines")
         number = self._site_numbers.get(site)
         if number is None:
             number = self._site_numbers[site] = len(self.site_entries)
             self.site_entries.append(site)
+            self._site_locations[number] = set()
+        self._site_locations[number].add(line.location_id)
         return HeapStack(number, self.labels.path(frames))
 
     def _add(self, stack_id: int, alloc_bytes: int, alloc_count: int, free_bytes: int,
@@ -143,6 +150,8 @@ class HeapModel:
                     self._before.update(self._ring[0])
                 self._ring.append(per_checkpoint[cid])
         self._read_timeline(last, table, where, params)
+        # Whole process, as `top heap` (also with --tid) marks sites.
+        self._growing = growing_sites(self.file, last)
         self.last_id = last
 
     def _read_timeline(self, last: int, table: str, where: str,
@@ -205,9 +214,10 @@ class HeapModel:
         for site in sorted(sites):
             live, alloc_bytes, alloc_count, free_bytes, free_count = sites[site]
             e = self.site_entries[site]
+            growing = not self._growing.isdisjoint(self._site_locations[site])
             rows.append(HeapRow(site, e.function, location_text(e.file, e.line), live,
                                 alloc_bytes, alloc_count, free_bytes, free_count,
-                                tuple(site_trends[site])))
+                                tuple(site_trends[site]), growing))
         return rows
 
     def tree(self, filters: FrameFilter = NO_FILTER, allocated: bool = False) -> CallNode:

@@ -69,7 +69,12 @@ class CpuRow(NamedTuple):
 
 class HeapRow(NamedTuple):
     """One allocation call site (`storage.granularity`'s "lines" entry of the trimmed
-    stack's leaf, as `rsprof top heap` keys sites)."""
+    stack's leaf, as `rsprof top heap` keys sites).
+
+    free_bytes, free_count: the blocks allocated here that were freed (by any thread), as
+    `top heap`'s Frees counts them. growing: `top heap`'s Growing (`storage.analysis.
+    growing_sites`): the site's live bytes, whole process, never fell and rose over the
+    last checkpoints read."""
 
     key: int
     function: str
@@ -80,6 +85,16 @@ class HeapRow(NamedTuple):
     free_bytes: int
     free_count: int
     trend: tuple[int, ...]
+    growing: bool = False
+
+
+class OutputChunk(NamedTuple):
+    """What the launched target wrote, as read from one of its ptys (`target_output`)."""
+
+    id: int
+    time_ms: int
+    stream: str  # 'stdout' | 'stderr'
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -206,3 +206,44 @@ def test_run_keeps_the_programs_output_off_the_tui(tmp_path: Path) -> None:
     text = {stream: b"".join(d for s, d in rows if s == stream).decode() for stream, _ in rows}
     assert text["stdout"] == "".join(f"out {i}\n" for i in range(15))
     assert text["stderr"] == "".join(f"err {i}\n" for i in range(15))
+
+
+def test_output_pane_shows_the_program_live(tmp_path: Path) -> None:
+    """`o` under `rsprof run` with stderr redirected to a file, a program printing on both
+    streams every 0.2 s: the pane shows its lines while it runs (later ones keep coming),
+    stderr's too, and the TUI is still not in the file."""
+    out = tmp_path / "live.db"
+    err = tmp_path / "err.log"
+    exit_file = tmp_path / "exit"
+    script = ("i=0; while [ $i -lt 400 ]; do echo out $i; echo err $i >&2; i=$((i+1));"
+              " sleep 0.2; done")
+    session = f"rsprof-tui-pane-{os.getpid()}"
+    command = _command(tmp_path, f"run -o {shlex.quote(str(out))} -- sh -c"
+                                 f" {shlex.quote(script)} 2>{shlex.quote(str(err))}", exit_file)
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command],
+        check=True,
+    )
+    pane = Pane(session)
+
+    def newest(prefix: str) -> int:
+        numbers = [int(word.split()[1]) for word in pane.screen().splitlines()
+                   for word in [word.strip().strip("│").strip()]
+                   if word.startswith(prefix + " ") and word.split()[1].isdigit()]
+        return max(numbers, default=-1)
+
+    try:
+        assert wait_for(lambda: "RECORDING" in pane.screen(), 60), pane.screen()
+        pane.keys("o")
+        assert wait_for(lambda: newest("out") >= 0 and newest("err") >= 0, 60), pane.screen()
+        first = newest("out")
+        assert wait_for(lambda: newest("out") >= first + 5, 60), pane.screen()  # live
+        pane.keys("q")
+        assert wait_for(lambda: "y/n" in pane.screen(), 30), pane.screen()
+        pane.keys("y")
+        assert wait_for(lambda: exit_file.exists() and exit_file.read_text().strip() != ""), (
+            pane.screen())
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
+    logged = err.read_text(errors="replace")
+    assert "\x1b[" not in logged, logged[:500]  # the TUI is not in the file

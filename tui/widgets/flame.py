@@ -101,16 +101,19 @@ class FlameView(Widget, can_focus=True):
         self._rows: list[list[Box]] = []
         self._layout_key: tuple[object, ...] | None = None
         self._top = 0  # first row shown (deep stacks scroll)
+        # per view (bytes: Memory): (zoom, selected, top) while the other view is shown
+        self._saved: dict[bool, tuple[tuple[int, ...], tuple[int, ...], int]] = {}
 
     # -- data -------------------------------------------------------------------------------
 
     def show(self, root: CallNode | None, *, bytes_: bool = False, reset: bool = False) -> None:
         """New data (a refresh): zoom and selection stay on the same paths when they still
-        exist, else on the nearest ancestor that does. `reset`: another tree (the other
-        view): start from its root."""
-        if reset:
-            self.zoom = self.selected = ()
-            self._top = 0
+        exist, else on the nearest ancestor that does. Another tree (the other view,
+        `bytes_`; or `reset`): the zoom and selection it had when last shown, else its
+        root (each view keeps its own, as the tables do)."""
+        if reset or bytes_ != self.bytes:
+            self._saved[self.bytes] = (self.zoom, self.selected, self._top)
+            self.zoom, self.selected, self._top = self._saved.get(bytes_, ((), (), 0))
         self.root, self.bytes = root, bytes_
         self.whole = max(root.base_samples, root.total_samples, 1) if root else 1
         self.zoom = self._existing(self.zoom)

@@ -20,7 +20,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from ..format import align_right, fit_end, fit_start
-from ..model import Column, Row, cell_text
+from ..model import Column, Row, TreeRow, cell_text
 
 
 def column_widths(columns: Sequence[Column], width: int) -> list[int]:
@@ -41,6 +41,26 @@ def column_widths(columns: Sequence[Column], width: int) -> list[int]:
             given += w
             widths.append(w)
     return widths
+
+
+def follow(rows: Sequence[Row], key: int | None, path: tuple[int, ...], cursor: int) -> int:
+    """The index of the row to select after `rows` replaced the table's rows: the row of
+    `key`; else (a tree node gone) of the nearest ancestor of `path` shown; else the row at
+    `cursor`, the old position (or the last row)."""
+    if key is not None:
+        index = {r.key: i for i, r in enumerate(rows)}
+        if key in index:
+            return index[key]
+        for depth in range(len(path) - 1, 0, -1):
+            i = index.get(hash(path[:depth]))
+            if i is not None:
+                return i
+    return min(cursor, max(0, len(rows) - 1))
+
+
+def visible_columns(columns: Sequence[Column], width: int) -> tuple[Column, ...]:
+    """The columns a table `width` cells wide shows (Column.min_table)."""
+    return tuple(c for c in columns if c.min_table <= width)
 
 
 class ProfileTable(ScrollView, can_focus=True):
@@ -92,6 +112,8 @@ class ProfileTable(ScrollView, can_focus=True):
         self.trend_top: float | None = None
         self.names: Mapping[str, str] = {}
         self._selected_key: int | None = None
+        # per kind of table (its columns): (key, tree path, cursor, scroll) while not shown
+        self._saved: dict[tuple[Column, ...], tuple[int | None, tuple[int, ...], int, int]] = {}
         self._styles: dict[str, Style] | None = None  # see _style()
 
     def notify_style_update(self) -> None:
@@ -126,10 +148,14 @@ class ProfileTable(ScrollView, can_focus=True):
         trend_top: float | None = None,
         names: Mapping[str, str] | None = None,
     ) -> None:
-        """Replaces the rows; the cursor stays on the same key if it is still there.
+        """Replaces the rows. The selection follows the item (docs/tui.md, "Selection"):
+        the cursor stays on the same key (function, call site, tree node) if it is still
+        there; a tree node that went away gives way to its nearest shown ancestor, a row
+        of a table to the row now at its position. Each kind of table (the views' tables
+        and trees: `columns`) keeps its own selection and scroll position while another
+        is shown.
 
-        The scroll position is left alone (a refresh must not undo mouse-wheel scrolling);
-        only a new view starts at the top."""
+        The scroll position is left alone (a refresh must not undo mouse-wheel scrolling)."""
         view_changed = columns != self.columns
         if (not view_changed and rows == self.rows and sort_key == self.sort_key
                 and descending == self.descending and empty_text == self.empty_text
@@ -138,22 +164,24 @@ class ProfileTable(ScrollView, can_focus=True):
             # selection, a checkpoint that changed nothing shown): nothing to redraw.
             self.rows = rows
             return
+        old = self.selected
+        path = old.path if isinstance(old, TreeRow) else ()
+        key, cursor, scroll = self._selected_key, self.cursor, None
+        if view_changed:
+            if self.columns:
+                self._saved[self.columns] = (key, path, cursor, round(self.scroll_offset.y))
+            key, path, cursor, scroll = self._saved.get(columns, (None, (), 0, 0))
         self.columns, self.rows = columns, rows
         self.sort_key, self.descending, self.empty_text = sort_key, descending, empty_text
         self.trend_top = trend_top
         self.names = names or {}
-        index = 0
-        if not view_changed and self._selected_key is not None:
-            index = next(
-                (i for i, r in enumerate(rows) if r.key == self._selected_key),
-                min(self.cursor, max(0, len(rows) - 1)),
-            )
+        index = follow(rows, key, path, cursor)
         size = Size(self.size.width, len(rows) + 1)
         if size != self.virtual_size:  # a new virtual size lays the screen out again
             self.virtual_size = size
-        if view_changed:
-            self.scroll_to(y=0, animate=False, immediate=True)
-        self._move(index, force_message=view_changed, scroll=False)
+        if scroll is not None:
+            self.scroll_to(y=scroll, animate=False, immediate=True)
+        self._move(index, force_message=view_changed, scroll=view_changed)
         self.refresh()
 
     @property
@@ -206,7 +234,7 @@ class ProfileTable(ScrollView, can_focus=True):
     def on_click(self, event: events.Click) -> None:
         if event.y == 0:
             x = 0
-            for col, width in zip(self.columns, self._widths(), strict=True):
+            for col, width in zip(self.shown_columns, self._widths(), strict=True):
                 if x <= event.x < x + width + 1:
                     if col.sortable:
                         self.post_message(self.HeaderClicked(col.key))
@@ -222,12 +250,17 @@ class ProfileTable(ScrollView, can_focus=True):
 
     # -- drawing --------------------------------------------------------------------------
 
+    @property
+    def shown_columns(self) -> tuple[Column, ...]:
+        """The columns drawn at the table's width."""
+        return visible_columns(self.columns, self.scrollable_content_region.width)
+
     def _widths(self) -> list[int]:
-        return column_widths(self.columns, self.scrollable_content_region.width)
+        return column_widths(self.shown_columns, self.scrollable_content_region.width)
 
     def _cells(self, texts: Sequence[str], widths: list[int], header: bool) -> list[str]:
         out = []
-        for col, text, width in zip(self.columns, texts, widths, strict=True):
+        for col, text, width in zip(self.shown_columns, texts, widths, strict=True):
             if col.numeric:
                 out.append(" " + align_right(text, width))
             elif col.cut == "start" and not header:
@@ -256,11 +289,12 @@ class ProfileTable(ScrollView, can_focus=True):
             name = "profile-table--cursor" if self.has_focus else "profile-table--cursor-blurred"
             style = self._style(name)
         trend = self._style("+profile-table--trend")
-        texts = [cell_text(c, row, self.trend_top, self.names) for c in self.columns]
+        columns = self.shown_columns
+        texts = [cell_text(c, row, self.trend_top, self.names) for c in columns]
         cells = self._cells(texts, widths, header=False)
         segments = [
             Segment(text, style + trend if col.key == "trend" else style)
-            for col, text in zip(self.columns, cells, strict=True)
+            for col, text in zip(columns, cells, strict=True)
         ]
         return Strip(segments).adjust_cell_length(width, style)
 
@@ -268,7 +302,8 @@ class ProfileTable(ScrollView, can_focus=True):
         style = self._style("profile-table--header")
         sorted_style = style + self._style("+profile-table--sorted")
         labels = []
-        for col in self.columns:
+        columns = self.shown_columns
+        for col in columns:
             if col.key == self.sort_key:
                 labels.append(col.label + (" ▼" if self.descending else " ▲"))
             else:
@@ -276,6 +311,6 @@ class ProfileTable(ScrollView, can_focus=True):
         cells = self._cells(labels, widths, header=True)
         segments = [
             Segment(text, sorted_style if col.key == self.sort_key else style)
-            for col, text in zip(self.columns, cells, strict=True)
+            for col, text in zip(columns, cells, strict=True)
         ]
         return Strip(segments).adjust_cell_length(width, style)
