@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from rsprof.storage.samples import Frame, Line, offcpu_stack
 
 DUTY = r"""
