@@ -232,7 +232,9 @@ def test_mutex_waits_show_under_the_caller_of_pthread_mutex_lock(tmp_path: Path)
     truth = _truth(tmp_path / "truth.txt")
     assert len(truth) == 2
     for _, tid, life_ns, waited_ns in truth:
-        assert waited_ns > 0.2 * life_ns  # they do contend
+        # they do contend (under load less: a holder preempted while the other thread
+        # also waits for a CPU; the full system suite saw 0.34 s of 2.18 s)
+        assert waited_ns > 100_000_000, (waited_ns, life_ns)
         off = _top("offcpu", "m.db", tid, tmp_path)
         assert "pthread_mutex_lock" in {row["function"] for row in off.values()} or any(
             "mutex" in name for name in off), sorted(off)
