@@ -26,6 +26,7 @@ from rsprof.collector.errors import PERMISSION_HINT, PermissionDenied, ProcessNo
 from rsprof.collector.frames import FrameResolver
 from rsprof.collector.heap import HeapParts, HeapTracker, PythonNotYet
 from rsprof.collector.maps import Mapping, read_executable_maps
+from rsprof.collector.offcpu import OffCpuUnavailable, Tracepoint, find_tracepoint
 from rsprof.collector.process import Target
 from rsprof.collector.pyframes import PythonImages, find_runtime, program_runs_python
 from rsprof.collector.symbols import Symbolizer
@@ -82,6 +83,8 @@ class RecordOptions:
     # One extra checkpoint this soon after sampling starts (the live TUI's first screen
     # then has data before the first interval ends); None: the first after interval_s.
     first_checkpoint_s: float | None = None
+    # Off-CPU time from sched:sched_switch (`--off-cpu/--no-off-cpu`), where permitted.
+    offcpu: bool = True
 
 
 # Stack copies per CPU ring, largest first: one ring per CPU takes every thread's samples,
@@ -246,6 +249,10 @@ class Recorder:
         symbolizer.on_warning = self.warn  # corrupt debug info: fewer symbols, said once
         symbolizer.cancelled = self.stop_event.is_set  # a long debug-file read gives up
         self._unwind_note: str | None = None
+        # Off-CPU: the tracepoint (None: not asked for, or unavailable: _offcpu_error says)
+        self._offcpu_tracepoint: Tracepoint | None = None
+        self._offcpu_error = ""
+        self._offcpu_meta: dict[str, int] = {}
         self.resolver.on_warning = self.warn  # a refused perf map (symlink, other owner)
         self._python: PythonImages | None = None
         self._python_meta: dict[str, object] = {}
@@ -354,10 +361,25 @@ class Recorder:
         # inherit, and a second event would sample it twice.)
         self.sampler.poll(0)
         self._follow_missed_threads()
+        if self.options.offcpu and not self.sampler.offcpu:
+            reason = self.sampler.offcpu_error or self._offcpu_error
+            self._offcpu_error = reason
+            self.warn(f"off-CPU time not recorded: {reason}; CPU samples are"
+                      " (--no-off-cpu does not ask)")
         if self.on_attached is not None:
             self.on_attached()
 
+    def _find_offcpu(self) -> None:
+        if not self.options.offcpu or self._offcpu_tracepoint is not None or self._offcpu_error:
+            return
+        try:
+            self._offcpu_tracepoint = find_tracepoint()
+        except OffCpuUnavailable as error:
+            self._offcpu_error = str(error)
+
     def _open_sampler(self, tids: list[int], copies: int = RING_COPIES[0]) -> int:
+        self._find_offcpu()
+        tracepoint = self._offcpu_tracepoint
         try:
             self._sampler = PerfSampler(
                 self.target.pid,
@@ -367,6 +389,8 @@ class Recorder:
                 stack_bytes=self.options.stack_bytes,
                 wake_each=self._python_hint(),
                 bpf_object=self._bpf_object(),
+                offcpu_tracepoint=tracepoint.id if tracepoint else -1,
+                offcpu_state_offset=tracepoint.state_offset if tracepoint else 32,
             )
         except PermissionError as error:  # CFI mode reads /proc/PID/maps
             raise PermissionDenied(
@@ -436,6 +460,9 @@ class Recorder:
                 "cpu_unwind": self._unwind_note or _unwind_label(self.options),
                 # 0: not allowed to sample kernel mode, so system-call time is missing
                 "kernel_sampled": int(self.sampler.kernel),
+                # off-CPU time: the event, or why not ('' when not asked for)
+                "offcpu_event": "sched:sched_switch" if self.sampler.offcpu else "",
+                "offcpu_error": self._offcpu_error if self.options.offcpu else "",
                 "interval_ms": int(self.options.interval_s * 1000),
                 "heap_mode": self._heap_mode[0] if self._heap_mode else "none",
                 "heap_sample_bytes": self._heap_mode[1] if self._heap_mode else 0,
@@ -674,14 +701,17 @@ class Recorder:
         self._follow_processes(batch)
         renamed = self._follow_threads(batch)
         cpu = self._resolve_cpu(batch)
+        offcpu = self._resolve_offcpu(batch)
+        seen_tids = {tid for (_, tid) in cpu} | {tid for (_, tid, _) in offcpu}
         self._exited.update(batch.exited_threads)
         checkpoint = Checkpoint(
             timestamp_ms=int(time.time() * 1000),
             samples=batch.samples,
             lost_samples=batch.lost,
             cpu=cpu,
+            offcpu=offcpu,
             threads={tid: self._python_names.get(tid) or self._thread_names.get(tid)
-                     for tid in {tid for (_, tid) in cpu} | set(self._new_tids()) | renamed},
+                     for tid in seen_tids | set(self._new_tids()) | renamed},
             thread_comms=self._thread_names,
             thread_pids=self._thread_pids,
             exited_threads=batch.exited_threads,
@@ -695,6 +725,7 @@ class Recorder:
             self.writer.set_meta({"warnings": "\n".join(self.warnings)})
         self.writer.write_checkpoint(checkpoint)
         self._count(batch, heap_parts, cpu)
+        self._write_offcpu_meta(batch)
         return not self._target_alive()
 
     def _follow_processes(self, batch: PerfBatch) -> None:
@@ -750,6 +781,16 @@ class Recorder:
             key = (self._native_to_stored[native_id], tid)
             cpu[key] = cpu.get(key, 0) + count
         return cpu
+
+    def _resolve_offcpu(self, batch: PerfBatch) -> dict[tuple[int, int, str], tuple[int, int]]:
+        """The batch's off-CPU time per (stored stack, tid, state): (switch-outs, ns). Its
+        stacks are among the batch's new stacks, symbolized by _resolve_cpu."""
+        offcpu: dict[tuple[int, int, str], tuple[int, int]] = {}
+        for native_id, tid, state, switches, ns in batch.offcpu:
+            key = (self._native_to_stored[native_id], tid, state)
+            had = offcpu.get(key, (0, 0))
+            offcpu[key] = (had[0] + switches, had[1] + ns)
+        return offcpu
 
     def _fill_heap(
         self, heap_batches: list[tuple[tuple[int, int], HeapTracker, HeapBatch | None]],
@@ -835,6 +876,23 @@ class Recorder:
             totals.truncated_samples += batch.truncated
             # counted in the profile, so `top` can say how many stacks are incomplete
             self.writer.set_meta({"truncated_samples": totals.truncated_samples})
+
+    def _write_offcpu_meta(self, batch: PerfBatch) -> None:
+        """Off-CPU switch-outs, lost and unpaired records so far (meta offcpu_*); lost
+        records are warned of."""
+        if not (self.sampler.offcpu or self._offcpu_meta):
+            return
+        off_meta = dict(self._offcpu_meta)
+        for meta_key, value in (("offcpu_switches", batch.offcpu_switches),
+                                ("offcpu_lost", batch.offcpu_lost),
+                                ("offcpu_unpaired", batch.offcpu_unpaired)):
+            off_meta[meta_key] = off_meta.get(meta_key, 0) + value
+        if off_meta != self._offcpu_meta:
+            self._offcpu_meta = off_meta
+            self.writer.set_meta(dict(off_meta))
+        if batch.offcpu_lost:
+            self.warn("off-CPU records were lost (the off-CPU ring was full): counted in"
+                      " meta offcpu_lost; off-CPU totals are low")
 
     def _measure_heap_stacks(self, stacks: int, seconds: float) -> None:
         """Sizes every heap reader's budget of new stacks per take() so that symbolizing a

@@ -79,6 +79,15 @@ class PerfBatch(tuple[object, ...]):
     @property
     def processes(self) -> list[ProcessEvent]: ...
     @property
+    def offcpu(self) -> list[tuple[int, int, str, int, int]]:
+        """(stack_id, tid, state, switch-outs, nanoseconds off the CPU)"""
+    @property
+    def offcpu_switches(self) -> int: ...
+    @property
+    def offcpu_lost(self) -> int: ...
+    @property
+    def offcpu_unpaired(self) -> int: ...
+    @property
     def target_exited(self) -> bool: ...
     @property
     def first_time_ns(self) -> int: ...
@@ -104,7 +113,15 @@ class PerfSampler:
         kernel: bool = True,
         wake_each: bool = False,
         bpf_object: str | None = None,
+        offcpu_tracepoint: int = -1,
+        offcpu_state_offset: int = 32,
     ) -> Self: ...
+    @property
+    def offcpu(self) -> bool:
+        """Off-CPU time is recorded (sched:sched_switch opened on every thread)."""
+    @property
+    def offcpu_error(self) -> str:
+        """Why off-CPU time is not recorded ('' when it is, or was not asked for)."""
     @property
     def pid(self) -> int: ...
     @property

@@ -101,6 +101,10 @@ def _record_options(func: click.decorators.FC, *, demo: bool) -> click.decorator
                           " read at sample time by a BPF program where it can be loaded, else"
                           " from outside when the sample is drained (drain: always so);"
                           " off: native frames only."),
+        click.option("--off-cpu/--no-off-cpu", "offcpu", default=True, show_default=True,
+                     help="Also record where threads wait: each switch-out's stack and the"
+                          " time until the thread runs again (sched:sched_switch; needs root"
+                          " or CAP_PERFMON, else one line says so and CPU recording goes on)."),
         click.option("-q", "--quiet", count=True,
                      help="Record headless (no TUI): one line saying what is recorded, then"
                           " progress on a terminal; -qq: only the summary at the end."),
@@ -188,6 +192,7 @@ def _record(
     stack_bytes: int,
     python: str,
     quiet: int,
+    offcpu: bool = True,
     append: bool,
     follow: bool | None,
     child: session.Launched | None = None,
@@ -199,7 +204,7 @@ def _record(
     headless = _headless(quiet)
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
-        python=python != "off", python_bpf=python == "on",
+        python=python != "off", python_bpf=python == "on", offcpu=offcpu,
         follow=(child is not None) if follow is None else follow,
     )
     outcome = session.record(target, path, options, append=append, quiet=headless, child=child,

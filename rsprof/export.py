@@ -58,7 +58,11 @@ def export(
     if base_path is not None and fmt != "pprof":
         raise click.BadParameter("only the pprof format carries a diff base",
                                  param_hint="'--diff-base'")
-    if fmt == "firefox" and query.kind == "cpu":
+    if fmt == "firefox" and query.kind in ("offcpu", "wall"):
+        raise click.BadParameter("the firefox format carries CPU or heap samples only; use"
+                                 " pprof, folded, speedscope or html for offcpu and wall",
+                                 param_hint="'--kind'")
+    if fmt == "firefox" and query.kind != "heap":
         # A timeline: samples per checkpoint, not merged over the range.
         query = dataclasses.replace(query, per_checkpoint=True)
     with Profile(profile_path) as profile:
@@ -116,7 +120,7 @@ def _write_table(selection: Selection, fmt: str, granularity: str, growing: set[
                  out: IO[str]) -> None:
     from rsprof import render
 
-    if selection.samples.kind == "cpu":
+    if selection.samples.kind != "heap":
         render.emit_rows(render.CPU_KEYS, rank_cpu(selection, granularity=granularity), fmt, out)
     else:
         heap = rank_heap(selection, growing, granularity=granularity)

@@ -13,7 +13,7 @@ from rsprof.storage.analysis import list_profiles
 from rsprof.storage.errors import ProfileError
 from rsprof.storage.filters import FrameFilter
 from rsprof.storage.granularity import GRANULARITIES
-from rsprof.storage.samples import TimeRange
+from rsprof.storage.samples import KINDS, TimeRange
 from rsprof.storage.selection import SampleQuery, Selection
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -92,8 +92,9 @@ def build_query(kind: str, options: dict[str, Any]) -> SampleQuery:
 
 
 def check_kind(kind: str) -> str:
-    if kind not in ("cpu", "heap"):
-        raise click.BadParameter(f"unknown kind {kind!r}: use cpu or heap", param_hint="KIND")
+    if kind not in KINDS:
+        raise click.BadParameter(f"unknown kind {kind!r}: use {', '.join(KINDS)}",
+                                 param_hint="KIND")
     return kind
 
 

@@ -74,16 +74,23 @@ def emit_rows(keys: Sequence[str], rows: Sequence[FunctionRow | HeapSiteRow], fm
         _write_csv(keys, objects, out)
 
 
-def cpu_rows(rows: list[FunctionRow], total_samples: int, fmt: str, note: str = "") -> None:
+def cpu_rows(rows: list[FunctionRow], total_samples: int, fmt: str, note: str = "",
+             unit: str = "count") -> None:
     if fmt == "table":
-        cpu_table(rows, total_samples, note=note)
+        cpu_table(rows, total_samples, note=note, unit=unit)
     else:
         emit_rows(CPU_KEYS, rows, fmt)
 
 
 def cpu_table(rows: list[FunctionRow], total_samples: int, title: str | None = None,
-              note: str = "") -> None:
-    caption = f"{total_samples} samples" + (f"; {note}" if note else "")
+              note: str = "", unit: str = "count") -> None:
+    """`top cpu`'s table; with unit "nanoseconds" (offcpu, wall) Self and Total are times."""
+    def value(n: int) -> str:
+        return f"{n / 1e9:.3f}s" if unit == "nanoseconds" else str(n)
+
+    whole = (f"{value(total_samples)} in all" if unit == "nanoseconds"
+             else f"{total_samples} samples")
+    caption = whole + (f"; {note}" if note else "")
     table = Table(title=title, title_justify="left", caption=caption,
                   caption_justify="left", box=None, header_style="bold")
     table.add_column("Self", justify="right")
@@ -94,7 +101,7 @@ def cpu_table(rows: list[FunctionRow], total_samples: int, title: str | None = N
     table.add_column("Location", overflow="fold")
     shown = short_functions(r.function for r in rows)
     for r in rows:
-        table.add_row(str(r.self), f"{r.self_pct:.1f}%", str(r.total), f"{r.total_pct:.1f}%",
+        table.add_row(value(r.self), f"{r.self_pct:.1f}%", value(r.total), f"{r.total_pct:.1f}%",
                       f"{r.address} {shown[r.function]}" if r.address else shown[r.function],
                       _location(r.file, r.line))
     _console().print(table)

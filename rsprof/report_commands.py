@@ -33,12 +33,15 @@ NO_HEAP_HINT = (
     "this profile has no heap data; start the program with `rsprof run -- CMD`, or with"
     " `LD_PRELOAD=$(rsprof preload) CMD` and attach with `rsprof -p PID`"
 )
-KIND_OPTION = click.option("--kind", type=click.Choice(["cpu", "heap"]), default="cpu",
-                           show_default=True, help="CPU samples or heap allocations.")
+KIND_OPTION = click.option("--kind", type=click.Choice(["cpu", "heap", "offcpu", "wall"]),
+                           default="cpu", show_default=True,
+                           help="CPU samples, heap allocations, off-CPU time (where threads"
+                                " waited) or wall-clock time (on-CPU + off-CPU).")
 SAMPLE_INDEX_OPTION = click.option(
     "--sample-index", metavar="NAME",
     help="Value to weigh by: samples, cpu (CPU); inuse_space (default), inuse_objects,"
-         " alloc_space, alloc_objects (heap).")
+         " alloc_space, alloc_objects (heap); offcpu (default), switches (offcpu);"
+         " wall (default), cpu, offcpu (wall).")
 
 
 def _completing(words: tuple[str, ...]) -> Any:
@@ -70,7 +73,8 @@ def _filter_note(query: SampleQuery, selection: Selection, index: int) -> str:
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("kind", metavar="cpu|heap", shell_complete=_completing(("cpu", "heap")))
+@click.argument("kind", metavar="cpu|heap|offcpu|wall",
+                shell_complete=_completing(("cpu", "heap", "offcpu", "wall")))
 @FILE_ARGUMENT
 @click.option("-n", "--limit", type=click.IntRange(0), default=20, show_default=True,
               help="Rows to show (0 = all).")
@@ -84,7 +88,8 @@ def _filter_note(query: SampleQuery, selection: Selection, index: int) -> str:
 @click.option("--csv", "as_csv", is_flag=True, help="CSV with a header line.")
 def top(kind: str, file: Path | None, limit: int, threshold: float, cum: bool, sort: str,
         granularity: str, as_json: bool, as_csv: bool, **options: Any) -> None:
-    """Top functions by CPU samples, or call sites by heap bytes.
+    """Top functions by CPU samples, off-CPU time (offcpu: where threads waited) or
+    wall-clock time (wall: on-CPU + off-CPU), or call sites by heap bytes.
 
     --focus/--ignore/--show/--hide take regexes with pprof's meanings; percentages stay
     relative to every sample in the time range and thread, as in pprof. FILE: the newest
@@ -97,13 +102,14 @@ def top(kind: str, file: Path | None, limit: int, threshold: float, cum: bool, s
     narrowed = any(value not in (None, False) for value in options.values())
     query = build_query(kind, options)
     with Profile(profile_file(file)) as profile:
-        if kind == "cpu":
+        if kind != "heap":
             selection = select(profile, query)
             _say_if_empty(profile, selection, query)
             rows = analysis.rank_cpu(selection, granularity=granularity, sort_by_total=cum,
                                      threshold_pct=threshold, limit=limit)
             note = _filter_note(query, selection, 0) if fmt == "table" else ""
-            render.cpu_rows(rows, selection.unfiltered_total[0], fmt, note)
+            render.cpu_rows(rows, selection.unfiltered_total[0], fmt, note,
+                            unit=selection.samples.sample_types[0][1])
             return
         if analysis.heap_mode(profile) == "none":
             click.echo(f"rsprof: {NO_HEAP_HINT}", err=True)
@@ -136,7 +142,7 @@ def traces(file: Path | None, kind: str, sample_index: str | None, granularity: 
         _say_if_empty(profile, selection, query)
     index = value_index(selection, sample_index)
     found = distinct_traces(selection, value_index=index, granularity=granularity,
-                            per_thread=not no_threads and kind == "cpu")
+                            per_thread=not no_threads and kind != "heap")
     unit = selection.samples.sample_types[index][1]
     report_render.traces(found[: limit or None], unit, selection.samples.total(index),
                          len(found), as_json=as_json)
@@ -178,8 +184,9 @@ def peek(file_or_regex: str, regex: str | None, kind: str, sample_index: str | N
 @click.command(context_settings=CONTEXT)
 @click.argument("old", type=click.Path(path_type=Path))
 @click.argument("new", type=click.Path(path_type=Path))
-@click.option("--kind", type=click.Choice(["cpu", "heap", "both"]), default="both",
-              show_default=True, help="Compare CPU shares, heap bytes, or both.")
+@click.option("--kind", type=click.Choice(["cpu", "heap", "both", "offcpu", "wall"]),
+              default="both", show_default=True,
+              help="Compare CPU shares, heap bytes, or both; or off-CPU / wall-clock shares.")
 @click.option("-n", "--limit", type=click.IntRange(0), default=20, show_default=True,
               help="Rows per table (0 = all).")
 @sample_options
@@ -190,13 +197,13 @@ def diff(old: Path, new: Path, kind: str, limit: int, as_json: bool, **options: 
 
     CPU is compared in percent of each profile's samples, heap in bytes.
     """
-    query = build_query("heap" if kind == "heap" else "cpu", options)
+    query = build_query(kind if kind in ("heap", "offcpu", "wall") else "cpu", options)
     result: dict[str, list[dict[str, object]]] = {}
     with Profile(old) as before, Profile(new) as after:
-        if kind in ("cpu", "both"):
+        if kind in ("cpu", "both", "offcpu", "wall"):
             cpu = cpu_diff(before, after, query)[: limit or None]
             if as_json:
-                result["cpu"] = [d.as_dict() for d in cpu]
+                result[query.kind] = [d.as_dict() for d in cpu]
             else:
                 report_render.cpu_diff(cpu)
         both_heap = all(analysis.heap_mode(p) != "none" for p in (before, after))

@@ -200,11 +200,11 @@ def write_firefox(samples: SampleSet, out: TextIO, *, value_index: int | None = 
     tables = _Tables()
     start_ms = int(samples.meta.get("start_time_ms") or samples.start_ms)
     main_pid = int(samples.meta["pid"]) if str(samples.meta.get("pid", "")).isdigit() else 0
-    if samples.kind == "cpu":
+    if samples.kind != "heap":
         threads = _cpu_threads(samples, tables, start_ms, main_pid)
     else:
         threads = [_heap_thread(samples, tables, start_ms, main_pid, index)]
-    interval_ms = samples.period_ns / 1e6 if samples.period_ns else 1.0
+    interval_ms = samples.period_ns / 1e6 if samples.kind == "cpu" and samples.period_ns else 1.0
     process = samples.meta.get("process_name", "") or "profile"
     document = {
         "meta": {

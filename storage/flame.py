@@ -66,7 +66,7 @@ def write_speedscope(
     for sample, value in _weighted(samples, index):
         stack = tuple(intern(line.function, line.file, line.line, value)
                       for line in _root_first_lines(sample))
-        key = sample.tid if samples.kind == "cpu" else None
+        key = sample.tid if samples.kind != "heap" else None
         stacks = groups.setdefault(key, {})
         stacks[stack] = stacks.get(stack, 0) + value
         labels.setdefault(key, thread_label(sample) if key is not None else "")

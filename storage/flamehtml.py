@@ -123,7 +123,7 @@ def write_html(samples: SampleSet, out: TextIO, *, value_index: int | None = Non
     sample_type, unit = samples.sample_types[index]
     process = samples.meta.get("process_name", "") or "profile"
     pid = samples.meta.get("pid", "")
-    what = "CPU" if samples.kind == "cpu" else "heap"
+    what = {"cpu": "CPU", "offcpu": "off-CPU", "wall": "wall-clock"}.get(samples.kind, "heap")
     title = f"{process}{f' (pid {pid})' if pid else ''}: {what} {sample_type}"
     seconds = max(0, samples.end_ms - samples.start_ms) / 1000
     subtitle = " · ".join(part for part in (source, f"{seconds:.1f} s", f"{sample_type} ({unit})")
@@ -134,7 +134,7 @@ def write_html(samples: SampleSet, out: TextIO, *, value_index: int | None = Non
         "kind": samples.kind,
         "sampleType": sample_type,
         "unit": unit,
-        "countName": "samples" if samples.kind == "cpu" else "objects",
+        "countName": "objects" if samples.kind == "heap" else "samples",
         **tree_data(build_tree(samples, index, per_thread=per_thread)),
     }
     # "</" and "<!--" inside a script element would end it or confuse the parser: JSON

@@ -23,6 +23,21 @@ from rsprof.storage.reader import Profile
 from rsprof.storage.schema import u64_from_sql
 
 CPU_SAMPLE_TYPES = (("samples", "count"), ("cpu", "nanoseconds"))
+# Off-CPU: the time each switched-out stack waited until its thread ran again, and how many
+# switch-outs; wall: on-CPU (samples x period) plus off-CPU time, both kept apart too.
+OFFCPU_SAMPLE_TYPES = (("offcpu", "nanoseconds"), ("switches", "count"))
+WALL_SAMPLE_TYPES = (("wall", "nanoseconds"), ("cpu", "nanoseconds"), ("offcpu", "nanoseconds"))
+# Kinds whose samples are per thread (all but heap)
+THREAD_KINDS = ("cpu", "offcpu", "wall")
+KINDS = ("cpu", "heap", "offcpu", "wall")
+# Why a thread left the CPU (offcpu_stack_samples.state): the leaf frame of its off-CPU stack
+OFFCPU_STATES = {
+    "S": "[sleeping]",
+    "D": "[uninterruptible wait]",
+    "R": "[preempted]",
+    "I": "[idle]",
+    "T": "[stopped]",
+}
 HEAP_SAMPLE_TYPES = (
     ("alloc_objects", "count"),
     ("alloc_space", "bytes"),
@@ -144,18 +159,34 @@ def load_samples(
     """Every CPU (or heap) sample of `profile` in `time_range`, for one thread if `tid`, one
     process if `pid`. `per_checkpoint` keeps CPU samples of each checkpoint apart (with its
     interval) instead of merging them over the range: the resolution of a timeline."""
-    if kind not in ("cpu", "heap"):
-        raise ValueError(f"unknown kind {kind!r}: use cpu or heap")
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}: use {', '.join(KINDS)}")
     meta = profile.meta()
     checkpoints, start_ms, end_ms = _checkpoints_in_range(profile, meta, time_range)
     frames = FrameTable(profile)
+    freq = int(meta.get("cpu_freq_hz") or 99)
+    period_ns = 1_000_000_000 // max(1, freq)
     if kind == "cpu":
-        freq = int(meta.get("cpu_freq_hz") or 99)
-        period_ns = 1_000_000_000 // max(1, freq)
         samples = _cpu_samples(profile, frames, checkpoints, tid, pid, period_ns,
                                per_checkpoint=per_checkpoint)
         return SampleSet("cpu", CPU_SAMPLE_TYPES, 0, samples, start_ms, end_ms,
                          period_ns=period_ns, meta=meta, process_names=_process_names(profile))
+    if kind in ("offcpu", "wall"):
+        off = _offcpu_samples(profile, frames, checkpoints, tid, pid,
+                              per_checkpoint=per_checkpoint)
+        if kind == "offcpu":
+            return SampleSet("offcpu", OFFCPU_SAMPLE_TYPES, 0, off, start_ms, end_ms,
+                             period_ns=1, meta=meta, process_names=_process_names(profile))
+        # wall: a CPU sample stands for one period of its thread's time on the CPU
+        wall = [Sample(sample.frames, [sample.values[1], sample.values[1], 0], sample.tid,
+                       sample.thread_name, pid=sample.pid, interval_ms=sample.interval_ms)
+                for sample in _cpu_samples(profile, frames, checkpoints, tid, pid, period_ns,
+                                           per_checkpoint=per_checkpoint)]
+        wall += [Sample(sample.frames, [sample.values[0], 0, sample.values[0]], sample.tid,
+                        sample.thread_name, pid=sample.pid, interval_ms=sample.interval_ms)
+                 for sample in off]
+        return SampleSet("wall", WALL_SAMPLE_TYPES, 0, wall, start_ms, end_ms,
+                         period_ns=1, meta=meta, process_names=_process_names(profile))
     samples = _heap_samples(profile, frames, checkpoints, pid, tid)
     return SampleSet("heap", HEAP_SAMPLE_TYPES, 3, samples, start_ms, end_ms, meta=meta,
                      process_names=_process_names(profile))
@@ -263,6 +294,69 @@ def _cpu_samples(
                                   pid=thread_pid if thread_pid is not None else default_pid,
                                   interval_ms=intervals.get(checkpoint_id)))
     return samples
+
+
+def _offcpu_samples(
+    profile: Profile,
+    frames: FrameTable,
+    checkpoints: list[tuple[int, bool]],
+    tid: int | None,
+    pid: int | None,
+    *,
+    per_checkpoint: bool = False,
+) -> list[Sample]:
+    """Off-CPU time per (stack, thread, state): values [nanoseconds, switch-outs]. The stack's
+    [kernel] leaf (the thread waited in the kernel) becomes the state's frame: [sleeping],
+    [uninterruptible wait], [preempted]."""
+    tables = {r[0] for r in profile.rows("SELECT name FROM sqlite_master WHERE type='table'")}
+    if "offcpu_stack_samples" not in tables:
+        return []  # a file from before off-CPU time was recorded
+    inside = _id_list(cid for cid, within in checkpoints if within)
+    meta_pid = profile.meta().get("pid", "")
+    default_pid = int(meta_pid) if meta_pid.isdigit() else None
+    checkpoint_column = "s.checkpoint_id" if per_checkpoint else "0"
+    sql = (
+        f"SELECT s.stack_id, s.tid, COALESCE(t.name, ''), s.state, SUM(s.ns), SUM(s.switches),"
+        f" t.pid, {checkpoint_column} FROM offcpu_stack_samples s"
+        f" LEFT JOIN threads t ON t.tid = s.tid WHERE s.checkpoint_id IN ({inside})"
+    )
+    params: tuple[object, ...] = ()
+    if tid is not None:
+        sql += " AND s.tid = ?"
+        params = (tid,)
+    if pid is not None:
+        sql += " AND COALESCE(t.pid, ?) = ?"
+        params = (*params, default_pid, pid)
+    order = "s.checkpoint_id, " if per_checkpoint else ""
+    rows = profile.rows(sql + f" GROUP BY {order}s.stack_id, s.tid, s.state"
+                        f" ORDER BY {order}s.stack_id, s.tid, s.state", params)
+    stacks = frames.stacks({row[0] for row in rows})
+    intervals = _checkpoint_intervals(profile) if per_checkpoint else {}
+    samples = []
+    for stack_id, thread, name, state, ns, switches, thread_pid, checkpoint_id in rows:
+        stack = stacks.get(stack_id)
+        if not stack or not (ns or switches):
+            continue
+        samples.append(Sample(offcpu_stack(stack, state), [ns, switches], thread, name,
+                              pid=thread_pid if thread_pid is not None else default_pid,
+                              interval_ms=intervals.get(checkpoint_id)))
+    return samples
+
+
+def state_frame(state: str) -> Frame:
+    """The leaf of an off-CPU stack: why the thread was off the CPU."""
+    function = OFFCPU_STATES.get(state, f"[off-cpu {state}]")
+    return Frame(-1 - ord(state[:1] or "?"), 0, "[kernel]", 0, None,
+                 (Line(0, function, function, "", 0),))
+
+
+def offcpu_stack(stack: tuple[Frame, ...], state: str) -> tuple[Frame, ...]:
+    """`stack` with its [kernel] leaf replaced by (or, without one, topped with) the state's
+    frame."""
+    leaf = stack[0] if stack else None
+    if leaf is not None and leaf.lines and leaf.lines[0].function == "[kernel]":
+        stack = stack[1:]
+    return (state_frame(state), *stack)
 
 
 def _checkpoint_intervals(profile: Profile) -> dict[int, tuple[int, int]]:

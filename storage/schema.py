@@ -113,6 +113,15 @@ CREATE TABLE IF NOT EXISTS cpu_stack_samples (
     count INTEGER NOT NULL,
     PRIMARY KEY (checkpoint_id, stack_id, tid)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS offcpu_stack_samples (
+    checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
+    stack_id INTEGER NOT NULL REFERENCES stacks(id),
+    tid INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    switches INTEGER NOT NULL,
+    ns INTEGER NOT NULL,
+    PRIMARY KEY (checkpoint_id, stack_id, tid, state)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS cpu_samples (
     checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
     location_id INTEGER NOT NULL REFERENCES locations(id),

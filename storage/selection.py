@@ -54,7 +54,8 @@ def empty_reason(selection: Selection, query: SampleQuery, duration_ms: int | No
         return ""
     if any(selection.unfiltered_total):
         return f"the filters ({query.filters.describe()}) kept no samples"
-    what = "CPU samples" if query.kind == "cpu" else "heap data"
+    what = {"cpu": "CPU samples", "offcpu": "off-CPU time", "wall": "wall-clock time"}.get(
+        query.kind, "heap data")
     narrowed = []
     if query.time_range != TimeRange():
         lasts = f"; the recording lasts {duration_ms / 1000:.1f} s" if duration_ms else ""
@@ -67,6 +68,9 @@ def empty_reason(selection: Selection, query: SampleQuery, duration_ms: int | No
         return f"no {what} " + ", ".join(narrowed)
     if query.kind == "heap":
         return f"no {what} (record with `rsprof run -- CMD` to track the heap)"
+    if query.kind == "offcpu":
+        return (f"no {what} (recorded with --off-cpu where permitted: meta offcpu_error"
+                " says why not)")
     return f"no {what}"
 
 

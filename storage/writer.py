@@ -60,6 +60,8 @@ class Checkpoint:
     samples: int = 0
     lost_samples: int = 0
     cpu: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (stack_id, tid) -> count
+    # (stack_id, tid, state) -> (switch-outs, nanoseconds off the CPU)
+    offcpu: Mapping[tuple[int, int, str], tuple[int, int]] = field(default_factory=dict)
     # (pid, tid) -> stack_id -> delta: heap activity by the process and thread that
     # allocated (a free is charged to the allocating thread, whichever thread freed it)
     heap: Mapping[tuple[int, int], Mapping[int, HeapDelta]] = field(default_factory=dict)
@@ -317,6 +319,12 @@ class ProfileWriter:
         self._execute_many(
             "INSERT INTO cpu_stack_samples (checkpoint_id, stack_id, tid, count) VALUES (?,?,?,?)",
             [(cid, sid, tid, count) for (sid, tid), count in checkpoint.cpu.items() if count],
+        )
+        self._execute_many(
+            "INSERT INTO offcpu_stack_samples (checkpoint_id, stack_id, tid, state, switches, ns)"
+            " VALUES (?,?,?,?,?,?)",
+            [(cid, sid, tid, state, switches, ns)
+             for (sid, tid, state), (switches, ns) in checkpoint.offcpu.items() if switches or ns],
         )
         self._execute_many(
             "INSERT INTO cpu_samples (checkpoint_id, location_id, count) VALUES (?, ?, ?)",

@@ -30,6 +30,9 @@ def write_pprof(samples: SampleSet, out: BinaryIO, *, base: SampleSet | None = N
     profile.default_sample_type = builder.string(samples.sample_types[samples.default_index][0])
     if samples.kind == "cpu":
         period_type, period = ("cpu", "nanoseconds"), samples.period_ns
+    elif samples.kind in ("offcpu", "wall"):
+        # values are nanoseconds already, one sample per (stack, thread, state)
+        period_type, period = (samples.kind, "nanoseconds"), 1
     else:
         # Go's heap profiles: space/bytes, period = bytes between samples (MemProfileRate);
         # 1 when every allocation is traced, as rsprof's default heap mode does.

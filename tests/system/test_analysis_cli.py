@@ -342,11 +342,11 @@ def test_no_color_writes_no_escape_sequence(split_cpu_profile: Path) -> None:
 
 
 @pytest.mark.parametrize(("words", "offered"), [
-    ("rsprof top ", ["cpu", "heap"]),
+    ("rsprof top ", ["cpu", "heap", "offcpu", "wall"]),
     ("rsprof top h", ["heap"]),
     ("rsprof export -f ", ["pprof", "folded", "speedscope", "json", "csv", "html", "firefox"]),
     ("rsprof export -f f", ["folded", "firefox"]),
-    ("rsprof traces --kind ", ["cpu", "heap"]),
+    ("rsprof traces --kind ", ["cpu", "heap", "offcpu", "wall"]),
 ])
 def test_completion_offers_kinds_and_formats(words: str, offered: list[str]) -> None:
     """Click's bash completion, as README's `eval "$(_RSPROF_COMPLETE=bash_source rsprof)"`

@@ -79,13 +79,13 @@ def test_usage_errors(args: list[str], message: str) -> None:
     assert message in output
 
 
-@pytest.mark.parametrize(("kind", "ok"), [("cpu", True), ("heap", True), ("mem", False),
-                                          ("CPU", False)])
+@pytest.mark.parametrize(("kind", "ok"), [("cpu", True), ("heap", True), ("offcpu", True),
+                                          ("wall", True), ("mem", False), ("CPU", False)])
 def test_check_kind(kind: str, ok: bool) -> None:
     if ok:
         assert check_kind(kind) == kind
     else:
-        with pytest.raises(click.BadParameter, match="use cpu or heap"):
+        with pytest.raises(click.BadParameter, match="use cpu, heap, offcpu, wall"):
             check_kind(kind)
 
 

@@ -1,0 +1,243 @@
+"""Off-CPU and wall-clock time (issue 23): a real process built from a small C program,
+recorded with `rsprof run`, against the program's own measure of where its time went.
+The read model on synthetic data is tests/unit/test_offcpu.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rsprof.storage.reader import Profile
+from rsprof.storage.samples import OFFCPU_STATES, load_samples
+
+DUTY = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+                          return t.tv_sec + t.tv_nsec * 1e-9; }
+__attribute__((noinline)) void compute(double ms) {
+    double end = now() + ms / 1000; volatile unsigned long x = 0; while (now() < end) x++; }
+__attribute__((noinline)) void sleepy(int ms) { usleep(ms * 1000); }
+int main(int argc, char **argv) {
+    int n = atoi(argv[1]); double in_compute = 0, in_sleep = 0, start = now();
+    for (int i = 0; i < n; i++) {
+        double a = now(); compute(5); double b = now(); sleepy(15); double c = now();
+        in_compute += b - a; in_sleep += c - b;
+    }
+    double all = now() - start;
+    FILE *f = fopen(argv[2], "w");
+    fprintf(f, "%f %f\n", 100 * in_compute / all, 100 * in_sleep / all);
+    fclose(f);
+    return 0;
+}
+"""
+
+
+def _rsprof(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-P", "-m", "rsprof", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sched:sched_switch needs root")
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_wall_shares_of_a_compute_and_sleep_loop(tmp_path: Path) -> None:
+    (tmp_path / "duty.c").write_text(DUTY)
+    subprocess.run(["gcc", "-O1", "-g", "-o", str(tmp_path / "duty"), str(tmp_path / "duty.c")],
+                   check=True)
+    done = _rsprof("run", "-q", "-F", "999", "-o", "d.db", "--", "./duty", "150", "truth.txt",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    compute_pct, sleep_pct = map(float, (tmp_path / "truth.txt").read_text().split())
+    top = _rsprof("top", "wall", "d.db", "-n", "0", "--json", cwd=tmp_path)
+    assert top.returncode == 0, top.stderr
+    rows = {row["function"]: row for row in json.loads(top.stdout)}
+    # The program's own clock is the truth (under load compute() takes longer than 5 ms:
+    # its preempted time is wall time in compute, as rsprof charges it).
+    assert abs(rows["compute"]["total_pct"] - compute_pct) <= 3, (rows["compute"], compute_pct)
+    assert abs(rows["sleepy"]["total_pct"] - sleep_pct) <= 3, (rows["sleepy"], sleep_pct)
+    assert rows["[sleeping]"]["self_pct"] > 40
+    off = _rsprof("top", "offcpu", "d.db", "--json", cwd=tmp_path)
+    assert "[sleeping]" in {row["function"] for row in json.loads(off.stdout)}
+    pprof = _rsprof("export", "d.db", "--kind", "wall", "-o", "w.pb.gz", cwd=tmp_path)
+    assert pprof.returncode == 0, pprof.stderr
+    if shutil.which("go"):
+        text = subprocess.run(["go", "tool", "pprof", "-top", str(tmp_path / "w.pb.gz")],
+                              capture_output=True, text=True, timeout=120, check=True).stdout
+        assert "Type: wall" in text and "[sleeping]" in text
+
+
+# Two workloads with a known truth, timed by the program itself (CLOCK_MONOTONIC):
+#   pipe N:  a reader thread blocks in read() N times on a pipe a writer thread feeds every
+#            100 ms; prints the reader's tid, its lifetime and its time inside read_one().
+#   mutex N: two threads take one mutex N times each, hold it for 8 ms of computing and
+#            compute 2 ms outside it; prints each thread's tid and its time in take_lock().
+WAITS = r"""
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
+                          return t.tv_sec + t.tv_nsec * 1e-9; }
+static int fds[2], n;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static FILE *out;
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+__attribute__((noinline)) void compute(double ms) {
+    double end = now() + ms / 1000; volatile unsigned long x = 0; while (now() < end) x++; }
+__attribute__((noinline)) int read_one(int fd) {
+    char c; int got = read(fd, &c, 1); __asm__ volatile("" ::: "memory"); return got; }
+__attribute__((noinline)) void take_lock(void) {
+    pthread_mutex_lock(&lock); __asm__ volatile("" ::: "memory"); }
+static void *reader(void *arg) {
+    (void)arg; double start = now(), in_read = 0;
+    for (int i = 0; i < n; i++) { double a = now(); read_one(fds[0]); in_read += now() - a; }
+    fprintf(out, "reader %ld %.0f %.0f\n", (long)syscall(SYS_gettid),
+            (now() - start) * 1e9, in_read * 1e9);
+    return NULL;
+}
+static void *writer(void *arg) {
+    (void)arg;
+    for (int i = 0; i < n; i++) { usleep(100000); if (write(fds[1], "x", 1) != 1) exit(3); }
+    return NULL;
+}
+static void *locker(void *arg) {
+    (void)arg; double start = now(), waited = 0;
+    for (int i = 0; i < n; i++) {
+        double a = now(); take_lock(); waited += now() - a;
+        compute(8); pthread_mutex_unlock(&lock); compute(2);
+    }
+    pthread_mutex_lock(&out_lock);
+    fprintf(out, "locker %ld %.0f %.0f\n", (long)syscall(SYS_gettid),
+            (now() - start) * 1e9, waited * 1e9);
+    pthread_mutex_unlock(&out_lock);
+    return NULL;
+}
+int main(int argc, char **argv) {
+    n = atoi(argv[2]); out = fopen(argv[3], "w");
+    pthread_t a, b;
+    if (strcmp(argv[1], "pipe") == 0) {
+        if (pipe(fds)) return 2;
+        pthread_create(&a, NULL, reader, NULL); pthread_create(&b, NULL, writer, NULL);
+    } else {
+        pthread_create(&a, NULL, locker, NULL); pthread_create(&b, NULL, locker, NULL);
+    }
+    pthread_join(a, NULL); pthread_join(b, NULL);
+    fclose(out);
+    return 0;
+}
+"""
+
+
+def _build_waits(tmp_path: Path) -> Path:
+    (tmp_path / "waits.c").write_text(WAITS)
+    binary = tmp_path / "waits"
+    subprocess.run(["gcc", "-O1", "-g", "-pthread", "-o", str(binary),
+                    str(tmp_path / "waits.c")], check=True)
+    return binary
+
+
+def _truth(path: Path) -> list[tuple[str, int, int, int]]:
+    """(role, tid, lifetime ns, ns inside the measured call) per thread."""
+    rows = [line.split() for line in path.read_text().splitlines()]
+    return [(role, int(tid), int(float(life)), int(float(inside)))
+            for role, tid, life, inside in rows]
+
+
+def _top(kind: str, db: str, tid: int, cwd: Path) -> dict[str, dict[str, Any]]:
+    top = _rsprof("top", kind, db, "--tid", str(tid), "-n", "0", "--json", cwd=cwd)
+    assert top.returncode == 0, top.stderr
+    return {row["function"]: row for row in json.loads(top.stdout)}
+
+
+def _switches_under(db: Path, tid: int, function: str, state: str) -> int:
+    """rsprof's switch-outs of `tid` in `state` with `function` on the stack."""
+    samples = load_samples(Profile(db), "offcpu", tid=tid).samples
+    return sum(s.values[1] for s in samples
+               if s.frames[0].lines[0].function == OFFCPU_STATES[state]
+               and any(line.function == function for f in s.frames for line in f.lines))
+
+
+def _perf_switch_outs(tmp_path: Path, command: list[str], function: str) -> dict[int, int]:
+    """perf's view: `perf record -e sched:sched_switch --call-graph dwarf`, switch-outs in
+    state S per tid with `function` on the unwound stack."""
+    data = tmp_path / "perf.data"
+    subprocess.run(["perf", "record", "-q", "-e", "sched:sched_switch", "--call-graph",
+                    "dwarf", "-o", str(data), "--", *command], cwd=tmp_path, check=True,
+                   capture_output=True, timeout=120)
+    script = subprocess.run(["perf", "script", "-i", str(data), "-F", "tid,trace,ip,sym"],
+                            capture_output=True, text=True, timeout=300, check=True).stdout
+    counts: dict[int, int] = {}
+    for block in script.split("\n\n"):
+        lines = block.strip().splitlines()
+        if not lines or "prev_state=S" not in lines[0]:
+            continue
+        if any(line.split()[-1:] == [function] for line in lines[1:]):
+            tid = int(lines[0].split()[0])
+            counts[tid] = counts.get(tid, 0) + 1
+    return counts
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sched:sched_switch needs root")
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_a_reader_blocked_on_a_pipe_is_off_cpu_under_the_reads_caller(tmp_path: Path) -> None:
+    """Fed every 100 ms, the reader spends nearly all of its life blocked in read():
+    `top wall` of its thread puts ~100 % under read_one, `top offcpu` the time the program
+    measured inside read_one, and every read is one switch-out while sleeping, as in perf."""
+    waits = _build_waits(tmp_path)
+    reads = 20
+    done = _rsprof("run", "-q", "-o", "p.db", "--", str(waits), "pipe", str(reads),
+                   "truth.txt", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [(_, tid, life_ns, in_read_ns)] = _truth(tmp_path / "truth.txt")
+    assert in_read_ns > 0.95 * life_ns  # the program's own view: it waits
+    wall = _top("wall", "p.db", tid, tmp_path)
+    assert wall["read_one"]["total_pct"] >= 95, wall["read_one"]
+    # every nanosecond of the thread is counted once: its wall is its lifetime
+    whole = wall["read_one"]["total"] * 100 / wall["read_one"]["total_pct"]
+    assert abs(whole - life_ns) <= 0.05 * life_ns, (whole, life_ns)
+    off = _top("offcpu", "p.db", tid, tmp_path)
+    assert abs(off["read_one"]["total"] - in_read_ns) <= 0.05 * in_read_ns, (
+        off["read_one"], in_read_ns)
+    assert off["[sleeping]"]["total"] >= 0.9 * in_read_ns
+    # a read blocks once per byte (the writer's 100 ms is longer than the reader's loop)
+    assert reads - 1 <= _switches_under(tmp_path / "p.db", tid, "read_one", "S") <= reads
+    if shutil.which("perf"):
+        perf = _perf_switch_outs(tmp_path, [str(waits), "pipe", str(reads), "perf.txt"],
+                                 "read_one")
+        [(_, perf_tid, _, _)] = _truth(tmp_path / "perf.txt")
+        assert reads - 1 <= perf.get(perf_tid, 0) <= reads, perf
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sched:sched_switch needs root")
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_mutex_waits_show_under_the_caller_of_pthread_mutex_lock(tmp_path: Path) -> None:
+    """Two threads contend for one mutex: each thread's off-CPU time under take_lock (the
+    caller of pthread_mutex_lock) is the time it measured waiting there."""
+    waits = _build_waits(tmp_path)
+    done = _rsprof("run", "-q", "-o", "m.db", "--", str(waits), "mutex", "100", "truth.txt",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    truth = _truth(tmp_path / "truth.txt")
+    assert len(truth) == 2
+    for _, tid, life_ns, waited_ns in truth:
+        # they do contend (under load less: a holder preempted while the other thread
+        # also waits for a CPU; the full system suite saw 0.34 s of 2.18 s)
+        assert waited_ns > 100_000_000, (waited_ns, life_ns)
+        off = _top("offcpu", "m.db", tid, tmp_path)
+        assert "pthread_mutex_lock" in {row["function"] for row in off.values()} or any(
+            "mutex" in name for name in off), sorted(off)
+        got = off["take_lock"]["total"]
+        # off the CPU for all of the wait but the few µs of each lock call on it
+        assert abs(got - waited_ns) <= 0.05 * waited_ns + 20_000_000, (got, waited_ns, tid)
