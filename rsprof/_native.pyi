@@ -4,6 +4,7 @@ Results cross it as struct sequences (read-only named tuples) or plain tuples wh
 spelled out here; docs/native.md says what each field means.
 """
 
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self, final
 
@@ -309,3 +310,31 @@ class PyFrameReader:
         """`size` (<= 256 KiB) bytes of the target, None when they cannot all be read."""
     def string(self, address: int, max: int = 1024, /) -> str | None:
         """The compact str object at `address` of at most `max` code points, else None."""
+
+@final
+class Tracee:
+    """One thread of another process seized with ptrace (native/inject.c), to make it call
+    a function: `rsprof -p` loads the heap shim so (collector/heapattach.py). Every method
+    must be called from the thread that created it."""
+
+    def __init__(self, tid: int) -> None:
+        """PTRACE_SEIZE (no signal, the thread keeps running). OSError: EPERM (another
+        tracer, or not allowed), ESRCH (no such thread)."""
+    @property
+    def tid(self) -> int: ...
+    @property
+    def stopped_ns(self) -> int:
+        """Nanoseconds the thread has been stopped by us so far."""
+    def interrupt(self) -> None:
+        """Stops the thread (PTRACE_INTERRUPT) and waits for the stop; a signal it was about
+        to take meanwhile is delivered first."""
+    def resume(self) -> None: ...
+    def regs(self) -> tuple[int, int, int, int]:
+        """(pc, sp, orig_rax, rax) of the stopped thread; orig_rax -1 outside a system call."""
+    def read(self, address: int, size: int, /) -> bytes:
+        """What of [address, address + size) is readable, maybe less (up to 1 MiB)."""
+    def call(self, fn: int, args: Sequence[int], data: bytes = b"", timeout_ms: int = 10000) -> int:
+        """fn(*args) in the stopped thread, every register put back after; with data, a
+        copy of it below the red zone is the first argument. Returns rax. OSError when the
+        call faults, does not return in time or the thread exits."""
+    def detach(self) -> None: ...

@@ -1,8 +1,8 @@
 """The `rsprof` command. Commands stay thin: they parse, call collector or storage, render.
 
 Exit codes (rsprof's): 0 ok, 1 error, 2 usage, 3 process not found, 4 permission,
-6 database; `rsprof run` otherwise ends with its target's status (_run_status). Every
-failure is one line on stderr, never a traceback.
+5 heap refused (`-p PID --heap`), 6 database; `rsprof run` otherwise ends with its target's
+status (_run_status). Every failure is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from rsprof.durations import parse_duration
 from rsprof.exit_codes import (
     EXIT_DATABASE,
     EXIT_ERROR,
+    EXIT_HEAP_REFUSED,
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -39,6 +40,7 @@ from rsprof.storage.selection import EmptySelection
 
 if TYPE_CHECKING:  # recording modules load only for recording commands: reports start faster
     from rsprof import session
+    from rsprof.collector.heapattach import Injected
     from rsprof.collector.process import Target
 
 
@@ -104,6 +106,10 @@ def record_options(func: click.decorators.FC) -> click.decorators.FC:
 @click.option("-p", "--pid", type=int, help="Attach to this process.")
 @click.option("-P", "--process", "process_name",
               help="Attach to the process whose name contains this.")
+@click.option("--heap/--no-heap", "heap", default=None,
+              help="Track the heap too (default: on where it can be): a process started"
+                   " without the shim gets it loaded with ptrace, and its heap is recorded"
+                   " since the attach. With --heap, a refusal ends rsprof with status 5.")
 @record_options
 @click.version_option(__version__, prog_name="rsprof")
 @click.pass_context
@@ -126,6 +132,10 @@ def cli(ctx: click.Context, pid: int | None, process_name: str | None, **options
 @click.option("-p", "--pid", type=int, help="Attach to this process.")
 @click.option("-P", "--process", "process_name",
               help="Attach to the process whose name contains this.")
+@click.option("--heap/--no-heap", "heap", default=None,
+              help="Track the heap too (default: on where it can be): a process started"
+                   " without the shim gets it loaded with ptrace, and its heap is recorded"
+                   " since the attach. With --heap, a refusal ends rsprof with status 5.")
 @record_options
 def record(pid: int | None, process_name: str | None, **options: object) -> None:
     """Attach to a running process: the same as `rsprof -p PID` (perf and py-spy users
@@ -142,7 +152,46 @@ def _attach(pid: int | None, process_name: str | None, options: dict[str, object
     from rsprof.collector.process import target_from_name, target_from_pid
 
     target = target_from_pid(pid) if pid is not None else target_from_name(str(process_name))
-    _record(target, **options)  # type: ignore[arg-type]
+    asked = options.pop("heap")
+    injected, refused = _start_heap(target.pid) if asked is not False else (None, None)
+    try:
+        _record(target, heap=asked is not False, heap_attached_at=(
+            injected.attached_at if injected is not None else None),
+            heap_off_reason=refused, **options)  # type: ignore[arg-type]
+    finally:
+        # After the recorder's last read of the ring, also when it failed or was interrupted.
+        if injected is not None:
+            _stop_heap(injected)
+    if refused is not None and asked is True:
+        raise TargetStatus(EXIT_HEAP_REFUSED)  # said already, in one line
+
+
+def _start_heap(pid: int) -> tuple[Injected | None, str | None]:
+    """Loads the heap shim into the running process (collector/heapattach.py): the shim
+    and None, or None and why it cannot (said on stderr; CPU profiling goes on). A process
+    started with the shim preloaded needs neither."""
+    from rsprof.collector import heapattach
+
+    if heapattach.preloaded(pid):
+        return None, None
+    try:
+        return heapattach.inject(pid, os.getpid()), None
+    except heapattach.HeapAttachRefused as error:
+        click.echo(f"rsprof: warning: heap tracking off: {error}; CPU profiling goes on",
+                   err=True)
+        return None, str(error)
+
+
+def _stop_heap(injected: Injected) -> None:
+    from rsprof.collector import heapattach
+
+    try:
+        heapattach.stop(injected)
+    except ProcessLookupError:
+        pass  # the process is gone, and the shim with it
+    except (heapattach.HeapAttachRefused, OSError) as error:
+        click.echo(f"rsprof: warning: could not stop heap tracking in PID {injected.pid}"
+                   f" ({error}): its shim stops by itself once rsprof has exited", err=True)
 
 
 MIN_INTERVAL_S = 0.01
@@ -171,6 +220,9 @@ def _record(
     append: bool,
     follow: bool | None,
     child: session.Launched | None = None,
+    heap: bool = True,
+    heap_attached_at: float | None = None,
+    heap_off_reason: str | None = None,
 ) -> session.SessionOutcome:
     from rsprof import session
     from rsprof.collector.recorder import RecordOptions
@@ -180,6 +232,7 @@ def _record(
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
         python=python == "on", follow=(child is not None) if follow is None else follow,
+        heap=heap, heap_attached_at=heap_attached_at, heap_off_reason=heap_off_reason,
     )
     outcome = session.record(target, path, options, append=append, quiet=quiet, child=child)
     click.echo(session.describe(outcome), err=True)

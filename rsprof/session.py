@@ -42,6 +42,9 @@ class SessionOutcome:
     result: RecordResult
     target_exit_code: int | None  # Popen's: negative for a signal
     target_stopped: bool = False  # rsprof ended the target (it had not exited on its own)
+    # `rsprof -p`: the heap shim was loaded into the running process at this time.time()
+    heap_attached_at: float | None = None
+    heap_off_reason: str | None = None  # why heap tracking is off in an attached process
 
 
 class Launched(subprocess.Popen[bytes]):
@@ -243,7 +246,8 @@ def record(
         # until the user quits, unless the terminal or a signal ended the session.
         tui.close(wait=result.stop_reason not in ("hangup", "terminated"))
     return SessionOutcome(output, result, exit_code,
-                          child is not None and child.stopped_by_rsprof)
+                          child is not None and child.stopped_by_rsprof,
+                          options.heap_attached_at, options.heap_off_reason)
 
 
 def _print_warning(message: str) -> None:
@@ -379,6 +383,13 @@ def describe(outcome: SessionOutcome) -> str:
     elif code is not None:
         text += (f"; target killed by {_signal_name(-code)}" if code < 0
                  else f"; target exited with code {code}")
+    if outcome.heap_attached_at is not None:
+        # Blocks allocated before the shim came are unknown: leaks read "allocated since
+        # attach and still live".
+        since = datetime.fromtimestamp(outcome.heap_attached_at).strftime("%H:%M:%S")
+        text += f"; heap since attach at {since} (blocks allocated before it are not known)"
+    if outcome.heap_off_reason:
+        text += f"; heap off: {outcome.heap_off_reason}"
     if r.heap_mode != "none" and r.counted_samples:
         text += heap_tracking_note(r)
     if not r.kernel_sampled:

@@ -1,0 +1,409 @@
+"""Heap tracking of a process started without the shim (`rsprof -p PID`).
+
+rsprof loads the heap shim into the running process with ptrace, as memray and heaptrack
+do with gdb, but with no debugger: one thread is stopped (PTRACE_SEIZE + PTRACE_INTERRUPT,
+the others keep running) at a point where it holds neither the allocator's locks nor the
+dynamic loader's, made to call `dlopen(librsprof_heap_inject.so)` and then the shim's
+`rsprof_heap_inject_start`, which creates the ring the recorder reads (as under
+LD_PRELOAD) and redirects every loaded module's GOT entries for malloc & co. to the
+shim's wrappers; every register is put back and the thread let go. When the recording
+ends, `rsprof_heap_inject_stop` is called the same way: the GOT entries go back, the ring
+is removed, the wrappers stay pass-through. See docs/heap-ring.md, "Injected mode".
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import struct
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from rsprof._native import Tracee
+
+SHIM_INJECT_PATH = Path(__file__).resolve().parent.parent / "lib" / "librsprof_heap_inject.so"
+PRELOAD_NAME = "librsprof_heap.so"
+INJECT_NAME = "librsprof_heap_inject.so"
+
+RTLD_NOW = 0x2
+RTLD_NODELETE = 0x1000
+SIGSEGV_BIT = 1 << (11 - 1)
+# Ring size of an attached process: as under `rsprof run` (its pages are allocated only as
+# it fills).
+RING_BYTES = 64 << 20
+
+# Functions of libc during which a thread may hold a lock that dlopen or the shim's start
+# would take: the allocator's arenas (everything between the first and the last of
+# malloc.c's exported functions: its static helpers lie between them), fork (holds every
+# arena), thread creation and joining (the stack cache lock, which loading a library with
+# static TLS takes), and the loader's entry points in libc.
+MALLOC_FAMILY = (
+    "malloc", "free", "calloc", "realloc", "memalign", "aligned_alloc", "posix_memalign",
+    "valloc", "pvalloc", "malloc_usable_size", "malloc_trim", "mallopt", "mallinfo",
+    "mallinfo2", "malloc_stats", "malloc_info",
+)
+LOCKING_FUNCTIONS = (
+    "fork", "_Fork", "pthread_create", "pthread_join", "pthread_timedjoin_np",
+    "pthread_clockjoin_np", "pthread_tryjoin_np", "pthread_detach", "pthread_exit",
+    "dl_iterate_phdr", "dlopen", "dlmopen", "dlclose", "dlsym", "dlvsym", "dladdr", "dladdr1",
+    "dlinfo", "__libc_dlopen_mode", "__libc_dlsym", "__libc_dlclose",
+)
+# System calls during which the allocator or fork hold their locks (sysmalloc, trimming,
+# fork's clone): a thread stopped in one is not at a safe point.
+LOCKING_SYSCALLS = frozenset({9, 10, 11, 12, 25, 28, 56, 57, 435})  # mmap ... clone3
+# System calls that a ptrace stop ends with EINTR instead of restarting them (signal(7),
+# "Interruption of system calls by stop signals"): a thread in one is not chosen.
+EINTR_SYSCALLS = frozenset({232, 281, 441, 128, 65, 220, 208, 333, 69, 70})
+STACK_SCAN_BYTES = 8192
+TRIES_PER_THREAD = 25
+RETRY_PAUSE_S = 0.002
+
+# rsprof_heap_inject_start's errors (native/shim/heapshim.c, injected mode).
+START_ERRORS = {
+    -1: "the library loaded is not the injectable heap shim",
+    -2: "its libc's allocator functions were not found",
+    -3: "its malloc is not libc's (the executable or a preloaded library defines its own)",
+    -4: "another rsprof is tracking its heap",
+    -5: "the shim could not create its ring in /dev/shm",
+}
+
+
+class HeapAttachRefused(Exception):
+    """Heap tracking cannot start in this process: the message says why (one line)."""
+
+
+@dataclass(slots=True)
+class Injected:
+    """The shim in a process, started by us."""
+
+    pid: int
+    shim_base: int
+    attached_at: float  # time.time() when recording began
+    stopped_ms: float  # the injecting thread was stopped this long
+    tries: int  # interrupts until a safe point
+    patched: int  # GOT entries redirected
+    loaded: bool  # the shim was loaded now (not by an earlier attach)
+
+
+@dataclass(slots=True)
+class _Mapping:
+    start: int
+    end: int
+    perms: str
+    offset: int
+    path: str
+
+
+def _maps(pid: int) -> list[_Mapping]:
+    out = []
+    with open(f"/proc/{pid}/maps", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 5:
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            path = parts[5].rstrip("\n") if len(parts) > 5 else ""
+            out.append(_Mapping(start, end, parts[1], int(parts[2], 16), path))
+    return out
+
+
+def _base_of(maps: list[_Mapping], path: str) -> int:
+    """Load address of an ELF shared object mapped from `path` (its offset-0 mapping)."""
+    return min(m.start - m.offset for m in maps if m.path == path)
+
+
+@cache
+def _symbols(path: str, inode: int) -> dict[str, tuple[int, int]]:
+    """Dynamic symbols of an ELF file: name -> (value, size), the default version first."""
+    from elftools.elf.elffile import ELFFile
+
+    out: dict[str, tuple[int, int]] = {}
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        section = elf.get_section_by_name(".dynsym")
+        if section is None:
+            return out
+        for sym in section.iter_symbols():  # type: ignore[attr-defined]
+            if sym["st_shndx"] == "SHN_UNDEF" or sym["st_info"]["type"] not in (
+                    "STT_FUNC", "STT_GNU_IFUNC"):
+                continue
+            out.setdefault(sym.name, (sym["st_value"], sym["st_size"]))
+    return out
+
+
+def _file_symbols(pid: int, path: str) -> dict[str, tuple[int, int]]:
+    """The symbols of a file the process maps, read through its root (a container's)."""
+    inside = f"/proc/{pid}/root{path}"
+    try:
+        st = os.stat(inside)
+        return _symbols(inside, st.st_ino)
+    except (OSError, ValueError) as error:
+        raise HeapAttachRefused(f"cannot read {path} of the process ({error})") from None
+
+
+def _is_static(pid: int) -> bool:
+    """No program interpreter: a statically linked executable."""
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with open(f"/proc/{pid}/exe", "rb") as f:
+            elf = ELFFile(f)
+            return not any(seg["p_type"] == "PT_INTERP" for seg in elf.iter_segments())
+    except (OSError, ValueError):
+        return False
+
+
+def _tracer_of(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+@dataclass(slots=True)
+class _Layout:
+    """Where things are in the target: what makes a stop unsafe, and what to call."""
+
+    dlopen: int
+    dlerror: int
+    ldso: list[tuple[int, int]]
+    libc_text: list[tuple[int, int]]
+    unsafe: list[tuple[int, int]]  # libc functions that may hold a lock dlopen takes
+
+
+def _layout(pid: int, maps: list[_Mapping]) -> _Layout:
+    libc = next((m.path for m in maps if _is_libc(m.path)), None)
+    if libc is None:
+        if any("musl" in Path(m.path).name for m in maps):
+            raise HeapAttachRefused("it uses musl libc: the injected heap shim needs glibc")
+        if _is_static(pid):
+            raise HeapAttachRefused(
+                "it is a static binary: there is no dynamic loader to load the heap shim into it")
+        raise HeapAttachRefused("it has no glibc (libc.so.6) to load the heap shim with")
+    syms = _file_symbols(pid, libc)
+    base = _base_of(maps, libc)
+    dlopen = syms.get("dlopen") or syms.get("__libc_dlopen_mode")
+    if dlopen is None:
+        raise HeapAttachRefused("its libc has no dlopen (glibc older than 2.34)")
+    dlerror = syms.get("dlerror", (0, 0))
+    family = [syms[name] for name in MALLOC_FAMILY if name in syms]
+    if not family:
+        raise HeapAttachRefused("its libc exports no malloc")
+    unsafe = [(base + min(v for v, _ in family), base + max(v + s for v, s in family))]
+    unsafe += [(base + syms[name][0], base + syms[name][0] + max(syms[name][1], 1))
+               for name in LOCKING_FUNCTIONS if name in syms]
+    ldso = [(m.start, m.end) for m in maps
+            if Path(m.path).name.startswith("ld-linux") and "x" in m.perms]
+    libc_text = [(m.start, m.end) for m in maps if m.path == libc and "x" in m.perms]
+    return _Layout(base + dlopen[0], base + dlerror[0] if dlerror[0] else 0, ldso, libc_text,
+                   unsafe)
+
+
+def _is_libc(path: str) -> bool:
+    name = Path(path).name
+    return name == "libc.so.6" or (name.startswith("libc-") and name.endswith(".so"))
+
+
+def _inside(ranges: list[tuple[int, int]], value: int) -> bool:
+    return any(lo <= value < hi for lo, hi in ranges)
+
+
+def _safe_point(tracee: Tracee, layout: _Layout) -> bool:
+    """Whether the stopped thread may call dlopen now: it is not in the loader, not running
+    libc code (which may be the allocator's, holding an arena), not in a system call that
+    the allocator or fork makes under their locks, and no return address near its stack
+    pointer is in the loader or in a libc function that may hold such a lock."""
+    pc, sp, orig_rax, _rax = tracee.regs()
+    if _inside(layout.ldso, pc) or _inside(layout.unsafe, pc):
+        return False
+    in_syscall = orig_rax >= 0 and tracee.read(pc - 2, 2) == b"\x0f\x05"
+    if in_syscall and orig_rax in LOCKING_SYSCALLS:
+        return False
+    if not in_syscall and _inside(layout.libc_text, pc):
+        return False
+    stack = tracee.read(sp, STACK_SCAN_BYTES)
+    for (word,) in struct.iter_unpack("<Q", stack[: len(stack) // 8 * 8]):
+        if _inside(layout.ldso, word) or _inside(layout.unsafe, word):
+            return False
+    return True
+
+
+def _thread_candidates(pid: int) -> list[int]:
+    """The process's threads, those a stop could disturb left out: SIGSEGV blocked or
+    ignored (the call's return traps on it, and the kernel would reset such a disposition),
+    or asleep in a system call that a stop ends with EINTR."""
+    out = []
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError as error:
+        raise ProcessLookupError(error.errno, f"PID {pid}: {error.strerror}") from None
+    for tid in tids:
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if (int(fields["SigBlk"], 16) | int(fields["SigIgn"], 16)) & SIGSEGV_BIT:
+                continue
+            syscall = Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()
+        except (OSError, KeyError, ValueError):
+            continue
+        if syscall and syscall[0].lstrip("-").isdigit() and int(syscall[0]) in EINTR_SYSCALLS:
+            continue
+        out.append(tid)
+    # The main thread last: its stack may end just below its stack pointer (a thread's is
+    # mapped whole), where the call's frame is written.
+    if pid in out and len(out) > 1:
+        out.remove(pid)
+        out.append(pid)
+    return out
+
+
+def _seize(pid: int, tid: int) -> Tracee:
+    try:
+        return Tracee(tid)
+    except PermissionError as error:
+        tracer = _tracer_of(pid)
+        if tracer:
+            raise HeapAttachRefused(
+                f"ptrace refused: it is traced by PID {tracer} ({_process_name(tracer)})"
+            ) from None
+        raise HeapAttachRefused(f"ptrace refused ({error.strerror}): see"
+                                " /proc/sys/kernel/yama/ptrace_scope and CAP_SYS_PTRACE"
+                                ) from None
+
+
+def _stopped_at_safe_point(pid: int, layout: _Layout) -> tuple[Tracee, int]:
+    """A thread stopped at a safe point, and how many stops it took."""
+    tries = 0
+    candidates = _thread_candidates(pid)
+    if not candidates:
+        raise HeapAttachRefused("none of its threads can be stopped safely (SIGSEGV blocked"
+                                " or ignored, or asleep in a call a stop would interrupt)")
+    for tid in candidates:
+        try:
+            tracee = _seize(pid, tid)
+        except ProcessLookupError:
+            continue  # the thread ended meanwhile
+        try:
+            for _ in range(TRIES_PER_THREAD):
+                tracee.interrupt()
+                tries += 1
+                if _safe_point(tracee, layout):
+                    return tracee, tries
+                tracee.resume()
+                time.sleep(RETRY_PAUSE_S)
+        except ProcessLookupError:
+            continue
+        except BaseException:
+            tracee.detach()
+            raise
+        tracee.detach()
+    raise HeapAttachRefused(
+        f"no thread reached a safe point in {tries} tries (always inside the allocator or"
+        " the dynamic loader)")
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+@cache
+def _shim_offsets() -> tuple[int, int]:
+    syms = _symbols(str(SHIM_INJECT_PATH), os.stat(SHIM_INJECT_PATH).st_ino)
+    return syms["rsprof_heap_inject_start"][0], syms["rsprof_heap_inject_stop"][0]
+
+
+def _check_target(pid: int) -> list[_Mapping]:
+    if platform.machine() != "x86_64":
+        raise HeapAttachRefused(f"loading the heap shim into a running process needs x86_64"
+                                f" (this is {platform.machine()})")
+    if not SHIM_INJECT_PATH.exists():
+        raise HeapAttachRefused(f"the injectable heap shim is missing ({SHIM_INJECT_PATH});"
+                                " reinstall rsprof")
+    try:
+        return _maps(pid)
+    except FileNotFoundError:
+        raise ProcessLookupError(3, f"PID {pid} is gone") from None
+    except PermissionError as error:
+        raise HeapAttachRefused(f"cannot read its memory map ({error.strerror})") from None
+
+
+def preloaded(pid: int) -> bool:
+    """The process already has the LD_PRELOAD shim: its ring is read as it is."""
+    try:
+        return any(Path(m.path).name == PRELOAD_NAME for m in _maps(pid))
+    except OSError:
+        return False
+
+
+def inject(pid: int, session_pid: int, ring_bytes: int = RING_BYTES) -> Injected:
+    """Loads and starts the heap shim in `pid`, whose ring names `session_pid` (this
+    rsprof) as its reader. Raises HeapAttachRefused (one line: why) when it cannot,
+    ProcessLookupError when the process is gone."""
+    maps = _check_target(pid)
+    shim_path = str(SHIM_INJECT_PATH)
+    loaded = next((m.path for m in maps if Path(m.path).name == INJECT_NAME), None)
+    layout = _layout(pid, maps)
+    start_off, _ = _shim_offsets()
+    tracee, tries = _stopped_at_safe_point(pid, layout)
+    try:
+        if loaded is None:
+            handle = tracee.call(layout.dlopen, [RTLD_NOW | RTLD_NODELETE],
+                                 data=shim_path.encode() + b"\0")
+            if handle == 0:
+                why = _dlerror(tracee, layout)
+                raise HeapAttachRefused(f"it could not load the heap shim: {why}")
+            # The handle is the shim's link_map: its first field is the load address.
+            base = struct.unpack("<Q", tracee.read(handle, 8))[0]
+        else:
+            base = _base_of(maps, loaded)
+        result = _signed(tracee.call(base + start_off, [session_pid, ring_bytes, 0,
+                                                        int(bool(os.environ.get(
+                                                            "RSPROF_HEAP_DEBUG")))]))
+        stopped_ms = tracee.stopped_ns / 1e6
+    finally:
+        tracee.detach()
+    if result < 0:
+        raise HeapAttachRefused(START_ERRORS.get(result, f"the heap shim failed ({result})"))
+    injected = Injected(pid, base, time.time(), stopped_ms, tries, result, loaded is None)
+    if result == 0:
+        stop(injected)
+        raise HeapAttachRefused("no module of it calls libc's malloc through its GOT (a static"
+                                " or custom allocator)")
+    return injected
+
+
+def _dlerror(tracee: Tracee, layout: _Layout) -> str:
+    if not layout.dlerror:
+        return "dlopen failed"
+    text = tracee.call(layout.dlerror, [])
+    if text == 0:
+        return "dlopen failed"
+    raw = tracee.read(text, 512).split(b"\0", 1)[0]
+    return raw.decode(errors="replace") or "dlopen failed"
+
+
+def stop(injected: Injected) -> int:
+    """Stops heap tracking in the process: GOT entries back, ring removed. Returns the
+    entries put back. Raises like inject() (the shim also stops by itself once this rsprof
+    has exited)."""
+    maps = _check_target(injected.pid)
+    layout = _layout(injected.pid, maps)
+    _, stop_off = _shim_offsets()
+    tracee, _tries = _stopped_at_safe_point(injected.pid, layout)
+    try:
+        return _signed(tracee.call(injected.shim_base + stop_off, []))
+    finally:
+        tracee.detach()

@@ -1,0 +1,207 @@
+"""`rsprof -p PID` tracks the heap of a process started WITHOUT the shim: the shim is loaded
+with ptrace and the allocator calls redirected through the GOT (collector/heapattach.py,
+native/inject.c, heapshim.c "injected mode"). Exact bytes per call site while attached,
+the program unchanged (output, exit code) by attach and detach, clear refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import build_target, heap_rings, profile_meta, rsprof_env, top_json
+
+THREADS, BLOCK = 4, 4000
+INJECT_NAME = "librsprof_heap_inject.so"
+
+pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64",
+                                reason="heap injection is x86_64 only")
+
+
+class Program:
+    """tests/targets/attach_alloc.c driven through its stdin, one command at a time."""
+
+    def __init__(self, binary: Path, wrapper: tuple[str, ...] = ()) -> None:
+        self.wrapped = bool(wrapper)
+        self.proc = subprocess.Popen([*wrapper, str(binary)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.lines = [self._line()]
+        assert self.lines[0] == "ready\n"
+
+    @property
+    def pid(self) -> int:
+        if not self.wrapped:
+            return self.proc.pid
+        # Under a wrapper (strace): the program is its child.
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        return int(children.split()[0])
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
+
+    def command(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+        self.lines.append(self._line())
+
+    def quit(self) -> tuple[str, int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        rest = self.proc.stdout.read()
+        return "".join(self.lines) + rest, self.proc.wait(30)
+
+
+def plain_run(binary: Path, commands: list[str]) -> tuple[str, int]:
+    run = subprocess.run([str(binary)], input="".join(c + "\n" for c in [*commands, "quit"]),
+                         capture_output=True, text=True, timeout=60)
+    return run.stdout, run.returncode
+
+
+def start_attach(pid: int, out: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-P", "-m", "rsprof", "-p", str(pid), "-q", "-o", str(out), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        env=rsprof_env())
+
+
+def wait_for_ring(pid: int, recorder: subprocess.Popen[str], timeout: float = 20) -> float:
+    """Seconds until the injected shim's ring exists (the first heap event can follow)."""
+    start = time.monotonic()
+    while not heap_rings(pid):
+        assert recorder.poll() is None, recorder.communicate()
+        assert time.monotonic() - start < timeout, "no heap ring appeared"
+        time.sleep(0.005)
+    return time.monotonic() - start
+
+
+def shim_mapped(pid: int) -> bool:
+    return INJECT_NAME in Path(f"/proc/{pid}/maps").read_text()
+
+
+def sites(profile: Path) -> dict[str, dict[str, Any]]:
+    return {str(s["function"]): s for s in top_json(profile, "heap")}
+
+
+@pytest.fixture(scope="module")
+def alloc_binary() -> Path:
+    return build_target("attach_alloc.c")
+
+
+def test_attach_tracks_every_block_at_its_call_site(alloc_binary: Path, tmp_path: Path) -> None:
+    """Started without rsprof, allocating 4000-byte blocks in four threads, attached for
+    ~4 s: every block allocated in that window is at its call site to the byte; blocks
+    allocated before are unknown (their frees counted, live bytes never negative); the
+    program ends exactly as a plain run, and no ring is left behind."""
+    commands = ["alloc 50", "alloc 1000", "free", "alloc 300", "alloc 10", "free"]
+    program = Program(alloc_binary)
+    program.command(commands[0])  # before the attach: 200 blocks nobody saw allocated
+    out = tmp_path / "attach.db"
+    recorder = start_attach(program.pid, out, "-d", "4s")
+    wait_for_ring(program.pid, recorder)
+    for command in commands[1:4]:  # while attached
+        program.command(command)
+    _stdout, stderr = recorder.communicate(timeout=60)
+    assert recorder.returncode == 0, stderr
+    assert "heap since attach at" in stderr
+    assert not heap_rings(program.pid)  # removed at detach
+    program.command(commands[4])  # after the detach: pass-through
+    program.command(commands[5])
+    output, status = program.quit()
+    assert (output, status) == plain_run(alloc_binary, commands)
+    assert status == 7
+
+    found = sites(out)
+    keep, churn = found["attach_keep_site"], found["attach_churn_site"]
+    kept = (1000 + 300) * THREADS
+    assert (keep["alloc_count"], keep["total_alloc_bytes"]) == (kept, kept * BLOCK)
+    assert (keep["free_count"], keep["live_bytes"]) == (1000 * THREADS, 300 * THREADS * BLOCK)
+    assert (churn["alloc_count"], churn["free_count"]) == (kept, kept)
+    assert (churn["total_alloc_bytes"], churn["live_bytes"]) == (kept * BLOCK, 0)
+    spin = found["attach_spin_site"]
+    assert spin["total_alloc_bytes"] == spin["alloc_count"] * BLOCK > 0
+    assert 0 <= spin["live_bytes"] <= THREADS * BLOCK  # blocks in flight at the detach
+    assert all(s["live_bytes"] >= 0 for s in found.values())
+    meta = profile_meta(out)
+    assert meta["heap_since"] == "attach" and meta["heap_mode"] == "full"
+    assert int(meta["heap_unknown_frees"]) == 50 * THREADS  # freed by "free", unknown
+    # Full stacks in threads that were running before the shim came: the call site's
+    # caller and the thread's start are in them, not the direct caller only.
+    traces = subprocess.run(
+        [sys.executable, "-P", "-m", "rsprof", "traces", str(out), "--kind", "heap", "--json"],
+        capture_output=True, text=True, env=rsprof_env(), check=True)
+    keep_stacks = [t for t in json.loads(traces.stdout)
+                   if "attach_keep_site" in json.dumps(t)]
+    assert keep_stacks and all('"run"' in json.dumps(t) and "start_thread" in json.dumps(t)
+                               for t in keep_stacks), keep_stacks[:1]
+
+
+def test_no_heap_loads_nothing(alloc_binary: Path, tmp_path: Path) -> None:
+    program = Program(alloc_binary)
+    out = tmp_path / "cpu.db"
+    recorder = start_attach(program.pid, out, "-d", "1s", "--no-heap")
+    _stdout, stderr = recorder.communicate(timeout=60)
+    assert recorder.returncode == 0, stderr
+    assert not shim_mapped(program.pid) and not heap_rings(program.pid)
+    assert "heap since attach" not in stderr
+    program.quit()
+    assert profile_meta(out)["heap_mode"] == "none"
+
+
+def _refused(pid: int, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "rsprof", "-p", str(pid), "-q", "-d", "1s", "-o", str(out),
+         *extra], capture_output=True, text=True, env=rsprof_env(), timeout=60,
+        stdin=subprocess.DEVNULL)
+
+
+def _assert_refusal(result: subprocess.CompletedProcess[str], reason: str, out: Path) -> None:
+    warnings = [line for line in result.stderr.splitlines() if "heap tracking off" in line]
+    assert len(warnings) == 1 and reason in warnings[0], result.stderr
+    assert "Traceback" not in result.stderr
+    meta = profile_meta(out)  # the CPU profile was recorded all the same
+    assert reason in meta["heap_off_reason"] and meta["heap_mode"] == "none"
+    assert f"heap off: {meta['heap_off_reason']}" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_refused_under_another_tracer(alloc_binary: Path, tmp_path: Path) -> None:
+    program = Program(alloc_binary, ("strace", "-f", "-o", "/dev/null"))
+    try:
+        result = _refused(program.pid, tmp_path / "a.db")
+        assert result.returncode == 0, result.stderr
+        _assert_refusal(result, "ptrace refused: it is traced by PID", tmp_path / "a.db")
+        assert "(strace)" in result.stderr
+        # Asked for explicitly with --heap: the same, and status 5 at the end.
+        explicit = _refused(program.pid, tmp_path / "b.db", "--heap")
+        assert explicit.returncode == 5, explicit.stderr
+        _assert_refusal(explicit, "ptrace refused", tmp_path / "b.db")
+        assert not shim_mapped(program.pid)
+    finally:
+        output, status = program.quit()
+    assert (output, status) == plain_run(alloc_binary, [])
+
+
+def test_refused_for_a_static_binary(tmp_path: Path) -> None:
+    source = Path(__file__).parent / "targets" / "attach_alloc.c"
+    binary = tmp_path / "static_alloc"
+    build = subprocess.run(["gcc", "-static", "-O1", "-pthread", "-o", str(binary), str(source)],
+                           capture_output=True, text=True)
+    if build.returncode != 0:
+        pytest.skip(f"no static libc to link with: {build.stderr.strip()[:200]}")
+    program = Program(binary)
+    try:
+        result = _refused(program.pid, tmp_path / "s.db")
+        assert result.returncode == 0, result.stderr
+        _assert_refusal(result, "it is a static binary", tmp_path / "s.db")
+    finally:
+        output, status = program.quit()
+    assert (output, status) == plain_run(binary, [])
