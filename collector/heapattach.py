@@ -13,6 +13,7 @@ is removed, the wrappers stay pass-through. See docs/heap-ring.md, "Injected mod
 
 from __future__ import annotations
 
+import bisect
 import os
 import platform
 import struct
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from rsprof._native import Tracee
+from rsprof._native import Tracee, cfi_functions
 
 SHIM_INJECT_PATH = Path(__file__).resolve().parent.parent / "lib" / "librsprof_heap_inject.so"
 PRELOAD_NAME = "librsprof_heap.so"
@@ -56,7 +57,9 @@ LOCKING_SYSCALLS = frozenset({9, 10, 11, 12, 25, 28, 56, 57, 435})  # mmap ... c
 # System calls that a ptrace stop ends with EINTR instead of restarting them (signal(7),
 # "Interruption of system calls by stop signals"): a thread in one is not chosen.
 EINTR_SYSCALLS = frozenset({232, 281, 441, 128, 65, 220, 208, 333, 69, 70})
-STACK_SCAN_BYTES = 8192
+MAX_FRAMES = 256
+# glibc's __restore_rt (the return address of every signal handler): mov $15, %rax; syscall.
+SIGRETURN_CODE = b"\x48\xc7\xc0\x0f\x00\x00\x00\x0f\x05"
 TRIES_PER_THREAD = 25
 RETRY_PAUSE_S = 0.002
 
@@ -182,6 +185,14 @@ class _Layout:
     ldso: list[tuple[int, int]]
     libc_text: list[tuple[int, int]]
     unsafe: list[tuple[int, int]]  # libc functions that may hold a lock dlopen takes
+    # libc's exported functions, sorted (start, end): an address in libc outside all of
+    # them is in an internal function (the allocator's _int_malloc, _int_free ...).
+    exported: list[tuple[int, int]]
+
+    def is_exported(self, address: int) -> bool:
+        i = bisect.bisect_right(self.exported, (address, 1 << 64)) - 1
+        # Symbols overlap (aliases): look back a little for one that covers the address.
+        return any(lo <= address < hi for lo, hi in self.exported[max(0, i - 4):i + 1])
 
 
 def _layout(pid: int, maps: list[_Mapping]) -> _Layout:
@@ -208,8 +219,16 @@ def _layout(pid: int, maps: list[_Mapping]) -> _Layout:
     ldso = [(m.start, m.end) for m in maps
             if Path(m.path).name.startswith("ld-linux") and "x" in m.perms]
     libc_text = [(m.start, m.end) for m in maps if m.path == libc and "x" in m.perms]
+    exported = sorted((base + v, base + v + s) for v, s in syms.values() if s > 0)
+    # The unwinder's tables of the modules a stack may run through are built now, not while
+    # the thread is stopped (cached per file).
+    for path in {m.path for m in maps if "x" in m.perms and m.path.startswith("/")}:
+        try:
+            cfi_functions(f"/proc/{pid}/root{path}")
+        except OSError:
+            pass
     return _Layout(base + dlopen[0], base + dlerror[0] if dlerror[0] else 0, ldso, libc_text,
-                   unsafe)
+                   unsafe, exported)
 
 
 def _is_libc(path: str) -> bool:
@@ -222,22 +241,34 @@ def _inside(ranges: list[tuple[int, int]], value: int) -> bool:
 
 
 def _safe_point(tracee: Tracee, layout: _Layout) -> bool:
-    """Whether the stopped thread may call dlopen now: it is not in the loader, not running
-    libc code (which may be the allocator's, holding an arena), not in a system call that
-    the allocator or fork makes under their locks, and no return address near its stack
-    pointer is in the loader or in a libc function that may hold such a lock."""
-    pc, sp, orig_rax, _rax = tracee.regs()
-    if _inside(layout.ldso, pc) or _inside(layout.unsafe, pc):
-        return False
+    """Whether the stopped thread may call dlopen now. Its stack, unwound by CFI as the CPU
+    sampler does, must show no frame in the loader and none in a libc function that may
+    hold a lock dlopen takes (the allocator's, fork's, the loader's, the thread stack
+    cache's); the pc must not be libc code outside a system call (it may be the
+    allocator's internals, an arena locked), nor a system call the allocator or fork make
+    under their locks; between the pc and the program's first frame no internal libc
+    function may stand (the allocator's _int_free is reached by a tail call from free, so
+    free's own frame is not there); and no signal handler may be running (what it
+    interrupted may hold any lock). A stack the unwinder cannot finish is not safe."""
+    pc, _sp, orig_rax, _rax = tracee.regs()
     in_syscall = orig_rax >= 0 and tracee.read(pc - 2, 2) == b"\x0f\x05"
     if in_syscall and orig_rax in LOCKING_SYSCALLS:
         return False
     if not in_syscall and _inside(layout.libc_text, pc):
         return False
-    stack = tracee.read(sp, STACK_SCAN_BYTES)
-    for (word,) in struct.iter_unpack("<Q", stack[: len(stack) // 8 * 8]):
-        if _inside(layout.ldso, word) or _inside(layout.unsafe, word):
+    frames, truncated = tracee.unwind(MAX_FRAMES)
+    if truncated or not frames:
+        return False
+    program_seen = False
+    for i, frame in enumerate(frames):
+        address = frame if i == 0 else frame - 1  # a return address is after its call
+        if _inside(layout.ldso, address) or _inside(layout.unsafe, address):
             return False
+        if not _inside(layout.libc_text, address):
+            program_seen = True
+        elif i > 0 and not layout.is_exported(address):
+            if not program_seen or tracee.read(frame, len(SIGRETURN_CODE)) == SIGRETURN_CODE:
+                return False
     return True
 
 

@@ -75,6 +75,10 @@ class RecordOptions:
     # `rsprof -p` loaded the heap shim into the running process at this time.time(): the
     # heap is "since attach" (blocks allocated before are unknown; meta heap_since).
     heap_attached_at: float | None = None
+    # How long the injecting thread was stopped, and how many stops it took to find it at a
+    # safe point (meta heap_attach_stopped_ms, heap_attach_tries).
+    heap_attach_stopped_ms: float = 0.0
+    heap_attach_tries: int = 0
     # Why heap tracking is off in an attached process (meta heap_off_reason), if it is.
     heap_off_reason: str | None = None
 
@@ -373,6 +377,8 @@ class Recorder:
             meta["heap_since"] = "attach"
             meta["heap_attached_at"] = datetime.fromtimestamp(attached_at, UTC).isoformat(
                 timespec="milliseconds")
+            meta["heap_attach_stopped_ms"] = round(self.options.heap_attach_stopped_ms, 2)
+            meta["heap_attach_tries"] = self.options.heap_attach_tries
         if self.options.heap_off_reason:
             meta["heap_off_reason"] = self.options.heap_off_reason
         return meta

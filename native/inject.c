@@ -31,6 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rs_unwind.h"
+
 #ifndef PTRACE_EVENT_STOP
 #define PTRACE_EVENT_STOP 128
 #endif
@@ -46,6 +48,7 @@ typedef struct {
     int stop_signal;  /* a stop signal (SIGSTOP...) seen during a call: given back at detach */
     uint64_t stop_ns; /* CLOCK_MONOTONIC of the current stop's start */
     uint64_t stopped_ns; /* total time stopped so far */
+    rs_space *space;     /* the process's code mappings, for unwind() (CFI) */
 } Tracee;
 
 static uint64_t now_ns(void) {
@@ -154,6 +157,14 @@ static int Tracee_init(Tracee *self, PyObject *args, PyObject *kwds) {
     self->stopped = 0;
     self->stop_signal = 0;
     self->stopped_ns = 0;
+    /* The code mappings for unwind(), read now: not while the thread is stopped. */
+    Py_BEGIN_ALLOW_THREADS
+    self->space = rs_space_new(tid);
+    if (self->space != NULL && !rs_space_read_proc_maps(self->space)) {
+        rs_space_free(self->space);
+        self->space = NULL;
+    }
+    Py_END_ALLOW_THREADS
     return 0;
 }
 
@@ -189,24 +200,85 @@ static PyObject *Tracee_regs(Tracee *self, PyObject *unused) {
                          (long long)r.orig_rax, (long long)r.rax);
 }
 
+/* Reads what of [addr, addr + len) is readable from its start: one remote iovec per page,
+ * since process_vm_readv never splits an iovec (one unmapped page would fail it all). */
+static size_t read_mem(pid_t tid, uint64_t addr, void *buf, size_t len) {
+    enum { PAGES = 64 };
+    struct iovec local = {buf, len}, remote[PAGES];
+    size_t n = 0, cnt = 0;
+    for (uint64_t a = addr; n < len && cnt < PAGES; cnt++) {
+        size_t chunk = 4096 - (a & 4095);
+        if (chunk > len - n) chunk = len - n;
+        remote[cnt] = (struct iovec){(void *)(uintptr_t)a, chunk};
+        a += chunk, n += chunk;
+    }
+    local.iov_len = n;
+    ssize_t got = process_vm_readv(tid, &local, 1, remote, cnt, 0);
+    return got < 0 ? 0 : (size_t)got;
+}
+
 /* read(addr, size) -> bytes: what of [addr, addr + size) is readable (maybe less). */
 static PyObject *Tracee_read(Tracee *self, PyObject *args) {
     unsigned long long addr;
     Py_ssize_t size;
     if (!PyArg_ParseTuple(args, "Kn", &addr, &size)) return NULL;
     if (check_tracer(self) < 0) return NULL;
-    if (size < 0 || size > (1 << 20)) {
+    if (size < 0 || size > 64 * 4096) {
         PyErr_SetString(PyExc_ValueError, "Tracee.read: size out of range");
         return NULL;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, size);
     if (out == NULL) return NULL;
-    struct iovec local = {PyBytes_AS_STRING(out), (size_t)size};
-    struct iovec remote = {(void *)(uintptr_t)addr, (size_t)size};
-    ssize_t n = process_vm_readv(self->tid, &local, 1, &remote, 1, 0);
-    if (n < 0) n = 0;
-    if (_PyBytes_Resize(&out, n) < 0) return NULL;
+    size_t n = read_mem(self->tid, addr, PyBytes_AS_STRING(out), (size_t)size);
+    if (_PyBytes_Resize(&out, (Py_ssize_t)n) < 0) return NULL;
     return out;
+}
+
+/* unwind(max_frames=128) -> (frames, truncated): the stopped thread's stack by CFI, as the
+ * CPU sampler walks it (native/unwind.c): frames[0] is the pc, then return addresses. */
+static PyObject *Tracee_unwind(Tracee *self, PyObject *args) {
+    int max = 128;
+    if (!PyArg_ParseTuple(args, "|i", &max)) return NULL;
+    if (check_tracer(self) < 0) return NULL;
+    if (max < 2 || max > 1024) {
+        PyErr_SetString(PyExc_ValueError, "Tracee.unwind: max_frames out of range");
+        return NULL;
+    }
+    struct user_regs_struct r;
+    if (ptrace(PTRACE_GETREGS, self->tid, NULL, &r) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    enum { STACK = 64 * 1024 };
+    uint8_t *stack = PyMem_Malloc(STACK);
+    uint64_t *out = PyMem_Malloc(sizeof(uint64_t) * (size_t)max);
+    if (stack == NULL || out == NULL) {
+        PyMem_Free(stack);
+        PyMem_Free(out);
+        return PyErr_NoMemory();
+    }
+    uint32_t n = 0;
+    bool truncated = true;
+    bool ok = true;
+    Py_BEGIN_ALLOW_THREADS
+    if (self->space == NULL) {
+        self->space = rs_space_new(self->tid);
+        ok = self->space != NULL && rs_space_read_proc_maps(self->space);
+    }
+    if (ok) {
+        size_t len = read_mem(self->tid, r.rsp, stack, STACK);
+        n = rs_unwind(self->space, r.rip, r.rsp, r.rbp, stack, len, out, (uint32_t)max,
+                      &truncated);
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(stack);
+    if (!ok) {
+        PyMem_Free(out);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *list = PyList_New(n);
+    for (uint32_t i = 0; list != NULL && i < n; i++)
+        PyList_SET_ITEM(list, i, PyLong_FromUnsignedLongLong(out[i]));
+    PyMem_Free(out);
+    if (list == NULL) return NULL;
+    return Py_BuildValue("(NO)", list, truncated ? Py_True : Py_False);
 }
 
 static int write_mem(pid_t tid, uintptr_t addr, const void *buf, size_t len) {
@@ -449,6 +521,7 @@ static void Tracee_dealloc(Tracee *self) {
         Py_XDECREF(r);
         PyErr_Clear();
     }
+    if (self->space != NULL) rs_space_free(self->space);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -463,6 +536,8 @@ static PyMethodDef Tracee_methods[] = {
     {"resume", (PyCFunction)Tracee_resume, METH_NOARGS, "resume() -> None: let it run on."},
     {"regs", (PyCFunction)Tracee_regs, METH_NOARGS, "regs() -> (pc, sp, orig_rax, rax)."},
     {"read", (PyCFunction)Tracee_read, METH_VARARGS, "read(addr, size) -> bytes."},
+    {"unwind", (PyCFunction)Tracee_unwind, METH_VARARGS,
+     "unwind(max_frames=128) -> (frames, truncated): the stopped thread's stack by CFI."},
     {"call", (PyCFunction)(void (*)(void))Tracee_call, METH_VARARGS | METH_KEYWORDS,
      "call(fn, args, data=b'', timeout_ms=10000) -> int: call fn in the stopped thread."},
     {"detach", (PyCFunction)Tracee_detach, METH_NOARGS, "detach() -> None."},

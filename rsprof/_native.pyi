@@ -332,7 +332,10 @@ class Tracee:
     def regs(self) -> tuple[int, int, int, int]:
         """(pc, sp, orig_rax, rax) of the stopped thread; orig_rax -1 outside a system call."""
     def read(self, address: int, size: int, /) -> bytes:
-        """What of [address, address + size) is readable, maybe less (up to 1 MiB)."""
+        """What of [address, address + size) is readable, maybe less (up to 256 KiB)."""
+    def unwind(self, max_frames: int = 128, /) -> tuple[list[int], bool]:
+        """(frames, truncated): the stopped thread's stack by CFI (native/unwind.c, as CPU
+        samples): frames[0] is the pc, then return addresses."""
     def call(self, fn: int, args: Sequence[int], data: bytes = b"", timeout_ms: int = 10000) -> int:
         """fn(*args) in the stopped thread, every register put back after; with data, a
         copy of it below the red zone is the first argument. Returns rax. OSError when the

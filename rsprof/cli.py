@@ -155,9 +155,8 @@ def _attach(pid: int | None, process_name: str | None, options: dict[str, object
     asked = options.pop("heap")
     injected, refused = _start_heap(target.pid) if asked is not False else (None, None)
     try:
-        _record(target, heap=asked is not False, heap_attached_at=(
-            injected.attached_at if injected is not None else None),
-            heap_off_reason=refused, **options)  # type: ignore[arg-type]
+        _record(target, heap=asked is not False, injected=injected, heap_off_reason=refused,
+                **options)  # type: ignore[arg-type]
     finally:
         # After the recorder's last read of the ring, also when it failed or was interrupted.
         if injected is not None:
@@ -221,7 +220,7 @@ def _record(
     follow: bool | None,
     child: session.Launched | None = None,
     heap: bool = True,
-    heap_attached_at: float | None = None,
+    injected: Injected | None = None,
     heap_off_reason: str | None = None,
 ) -> session.SessionOutcome:
     from rsprof import session
@@ -232,8 +231,12 @@ def _record(
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
         python=python == "on", follow=(child is not None) if follow is None else follow,
-        heap=heap, heap_attached_at=heap_attached_at, heap_off_reason=heap_off_reason,
+        heap=heap, heap_off_reason=heap_off_reason,
     )
+    if injected is not None:
+        options.heap_attached_at = injected.attached_at
+        options.heap_attach_stopped_ms = injected.stopped_ms
+        options.heap_attach_tries = injected.tries
     outcome = session.record(target, path, options, append=append, quiet=quiet, child=child)
     click.echo(session.describe(outcome), err=True)
     return outcome

@@ -205,3 +205,110 @@ def test_refused_for_a_static_binary(tmp_path: Path) -> None:
     finally:
         output, status = program.quit()
     assert (output, status) == plain_run(binary, [])
+
+
+def test_rsprof_killed_the_shim_stops_by_itself(alloc_binary: Path, tmp_path: Path) -> None:
+    """rsprof killed with -9 never calls stop: the shim sees its recorder gone at its next
+    check (every 256 events of a thread, at most every 200 ms) and stops recording: ring
+    removed, GOT entries back. A later attach then records exactly again."""
+    program = Program(alloc_binary)
+    recorder = start_attach(program.pid, tmp_path / "killed.db")
+    wait_for_ring(program.pid, recorder)
+    program.command("alloc 100")
+    recorder.kill()
+    recorder.wait()  # reaped: a zombie would still look alive to the shim
+    deadline = time.monotonic() + 10
+    while heap_rings(program.pid):  # the spinning threads allocate all the time
+        assert time.monotonic() < deadline, "the shim kept its ring after rsprof died"
+        time.sleep(0.05)
+    out = tmp_path / "again.db"
+    again = start_attach(program.pid, out, "-d", "1s")
+    wait_for_ring(program.pid, again)
+    program.command("alloc 25")
+    _stdout, stderr = again.communicate(timeout=60)
+    assert again.returncode == 0, stderr
+    keep = sites(out)["attach_keep_site"]
+    assert (keep["alloc_count"], keep["total_alloc_bytes"]) == (100, 100 * BLOCK)
+    output, status = program.quit()
+    assert (output, status) == plain_run(alloc_binary, ["alloc 100", "alloc 25"])
+
+
+CYCLES = 20
+
+
+def test_attach_detach_20_times_4_threads(alloc_binary: Path, tmp_path: Path) -> None:
+    """20 attaches and detaches in a row: each recording exact, the shim reused (loaded
+    once), no ring left, the program's output and status those of a plain run."""
+    program = Program(alloc_binary)
+    commands = []
+    stopped = []
+    for cycle in range(CYCLES):
+        out = tmp_path / f"c{cycle}.db"
+        recorder = start_attach(program.pid, out, "-d", "1s")
+        wait_for_ring(program.pid, recorder)
+        for command in (f"alloc {cycle + 1}", "free"):
+            program.command(command)
+            commands.append(command)
+        _stdout, stderr = recorder.communicate(timeout=60)
+        assert recorder.returncode == 0, stderr
+        assert not heap_rings(program.pid)
+        keep = sites(out)["attach_keep_site"]
+        n = (cycle + 1) * THREADS
+        assert (keep["alloc_count"], keep["free_count"], keep["live_bytes"]) == (n, n, 0), cycle
+        stopped.append(float(profile_meta(out)["heap_attach_stopped_ms"]))
+    assert Path(f"/proc/{program.pid}/maps").read_text().count(INJECT_NAME) >= 1
+    output, status = program.quit()
+    assert (output, status) == plain_run(alloc_binary, commands)
+    print(f"injecting thread stopped: median {sorted(stopped)[CYCLES // 2]:.2f} ms,"
+          f" max {max(stopped):.2f} ms")
+
+
+def _sqlite_chunk(k: int) -> str:
+    rows = 20000 + 1000 * k
+    return (
+        f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {rows})"
+        f" INSERT INTO t(b, c) SELECT printf('%040d', x * {k + 1}), x % 97 FROM c;\n"
+        "CREATE INDEX IF NOT EXISTS tc ON t(c);\n"
+        f"SELECT {k}, count(*), sum(length(b)), sum(c) FROM t;\n"
+        "DELETE FROM t WHERE a % 3 = 0;\n"
+        "SELECT c, count(*) FROM t GROUP BY c ORDER BY 2 DESC, 1 LIMIT 3;\n"
+    )
+
+
+@pytest.mark.skipif(shutil.which("sqlite3") is None, reason="needs sqlite3")
+def test_attach_detach_20_times_sqlite3(tmp_path: Path) -> None:
+    """sqlite3 :memory: fed a script while it is attached and detached 20 times (injected
+    while busy allocating and while waiting on its stdin): its output and status those of
+    a plain run fed the same script, no ring left."""
+    head = "CREATE TABLE t(a INTEGER PRIMARY KEY, b TEXT, c INTEGER);\n"
+    script = [head]
+    proc = subprocess.Popen(["sqlite3", ":memory:"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdin is not None
+
+    def feed(text: str) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(text)
+        proc.stdin.flush()
+        script.append(text)
+
+    feed("")
+    proc.stdin.write(head)
+    heap_seen = 0
+    for cycle in range(CYCLES):
+        out = tmp_path / f"s{cycle}.db"
+        feed(_sqlite_chunk(2 * cycle))  # busy while rsprof starts and injects
+        recorder = start_attach(proc.pid, out, "-d", "1s")
+        wait_for_ring(proc.pid, recorder)
+        feed(_sqlite_chunk(2 * cycle + 1))
+        _stdout, stderr = recorder.communicate(timeout=60)
+        assert recorder.returncode == 0, stderr
+        assert "heap since attach" in stderr, stderr
+        assert not heap_rings(proc.pid)
+        heap_seen += sum(s["alloc_count"] for s in sites(out).values())
+    stdout, stderr = proc.communicate(timeout=120)
+    plain = subprocess.run(["sqlite3", ":memory:"], input="".join(script), capture_output=True,
+                           text=True, timeout=120)
+    assert (stdout, stderr, proc.returncode) == (plain.stdout, plain.stderr, plain.returncode)
+    assert stdout.count("\n") == CYCLES * 2 * 4
+    assert heap_seen > 0
