@@ -17,8 +17,11 @@ import bisect
 import os
 import platform
 import struct
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 
@@ -301,10 +304,22 @@ def _thread_candidates(pid: int) -> list[int]:
     return out
 
 
+def _gone(pid: int) -> bool:
+    """The process has exited, or is exiting (a zombie, or its threads leaving): ptrace
+    then answers EPERM, which says nothing of permissions."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZXx"
+
+
 def _seize(pid: int, tid: int) -> Tracee:
     try:
         return Tracee(tid)
     except PermissionError as error:
+        if _gone(pid):
+            raise ProcessLookupError(3, f"PID {pid} exited") from None
         tracer = _tracer_of(pid)
         if tracer:
             raise HeapAttachRefused(
@@ -363,6 +378,8 @@ def _check_target(pid: int) -> list[_Mapping]:
     if not SHIM_INJECT_PATH.exists():
         raise HeapAttachRefused(f"the injectable heap shim is missing ({SHIM_INJECT_PATH});"
                                 " reinstall rsprof")
+    if _gone(pid):
+        raise ProcessLookupError(3, f"PID {pid} exited")
     try:
         return _maps(pid)
     except FileNotFoundError:
@@ -430,6 +447,8 @@ def stop(injected: Injected) -> int:
     """Stops heap tracking in the process: GOT entries back, ring removed. Returns the
     entries put back. Raises like inject() (the shim also stops by itself once this rsprof
     has exited)."""
+    if _gone(injected.pid):
+        raise ProcessLookupError(3, f"PID {injected.pid} exited")
     maps = _check_target(injected.pid)
     layout = _layout(injected.pid, maps)
     _, stop_off = _shim_offsets()
@@ -438,3 +457,62 @@ def stop(injected: Injected) -> int:
         return _signed(tracee.call(injected.shim_base + stop_off, []))
     finally:
         tracee.detach()
+
+
+class HeapAttach:
+    """Loads the shim into the recorded process on a thread of its own, once CPU sampling
+    has started, so that the CPU recording never waits for it (finding the libc's symbols
+    and a safe point takes a fraction of a second); the recorder finds the shim's ring by
+    its usual scan of /dev/shm. `finish()`, after the recorder's last read of the ring,
+    waits for that thread and stops the shim."""
+
+    def __init__(self, pid: int, warn: Callable[[str], None]) -> None:
+        self.pid = pid
+        self._warn = warn
+        self.injected: Injected | None = None
+        self.refused: str | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if preloaded(self.pid):
+            return  # its own ring is read as it is
+        # Not a daemon: the interpreter never exits while the target runs our call.
+        self._thread = threading.Thread(target=self._inject, name="rsprof-heap-attach")
+        self._thread.start()
+
+    def _inject(self) -> None:
+        try:
+            self.injected = inject(self.pid, os.getpid())
+        except HeapAttachRefused as error:
+            self.refused = str(error)
+            self._warn(f"heap tracking off: {error}; CPU profiling goes on")
+        except ProcessLookupError:
+            pass  # the process left: the recording says so
+        except OSError as error:
+            self.refused = f"ptrace failed ({error})"
+            self._warn(f"heap tracking off: {self.refused}; CPU profiling goes on")
+
+    def meta(self) -> dict[str, object]:
+        """What meta says of it so far (docs/schema.md heap_since ...)."""
+        if self.injected is not None:
+            when = datetime.fromtimestamp(self.injected.attached_at, UTC)
+            return {"heap_since": "attach",
+                    "heap_attached_at": when.isoformat(timespec="milliseconds"),
+                    "heap_attach_stopped_ms": round(self.injected.stopped_ms, 2),
+                    "heap_attach_tries": self.injected.tries}
+        if self.refused is not None:
+            return {"heap_off_reason": self.refused}
+        return {}
+
+    def finish(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self.injected is None:
+            return
+        try:
+            stop(self.injected)
+        except ProcessLookupError:
+            pass  # gone, and the shim with it
+        except (HeapAttachRefused, OSError) as error:
+            self._warn(f"could not stop heap tracking in PID {self.pid} ({error}): its shim"
+                       " stops by itself once rsprof has exited")

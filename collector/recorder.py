@@ -72,15 +72,6 @@ class RecordOptions:
     stack_bytes: int = 16384
     # Python frames of CPython 3.11-3.13 images spliced into their stacks (`--python`).
     python: bool = True
-    # `rsprof -p` loaded the heap shim into the running process at this time.time(): the
-    # heap is "since attach" (blocks allocated before are unknown; meta heap_since).
-    heap_attached_at: float | None = None
-    # How long the injecting thread was stopped, and how many stops it took to find it at a
-    # safe point (meta heap_attach_stopped_ms, heap_attach_tries).
-    heap_attach_stopped_ms: float = 0.0
-    heap_attach_tries: int = 0
-    # Why heap tracking is off in an attached process (meta heap_off_reason), if it is.
-    heap_off_reason: str | None = None
 
 
 # Stack copies per CPU ring, largest first: one ring per CPU takes every thread's samples,
@@ -185,6 +176,10 @@ class Recorder:
         self._image_starts: dict[int, list[tuple[int, int]]] = {}
         self._heap_lost_warned = False
         self._heap_unknown_frees = 0  # frees of blocks allocated before the shim came
+        # More meta, asked for at every checkpoint and written when it changed: how the heap
+        # shim was loaded into the attached process (collector/heapattach.py HeapAttach).
+        self.extra_meta: Callable[[], dict[str, object]] | None = None
+        self._extra_meta_written: dict[str, object] = {}
         self._exited_pids: set[int] = set()  # EXIT records taken by checkpoints
         self._heap_mode: tuple[str, int] | None = None  # (mode, sample bytes) once known
         self._thread_names: dict[int, str | None] = {}  # the kernel's (comm)
@@ -368,21 +363,6 @@ class Recorder:
         self._thread_pids[tid] = self.target.pid
         return True
 
-    def _heap_attach_meta(self) -> dict[str, object]:
-        """Meta of a heap recorded since the shim was loaded into the running process, or
-        of heap tracking that could not start in it (docs/schema.md)."""
-        meta: dict[str, object] = {}
-        attached_at = self.options.heap_attached_at
-        if attached_at is not None:
-            meta["heap_since"] = "attach"
-            meta["heap_attached_at"] = datetime.fromtimestamp(attached_at, UTC).isoformat(
-                timespec="milliseconds")
-            meta["heap_attach_stopped_ms"] = round(self.options.heap_attach_stopped_ms, 2)
-            meta["heap_attach_tries"] = self.options.heap_attach_tries
-        if self.options.heap_off_reason:
-            meta["heap_off_reason"] = self.options.heap_off_reason
-        return meta
-
     def _write_start_meta(self) -> None:
         now = time.time()
         self.writer.set_meta(
@@ -403,7 +383,6 @@ class Recorder:
                 "heap_mode": self._heap_mode[0] if self._heap_mode else "none",
                 "heap_sample_bytes": self._heap_mode[1] if self._heap_mode else 0,
                 "state": "recording",
-                **self._heap_attach_meta(),
             }
         )
         self.writer.commit()
@@ -682,6 +661,11 @@ class Recorder:
                 del self._heaps[ring]
                 _remove_left_ring(name, ring[1])
         heap_parts.into(checkpoint)
+        if self.extra_meta is not None:
+            extra = self.extra_meta()
+            if extra != self._extra_meta_written:
+                self._extra_meta_written = extra
+                self.writer.set_meta(extra)
         if heap_parts.unknown_frees:
             self._heap_unknown_frees += heap_parts.unknown_frees
             self.writer.set_meta({"heap_unknown_frees": self._heap_unknown_frees})

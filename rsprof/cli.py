@@ -40,7 +40,6 @@ from rsprof.storage.selection import EmptySelection
 
 if TYPE_CHECKING:  # recording modules load only for recording commands: reports start faster
     from rsprof import session
-    from rsprof.collector.heapattach import Injected
     from rsprof.collector.process import Target
 
 
@@ -153,44 +152,9 @@ def _attach(pid: int | None, process_name: str | None, options: dict[str, object
 
     target = target_from_pid(pid) if pid is not None else target_from_name(str(process_name))
     asked = options.pop("heap")
-    injected, refused = _start_heap(target.pid) if asked is not False else (None, None)
-    try:
-        _record(target, heap=asked is not False, injected=injected, heap_off_reason=refused,
-                **options)  # type: ignore[arg-type]
-    finally:
-        # After the recorder's last read of the ring, also when it failed or was interrupted.
-        if injected is not None:
-            _stop_heap(injected)
-    if refused is not None and asked is True:
+    outcome = _record(target, heap=asked is not False, **options)  # type: ignore[arg-type]
+    if outcome.heap_off_reason is not None and asked is True:
         raise TargetStatus(EXIT_HEAP_REFUSED)  # said already, in one line
-
-
-def _start_heap(pid: int) -> tuple[Injected | None, str | None]:
-    """Loads the heap shim into the running process (collector/heapattach.py): the shim
-    and None, or None and why it cannot (said on stderr; CPU profiling goes on). A process
-    started with the shim preloaded needs neither."""
-    from rsprof.collector import heapattach
-
-    if heapattach.preloaded(pid):
-        return None, None
-    try:
-        return heapattach.inject(pid, os.getpid()), None
-    except heapattach.HeapAttachRefused as error:
-        click.echo(f"rsprof: warning: heap tracking off: {error}; CPU profiling goes on",
-                   err=True)
-        return None, str(error)
-
-
-def _stop_heap(injected: Injected) -> None:
-    from rsprof.collector import heapattach
-
-    try:
-        heapattach.stop(injected)
-    except ProcessLookupError:
-        pass  # the process is gone, and the shim with it
-    except (heapattach.HeapAttachRefused, OSError) as error:
-        click.echo(f"rsprof: warning: could not stop heap tracking in PID {injected.pid}"
-                   f" ({error}): its shim stops by itself once rsprof has exited", err=True)
 
 
 MIN_INTERVAL_S = 0.01
@@ -220,8 +184,6 @@ def _record(
     follow: bool | None,
     child: session.Launched | None = None,
     heap: bool = True,
-    injected: Injected | None = None,
-    heap_off_reason: str | None = None,
 ) -> session.SessionOutcome:
     from rsprof import session
     from rsprof.collector.recorder import RecordOptions
@@ -231,13 +193,11 @@ def _record(
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
         python=python == "on", follow=(child is not None) if follow is None else follow,
-        heap=heap, heap_off_reason=heap_off_reason,
+        heap=heap,
     )
-    if injected is not None:
-        options.heap_attached_at = injected.attached_at
-        options.heap_attach_stopped_ms = injected.stopped_ms
-        options.heap_attach_tries = injected.tries
-    outcome = session.record(target, path, options, append=append, quiet=quiet, child=child)
+    # Attaching (no child): the heap shim is loaded into the process unless --no-heap.
+    outcome = session.record(target, path, options, append=append, quiet=quiet, child=child,
+                             heap_attach=heap and child is None)
     click.echo(session.describe(outcome), err=True)
     return outcome
 

@@ -21,6 +21,7 @@ from types import FrameType
 from rsprof import INHERITED_FDS
 from rsprof.collector.errors import CollectorError
 from rsprof.collector.heap import HeapTracker
+from rsprof.collector.heapattach import HeapAttach
 from rsprof.collector.process import Target, target_from_pid
 from rsprof.collector.recorder import Recorder, RecordOptions, RecordResult, heap_tracking_share
 from rsprof.storage.errors import StorageFullError
@@ -44,7 +45,7 @@ class SessionOutcome:
     target_stopped: bool = False  # rsprof ended the target (it had not exited on its own)
     # `rsprof -p`: the heap shim was loaded into the running process at this time.time()
     heap_attached_at: float | None = None
-    heap_off_reason: str | None = None  # why heap tracking is off in an attached process
+    heap_off_reason: str | None = None  # why heap tracking could not start in it
 
 
 class Launched(subprocess.Popen[bytes]):
@@ -210,16 +211,27 @@ def record(
     append: bool = False,
     quiet: bool = True,
     child: Launched | None = None,
+    heap_attach: bool = False,
 ) -> SessionOutcome:
+    """Records `target` into `output`. `heap_attach`: load the heap shim into the running
+    process once sampling has started (`rsprof -p`; collector/heapattach.py)."""
     writer = ProfileWriter(output, append=append)
     recorder = Recorder(target, writer, options, child=child)
+    injection = HeapAttach(target.pid, recorder.warn) if heap_attach else None
+    if injection is not None:
+        recorder.extra_meta = injection.meta
     if quiet:  # with the TUI on screen, warnings are said once it has closed
         recorder.on_warning = _print_warning
     result: RecordResult | None = None
     exit_code: int | None = None
     tui = None if quiet else TuiProcess(output, recorder)
     try:
-        result = _record(recorder, child, tui)
+        try:
+            result = _record(recorder, child, tui, injection)
+        finally:
+            # After the recorder's last read of the ring, whatever ended it.
+            if injection is not None:
+                injection.finish()
     except BaseException as error:
         if child is not None:  # first: a launched target never outlives a failed recording
             stop_child(child)
@@ -238,6 +250,8 @@ def record(
     if child is not None:
         exit_code = stop_child(child)
     extra: dict[str, object] = {"heap_mode": result.heap_mode}
+    if injection is not None:
+        extra.update(injection.meta())
     if exit_code is not None:
         extra["target_exit_code"] = exit_code
     writer.finish(result.stop_reason, extra)
@@ -247,7 +261,9 @@ def record(
         tui.close(wait=result.stop_reason not in ("hangup", "terminated"))
     return SessionOutcome(output, result, exit_code,
                           child is not None and child.stopped_by_rsprof,
-                          options.heap_attached_at, options.heap_off_reason)
+                          injection.injected.attached_at
+                          if injection is not None and injection.injected is not None else None,
+                          injection.refused if injection is not None else None)
 
 
 def _print_warning(message: str) -> None:
@@ -319,7 +335,8 @@ def stopping_signal(stop_reason: str) -> int | None:
 
 
 def _record(
-    recorder: Recorder, child: Launched | None, tui: TuiProcess | None
+    recorder: Recorder, child: Launched | None, tui: TuiProcess | None,
+    injection: HeapAttach | None = None,
 ) -> RecordResult:
     """Runs the recorder in this thread until something stops it. Ctrl-C, SIGTERM and
     SIGHUP (the terminal closed) stop it the same way, so the file is always finalized."""
@@ -334,6 +351,8 @@ def _record(
         # too late, so the recorder exposes an attach hook.
         if child is not None:
             release(child)
+        if injection is not None:
+            injection.start()
         if tui is not None:
             tui.start()
 
