@@ -64,6 +64,9 @@ MAX_FRAMES = 256
 # glibc's __restore_rt (the return address of every signal handler): mov $15, %rax; syscall.
 SIGRETURN_CODE = b"\x48\xc7\xc0\x0f\x00\x00\x00\x0f\x05"
 TRIES_PER_THREAD = 25
+# Stack the call needs below the thread's stack pointer: dlopen and the shim's start use a
+# few KiB; a thread on a small stack of its own (a coroutine's) is never made to run them.
+STACK_ROOM = 64 * 1024
 RETRY_PAUSE_S = 0.002
 
 # rsprof_heap_inject_start's errors (native/shim/heapshim.c, injected mode).
@@ -191,6 +194,10 @@ class _Layout:
     # libc's exported functions, sorted (start, end): an address in libc outside all of
     # them is in an internal function (the allocator's _int_malloc, _int_free ...).
     exported: list[tuple[int, int]]
+    # Writable anonymous mappings (thread stacks among them) and the main thread's [stack],
+    # which grows down as the thread uses it.
+    stacks: list[tuple[int, int]]
+    main_stack: tuple[int, int]
 
     def is_exported(self, address: int) -> bool:
         i = bisect.bisect_right(self.exported, (address, 1 << 64)) - 1
@@ -230,8 +237,10 @@ def _layout(pid: int, maps: list[_Mapping]) -> _Layout:
             cfi_functions(f"/proc/{pid}/root{path}")
         except OSError:
             pass
+    stacks = [(m.start, m.end) for m in maps if "w" in m.perms]
+    main_stack = next(((m.start, m.end) for m in maps if m.path == "[stack]"), (0, 0))
     return _Layout(base + dlopen[0], base + dlerror[0] if dlerror[0] else 0, ldso, libc_text,
-                   unsafe, exported)
+                   unsafe, exported, stacks, main_stack)
 
 
 def _is_libc(path: str) -> bool:
@@ -253,7 +262,9 @@ def _safe_point(tracee: Tracee, layout: _Layout) -> bool:
     function may stand (the allocator's _int_free is reached by a tail call from free, so
     free's own frame is not there); and no signal handler may be running (what it
     interrupted may hold any lock). A stack the unwinder cannot finish is not safe."""
-    pc, _sp, orig_rax, _rax = tracee.regs()
+    pc, sp, orig_rax, _rax = tracee.regs()
+    if not _stack_room(layout, sp):
+        return False
     in_syscall = orig_rax >= 0 and tracee.read(pc - 2, 2) == b"\x0f\x05"
     if in_syscall and orig_rax in LOCKING_SYSCALLS:
         return False
@@ -273,6 +284,14 @@ def _safe_point(tracee: Tracee, layout: _Layout) -> bool:
             if not program_seen or tracee.read(frame, len(SIGRETURN_CODE)) == SIGRETURN_CODE:
                 return False
     return True
+
+
+def _stack_room(layout: _Layout, sp: int) -> bool:
+    """STACK_ROOM below sp in the mapping that holds it (the main thread's [stack] grows)."""
+    lo, hi = layout.main_stack
+    if lo <= sp < hi:
+        return True
+    return any(lo <= sp < hi and sp - lo >= STACK_ROOM for lo, hi in layout.stacks)
 
 
 def _thread_candidates(pid: int) -> list[int]:

@@ -312,3 +312,38 @@ def test_attach_detach_20_times_sqlite3(tmp_path: Path) -> None:
     assert (stdout, stderr, proc.returncode) == (plain.stdout, plain.stderr, plain.returncode)
     assert stdout.count("\n") == CYCLES * 2 * 4
     assert heap_seen > 0
+
+
+@pytest.mark.skipif(shutil.which("python3") is None, reason="needs python3")
+def test_attach_python_allocations_at_their_lines(tmp_path: Path) -> None:
+    """A CPython program started without rsprof: its allocations since the attach are
+    charged to the Python lines that made them, as under `rsprof run`."""
+    script = Path(__file__).parent / "targets" / "attach_py.py"
+    proc = subprocess.Popen(["python3", str(script)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    lines = [proc.stdout.readline()]
+
+    def ask(n: int) -> None:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(f"{n}\n")
+        proc.stdin.flush()
+        lines.append(proc.stdout.readline())
+
+    ask(100)  # before: unknown
+    out = tmp_path / "py.db"
+    recorder = start_attach(proc.pid, out, "-d", "2s")
+    wait_for_ring(proc.pid, recorder)
+    ask(500)
+    _stdout, stderr = recorder.communicate(timeout=60)
+    assert recorder.returncode == 0, stderr
+    ask(7)
+    proc.stdin.close()
+    assert proc.wait(30) == 0
+    assert "".join(lines) == "ready\ndone 100 100\ndone 500 600\ndone 7 607\n"
+    by_line = {(str(s["function"]), s["line"]): s for s in top_json(out, "heap")}
+    leak = by_line[("leak_line", 11)]
+    assert 500 * 5001 <= leak["live_bytes"] < 500 * 5001 + 65536  # + the list's growth
+    churned = next(s for (function, line), s in by_line.items() if line == 15)
+    assert churned["alloc_count"] == churned["free_count"] == 500 * 10
+    assert churned["total_alloc_bytes"] == 500 * 10 * 3001  # a bytearray ends in a NUL
