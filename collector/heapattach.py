@@ -14,16 +14,21 @@ is removed, the wrappers stay pass-through. See docs/heap-ring.md, "Injected mod
 from __future__ import annotations
 
 import bisect
+import json
 import os
 import platform
+import signal
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from rsprof._native import Tracee, cfi_functions
 
@@ -479,11 +484,19 @@ def stop(injected: Injected) -> int:
 
 
 class HeapAttach:
-    """Loads the shim into the recorded process on a thread of its own, once CPU sampling
-    has started, so that the CPU recording never waits for it (finding the libc's symbols
-    and a safe point takes a fraction of a second); the recorder finds the shim's ring by
-    its usual scan of /dev/shm. `finish()`, after the recorder's last read of the ring,
-    waits for that thread and stops the shim."""
+    """Loads the shim into the recorded process once CPU sampling has started, so that
+    the CPU recording never waits for it (finding libc's symbols and a safe point takes a
+    fraction of a second); the recorder finds the shim's ring by its usual scan of
+    /dev/shm. `finish()`, after the recorder's last read of the ring, waits for the
+    injection and stops the shim.
+
+    The ptrace work runs in a helper process of its own (`python -m
+    rsprof.collector.heapattach`, in a session of its own, deaf to SIGINT, SIGTERM and
+    SIGHUP): while a call runs, the target's thread executes on a frame whose return
+    address traps, and only its tracer can put the thread back. Killed mid-call (rsprof
+    killed with -9), an in-process tracer would leave the thread to return to address 0
+    and the target to die of SIGSEGV; the helper finishes its few milliseconds and exits,
+    and the shim, seeing its rsprof gone, stops by itself."""
 
     def __init__(self, pid: int, warn: Callable[[str], None]) -> None:
         self.pid = pid
@@ -495,20 +508,16 @@ class HeapAttach:
     def start(self) -> None:
         if preloaded(self.pid):
             return  # its own ring is read as it is
-        # Not a daemon: the interpreter never exits while the target runs our call.
-        self._thread = threading.Thread(target=self._inject, name="rsprof-heap-attach")
+        self._thread = threading.Thread(target=self._inject, name="rsprof-heap-attach",
+                                        daemon=True)
         self._thread.start()
 
     def _inject(self) -> None:
-        try:
-            self.injected = inject(self.pid, os.getpid())
-        except HeapAttachRefused as error:
-            self.refused = str(error)
-            self._warn(f"heap tracking off: {error}; CPU profiling goes on")
-        except ProcessLookupError:
-            pass  # the process left: the recording says so
-        except OSError as error:
-            self.refused = f"ptrace failed ({error})"
+        answer = _helper("inject", str(self.pid), str(os.getpid()))
+        if "injected" in answer:
+            self.injected = Injected(**answer["injected"])
+        elif "refused" in answer:
+            self.refused = str(answer["refused"])
             self._warn(f"heap tracking off: {self.refused}; CPU profiling goes on")
 
     def meta(self) -> dict[str, object]:
@@ -528,10 +537,60 @@ class HeapAttach:
             self._thread.join()
         if self.injected is None:
             return
-        try:
-            stop(self.injected)
-        except ProcessLookupError:
-            pass  # gone, and the shim with it
-        except (HeapAttachRefused, OSError) as error:
-            self._warn(f"could not stop heap tracking in PID {self.pid} ({error}): its shim"
-                       " stops by itself once rsprof has exited")
+        answer = _helper("stop", str(self.pid), str(self.injected.shim_base))
+        if "refused" in answer:
+            self._warn(f"could not stop heap tracking in PID {self.pid} ({answer['refused']}):"
+                       " its shim stops by itself once rsprof has exited")
+
+
+HELPER_TIMEOUT_S = 60.0
+
+
+def _helper(*args: str) -> dict[str, Any]:
+    """Runs this module as the ptrace helper; its one line of JSON as a dict ({} when the
+    process is gone)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-P", "-m", "rsprof.collector.heapattach", *args],
+            capture_output=True, text=True, timeout=HELPER_TIMEOUT_S, start_new_session=True,
+            stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return {"refused": f"the ptrace helper failed ({error})"}
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        why = done.stderr.strip().splitlines()[-1:] or [f"status {done.returncode}"]
+        return {"refused": f"the ptrace helper failed ({why[0]})"}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _serve(argv: list[str]) -> dict[str, Any]:
+    command, pid = argv[0], int(argv[1])
+    try:
+        if command == "inject":
+            return {"injected": asdict(inject(pid, int(argv[2])))}
+        base = int(argv[2])
+        return {"restored": stop(Injected(pid, base, 0.0, 0.0, 0, 0, False))}
+    except HeapAttachRefused as error:
+        return {"refused": str(error)}
+    except ProcessLookupError:
+        return {}
+    except OSError as error:
+        return {"refused": f"ptrace failed ({error})"}
+
+
+def main(argv: list[str]) -> int:
+    """`python -m rsprof.collector.heapattach inject PID SESSION_PID | stop PID SHIM_BASE`:
+    one line of JSON on stdout (see HeapAttach)."""
+    # Ctrl-C in the terminal, rsprof's own stop signals: the helper finishes first.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    if len(argv) != 3 or argv[0] not in ("inject", "stop"):
+        print(json.dumps({"refused": "usage: inject PID SESSION_PID | stop PID SHIM_BASE"}))
+        return 2
+    print(json.dumps(_serve(argv)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -347,3 +347,24 @@ def test_attach_python_allocations_at_their_lines(tmp_path: Path) -> None:
     churned = next(s for (function, line), s in by_line.items() if line == 15)
     assert churned["alloc_count"] == churned["free_count"] == 500 * 10
     assert churned["total_alloc_bytes"] == 500 * 10 * 3001  # a bytearray ends in a NUL
+
+
+def test_rsprof_killed_at_any_moment_of_the_attach(alloc_binary: Path, tmp_path: Path) -> None:
+    """rsprof killed with -9 at 10 moments from its start to well after the injection: the
+    ptrace work runs in a helper of its own session that finishes its calls (a tracer dying
+    mid-call would leave the thread returning to address 0), and the shim stops by itself:
+    the program never notices."""
+    program = Program(alloc_binary)
+    for n, delay in enumerate(0.05 + 0.1 * k for k in range(10)):
+        recorder = start_attach(program.pid, tmp_path / f"k{n}.db")
+        time.sleep(delay)
+        recorder.kill()
+        recorder.wait()
+        program.command("alloc 5")
+    deadline = time.monotonic() + 15
+    while heap_rings(program.pid):  # a helper may inject after its rsprof died: stopped too
+        assert time.monotonic() < deadline, "a ring outlived its rsprof"
+        time.sleep(0.05)
+    program.command("free")
+    output, status = program.quit()
+    assert (output, status) == plain_run(alloc_binary, ["alloc 5"] * 10 + ["free"])
