@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -73,6 +74,15 @@ def start_attach(pid: int, out: Path, *extra: str) -> subprocess.Popen[str]:
         env=rsprof_env())
 
 
+def stop_attach(recorder: subprocess.Popen[str]) -> str:
+    """Ends a recording started without -d as Ctrl-C does, once the program has done what
+    it was asked (a duration could end it before a slow injection's ring was read)."""
+    recorder.send_signal(signal.SIGINT)
+    _stdout, stderr = recorder.communicate(timeout=60)
+    assert recorder.returncode == 0, stderr
+    return stderr
+
+
 def wait_for_ring(pid: int, recorder: subprocess.Popen[str], timeout: float = 20) -> float:
     """Seconds until the injected shim's ring exists (the first heap event can follow)."""
     start = time.monotonic()
@@ -105,12 +115,12 @@ def test_attach_tracks_every_block_at_its_call_site(alloc_binary: Path, tmp_path
     program = Program(alloc_binary)
     program.command(commands[0])  # before the attach: 200 blocks nobody saw allocated
     out = tmp_path / "attach.db"
-    recorder = start_attach(program.pid, out, "-d", "4s")
+    recorder = start_attach(program.pid, out)
     wait_for_ring(program.pid, recorder)
     for command in commands[1:4]:  # while attached
         program.command(command)
-    _stdout, stderr = recorder.communicate(timeout=60)
-    assert recorder.returncode == 0, stderr
+    time.sleep(3)  # attached ~4 s, the threads churning all along
+    stderr = stop_attach(recorder)
     assert "heap since attach at" in stderr
     assert not heap_rings(program.pid)  # removed at detach
     program.command(commands[4])  # after the detach: pass-through
@@ -222,11 +232,10 @@ def test_rsprof_killed_the_shim_stops_by_itself(alloc_binary: Path, tmp_path: Pa
         assert time.monotonic() < deadline, "the shim kept its ring after rsprof died"
         time.sleep(0.05)
     out = tmp_path / "again.db"
-    again = start_attach(program.pid, out, "-d", "1s")
+    again = start_attach(program.pid, out)
     wait_for_ring(program.pid, again)
     program.command("alloc 25")
-    _stdout, stderr = again.communicate(timeout=60)
-    assert again.returncode == 0, stderr
+    stop_attach(again)
     keep = sites(out)["attach_keep_site"]
     assert (keep["alloc_count"], keep["total_alloc_bytes"]) == (100, 100 * BLOCK)
     output, status = program.quit()
@@ -244,13 +253,12 @@ def test_attach_detach_20_times_4_threads(alloc_binary: Path, tmp_path: Path) ->
     stopped = []
     for cycle in range(CYCLES):
         out = tmp_path / f"c{cycle}.db"
-        recorder = start_attach(program.pid, out, "-d", "1s")
+        recorder = start_attach(program.pid, out)
         wait_for_ring(program.pid, recorder)
         for command in (f"alloc {cycle + 1}", "free"):
             program.command(command)
             commands.append(command)
-        _stdout, stderr = recorder.communicate(timeout=60)
-        assert recorder.returncode == 0, stderr
+        stop_attach(recorder)
         assert not heap_rings(program.pid)
         keep = sites(out)["attach_keep_site"]
         n = (cycle + 1) * THREADS
@@ -298,11 +306,11 @@ def test_attach_detach_20_times_sqlite3(tmp_path: Path) -> None:
     for cycle in range(CYCLES):
         out = tmp_path / f"s{cycle}.db"
         feed(_sqlite_chunk(2 * cycle))  # busy while rsprof starts and injects
-        recorder = start_attach(proc.pid, out, "-d", "1s")
+        recorder = start_attach(proc.pid, out)
         wait_for_ring(proc.pid, recorder)
         feed(_sqlite_chunk(2 * cycle + 1))
-        _stdout, stderr = recorder.communicate(timeout=60)
-        assert recorder.returncode == 0, stderr
+        time.sleep(0.2)
+        stderr = stop_attach(recorder)
         assert "heap since attach" in stderr, stderr
         assert not heap_rings(proc.pid)
         heap_seen += sum(s["alloc_count"] for s in sites(out).values())
@@ -332,11 +340,10 @@ def test_attach_python_allocations_at_their_lines(tmp_path: Path) -> None:
 
     ask(100)  # before: unknown
     out = tmp_path / "py.db"
-    recorder = start_attach(proc.pid, out, "-d", "2s")
+    recorder = start_attach(proc.pid, out)
     wait_for_ring(proc.pid, recorder)
     ask(500)
-    _stdout, stderr = recorder.communicate(timeout=60)
-    assert recorder.returncode == 0, stderr
+    stop_attach(recorder)
     ask(7)
     proc.stdin.close()
     assert proc.wait(30) == 0
