@@ -219,6 +219,7 @@ def _layout(pid: int, maps: list[_Mapping]) -> _Layout:
             raise HeapAttachRefused(
                 "it is a static binary: there is no dynamic loader to load the heap shim into it")
         raise HeapAttachRefused("it has no glibc (libc.so.6) to load the heap shim with")
+    _check_own_malloc(pid)
     syms = _file_symbols(pid, libc)
     base = _base_of(maps, libc)
     dlopen = syms.get("dlopen") or syms.get("__libc_dlopen_mode")
@@ -246,6 +247,20 @@ def _layout(pid: int, maps: list[_Mapping]) -> _Layout:
     main_stack = next(((m.start, m.end) for m in maps if m.path == "[stack]"), (0, 0))
     return _Layout(base + dlopen[0], base + dlerror[0] if dlerror[0] else 0, ldso, libc_text,
                    unsafe, exported, stacks, main_stack)
+
+
+def _check_own_malloc(pid: int) -> None:
+    """Refuses, before anything is loaded into it, a process whose executable defines
+    malloc & co. (it precedes libc in every module's lookup: the shim, which forwards to
+    libc's, would see none of its calls). The shim checks again, for libraries preloaded
+    with an allocator of their own."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return
+    defined = _file_symbols(pid, exe) if exe.startswith("/") else {}
+    if any(name in defined for name in ("malloc", "free", "calloc", "realloc")):
+        raise HeapAttachRefused(START_ERRORS[-3])
 
 
 def _is_libc(path: str) -> bool:

@@ -375,3 +375,23 @@ def test_rsprof_killed_at_any_moment_of_the_attach(alloc_binary: Path, tmp_path:
     program.command("free")
     output, status = program.quit()
     assert (output, status) == plain_run(alloc_binary, ["alloc 5"] * 10 + ["free"])
+
+
+def test_refused_for_a_program_with_its_own_malloc(tmp_path: Path) -> None:
+    """An executable defining malloc: every module calls it, not libc's, so the injected
+    shim would see nothing. Refused in one line, CPU recorded."""
+    targets = Path(__file__).parent / "targets"
+    binary = tmp_path / "own_alloc"
+    subprocess.run(["gcc", "-O1", "-pthread", "-o", str(binary), str(targets / "attach_alloc.c"),
+                    str(targets / "attach_ownmalloc.c")], check=True)
+    program = Program(binary)
+    try:
+        result = _refused(program.pid, tmp_path / "own.db")
+        assert result.returncode == 0, result.stderr
+        _assert_refusal(result, "its malloc is not libc's", tmp_path / "own.db")
+        assert not shim_mapped(program.pid)  # refused before anything was loaded
+        program.command("alloc 10")
+        program.command("free")
+    finally:
+        output, status = program.quit()
+    assert (output, status) == plain_run(binary, ["alloc 10", "free"])
