@@ -93,6 +93,20 @@ def wait_for_ring(pid: int, recorder: subprocess.Popen[str], timeout: float = 20
     return time.monotonic() - start
 
 
+def rings_of_session(session: int) -> list[Path]:
+    """Rings in /dev/shm whose header names `session` as their reader (offset 156)."""
+    found = []
+    for path in Path("/dev/shm").glob("rsprof-heap.*"):
+        try:
+            with path.open("rb") as ring:
+                head = ring.read(160)
+        except OSError:
+            continue
+        if len(head) == 160 and int.from_bytes(head[156:160], "little") == session:
+            found.append(path)
+    return found
+
+
 def shim_mapped(pid: int) -> bool:
     return INJECT_NAME in Path(f"/proc/{pid}/maps").read_text()
 
@@ -246,8 +260,9 @@ CYCLES = 20
 
 
 def test_attach_detach_20_times_4_threads(alloc_binary: Path, tmp_path: Path) -> None:
-    """20 attaches and detaches in a row: each recording exact, the shim reused (loaded
-    once), no ring left, the program's output and status those of a plain run."""
+    """20 attaches and detaches in a row, the program forking while its threads allocate:
+    each recording exact, the shim reused (loaded once), no ring left (the children's
+    shims record nothing), the program's output and status those of a plain run."""
     program = Program(alloc_binary)
     commands = []
     stopped = []
@@ -255,11 +270,12 @@ def test_attach_detach_20_times_4_threads(alloc_binary: Path, tmp_path: Path) ->
         out = tmp_path / f"c{cycle}.db"
         recorder = start_attach(program.pid, out)
         wait_for_ring(program.pid, recorder)
-        for command in (f"alloc {cycle + 1}", "free"):
+        for command in (f"alloc {cycle + 1}", "fork 2", "free"):
             program.command(command)
             commands.append(command)
         stop_attach(recorder)
         assert not heap_rings(program.pid)
+        assert not rings_of_session(recorder.pid)  # none of the forked children's
         keep = sites(out)["attach_keep_site"]
         n = (cycle + 1) * THREADS
         assert (keep["alloc_count"], keep["free_count"], keep["live_bytes"]) == (n, n, 0), cycle

@@ -1411,6 +1411,14 @@ static void atfork_child(void) {
      * bounds (if it never recorded, thread_init runs on its first event as usual). */
     if (t_tid != 0) t_tid = (uint32_t)syscall(SYS_gettid);
     if (g_sample_bytes) set_reset(); /* inherited sampled blocks are unknown to its reader */
+    /* Injected (rsprof -p): the recorder reads the attached process only, and nothing
+     * would ever remove a child's ring (the injected shim does not wrap _exit). The child
+     * keeps the redirected GOT entries (rewriting them here, where another thread of the
+     * parent may have held the loader's lock at the fork, could deadlock): pass-through. */
+    if (g_injected) {
+        __atomic_store_n(&g_disabled, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_injected_on, 0, __ATOMIC_RELAXED);
+    }
 }
 
 /* ------------------------------------------------------------------ initialisation */

@@ -5,6 +5,8 @@
  *              attach_churn_site; prints "done alloc N"
  *   "free"     each thread frees its kept blocks (also those allocated before the attach);
  *              prints "done free"
+ *   "fork N"   forks N children while the threads churn on; each allocates and frees 10
+ *              blocks, then leaves with _exit(0); prints "done fork N"
  *   "quit"     prints a checksum of everything it wrote and exits with status 7.
  * Its output never depends on timing, so a run under attach/detach must print exactly what
  * a plain run prints. */
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define THREADS 4
@@ -106,6 +109,17 @@ int main(void) {
         if (sscanf(line, "alloc %d", &n) == 1) {
             command(1, n);
             printf("done alloc %d\n", n);
+        } else if (sscanf(line, "fork %d", &n) == 1) {
+            for (int i = 0; i < n; i++) {
+                pid_t child = fork();
+                if (child == 0) {
+                    for (int k = 0; k < 10; k++) free(attach_churn_site());
+                    _exit(0);
+                }
+                int status;
+                waitpid(child, &status, 0);
+            }
+            printf("done fork %d\n", n);
         } else if (strncmp(line, "free", 4) == 0) {
             command(2, 0);
             printf("done free\n");
