@@ -112,7 +112,8 @@ def shim_mapped(pid: int) -> bool:
 
 
 def sites(profile: Path) -> dict[str, dict[str, Any]]:
-    return {str(s["function"]): s for s in top_json(profile, "heap")}
+    # By plain name: a C++ build's functions read attach_keep_site().
+    return {str(s["function"]).split("(")[0]: s for s in top_json(profile, "heap")}
 
 
 @pytest.fixture(scope="module")
@@ -259,11 +260,25 @@ def test_rsprof_killed_the_shim_stops_by_itself(alloc_binary: Path, tmp_path: Pa
 CYCLES = 20
 
 
-def test_attach_detach_20_times_4_threads(alloc_binary: Path, tmp_path: Path) -> None:
-    """20 attaches and detaches in a row, the program forking while its threads allocate:
-    each recording exact, the shim reused (loaded once), no ring left (the children's
-    shims record nothing), the program's output and status those of a plain run."""
-    program = Program(alloc_binary)
+@pytest.fixture(scope="module")
+def cxx_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """attach_alloc.c built as C++: 8 threads, new[] and delete[] through libstdc++."""
+    out = tmp_path_factory.mktemp("cxx") / "attach_alloc_cxx"
+    subprocess.run(["g++", "-x", "c++", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread",
+                    "-o", str(out), str(Path(__file__).parent / "targets" / "attach_alloc.c")],
+                   check=True)
+    return out
+
+
+@pytest.mark.parametrize("language", ["c", "c++"])
+def test_attach_detach_20_times(language: str, alloc_binary: Path, cxx_binary: Path,
+                                tmp_path: Path) -> None:
+    """20 attaches and detaches in a row of the C program (4 threads, malloc/free) and of
+    its C++ build (8 threads, new[]/delete[]), forking while its threads allocate: each
+    recording exact, the shim reused (loaded once), no ring left (the children's shims
+    record nothing), the program's output and status those of a plain run."""
+    binary, threads = (alloc_binary, THREADS) if language == "c" else (cxx_binary, 8)
+    program = Program(binary)
     commands = []
     stopped = []
     for cycle in range(CYCLES):
@@ -273,16 +288,18 @@ def test_attach_detach_20_times_4_threads(alloc_binary: Path, tmp_path: Path) ->
         for command in (f"alloc {cycle + 1}", "fork 2", "free"):
             program.command(command)
             commands.append(command)
-        stop_attach(recorder)
+        stderr = stop_attach(recorder)
         assert not heap_rings(program.pid)
         assert not rings_of_session(recorder.pid)  # none of the forked children's
-        keep = sites(out)["attach_keep_site"]
-        n = (cycle + 1) * THREADS
+        found = sites(out)
+        assert "attach_keep_site" in found, (cycle, stderr, found)
+        keep = found["attach_keep_site"]
+        n = (cycle + 1) * threads
         assert (keep["alloc_count"], keep["free_count"], keep["live_bytes"]) == (n, n, 0), cycle
         stopped.append(float(profile_meta(out)["heap_attach_stopped_ms"]))
     assert Path(f"/proc/{program.pid}/maps").read_text().count(INJECT_NAME) >= 1
     output, status = program.quit()
-    assert (output, status) == plain_run(alloc_binary, commands)
+    assert (output, status) == plain_run(binary, commands)
     print(f"injecting thread stopped: median {sorted(stopped)[CYCLES // 2]:.2f} ms,"
           f" max {max(stopped):.2f} ms")
 

@@ -9,7 +9,8 @@
  *              blocks, then leaves with _exit(0); prints "done fork N"
  *   "quit"     prints a checksum of everything it wrote and exits with status 7.
  * Its output never depends on timing, so a run under attach/detach must print exactly what
- * a plain run prints. */
+ * a plain run prints.  Built as C++ (g++ -x c++) it has 8 threads and allocates with
+ * new[] / delete[] (operator new through libstdc++). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,7 +19,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#ifdef __cplusplus
+#define THREADS 8
+#define ALLOC(n) (new char[n])
+#define FREE(p) (delete[] (p))
+#else
 #define THREADS 4
+#define ALLOC(n) ((char *)malloc(n))
+#define FREE(p) free(p)
+#endif
 #define BLOCK 4000
 #define MAX_KEEP 100000
 
@@ -33,16 +42,16 @@ typedef struct {
     int nkept;
 } worker;
 
-__attribute__((noinline)) static char *attach_keep_site(void) { return malloc(BLOCK); }
-__attribute__((noinline)) static char *attach_churn_site(void) { return malloc(BLOCK); }
-__attribute__((noinline)) static char *attach_spin_site(void) { return malloc(BLOCK); }
+__attribute__((noinline)) static char *attach_keep_site(void) { return ALLOC(BLOCK); }
+__attribute__((noinline)) static char *attach_churn_site(void) { return ALLOC(BLOCK); }
+__attribute__((noinline)) static char *attach_spin_site(void) { return ALLOC(BLOCK); }
 
 static void fill(char *p, int seed) {
     memset(p, seed & 0xff, BLOCK);
 }
 
 static void *run(void *arg) {
-    worker *w = arg;
+    worker *w = (worker *)arg;
     int seen = 0;
     for (;;) {
         pthread_mutex_lock(&lock);
@@ -50,7 +59,7 @@ static void *run(void *arg) {
             pthread_mutex_unlock(&lock);
             char *p = attach_spin_site(); /* churn between commands */
             fill(p, w->id);
-            free(p);
+            FREE(p);
             usleep(500);
             pthread_mutex_lock(&lock);
         }
@@ -70,10 +79,10 @@ static void *run(void *arg) {
                 char *c = attach_churn_site();
                 fill(c, i);
                 checksum[w->id] += (unsigned char)c[7];
-                free(c);
+                FREE(c);
             }
         } else if (kind == 2) {
-            for (int i = 0; i < w->nkept; i++) free(w->kept[i]);
+            for (int i = 0; i < w->nkept; i++) FREE(w->kept[i]);
             w->nkept = 0;
         }
         pthread_mutex_lock(&lock);
@@ -113,7 +122,7 @@ int main(void) {
             for (int i = 0; i < n; i++) {
                 pid_t child = fork();
                 if (child == 0) {
-                    for (int k = 0; k < 10; k++) free(attach_churn_site());
+                    for (int k = 0; k < 10; k++) FREE(attach_churn_site());
                     _exit(0);
                 }
                 int status;
