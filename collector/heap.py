@@ -46,6 +46,9 @@ class HeapParts:
     by_tid: dict[tuple[int, int], dict[int, HeapDelta]] = field(default_factory=dict)
     events: int = 0
     lost: int = 0
+    # Frees of blocks the reader never saw allocated (allocated before the shim came, when
+    # it was injected into a running process): counted, never subtracted from live bytes.
+    unknown_frees: int = 0
 
     def into(self, checkpoint: Checkpoint) -> None:
         checkpoint.heap = self.heap
@@ -253,6 +256,7 @@ class HeapTracker:
         parts.events += batch.events
         # Lost by the shim (ring full) or dropped by the reader's bounds (a flood).
         parts.lost += batch.lost + batch.dropped
+        parts.unknown_frees += batch.unknown_frees
         return bool(batch.exited or batch.execed)
 
     def _site_location(self, stack_id: int) -> int:

@@ -209,6 +209,11 @@ class Recorder:
         # (time_ns, image) per pid, in order: which image made a ring (its created_ns).
         self._image_starts: dict[int, list[tuple[int, int]]] = {}
         self._heap_lost_warned = False
+        self._heap_unknown_frees = 0  # frees of blocks allocated before the shim came
+        # More meta, asked for at every checkpoint and written when it changed: how the heap
+        # shim was loaded into the attached process (collector/heapattach.py HeapAttach).
+        self.extra_meta: Callable[[], dict[str, object]] | None = None
+        self._extra_meta_written: dict[str, object] = {}
         self._exited_pids: set[int] = set()  # EXIT records taken by checkpoints
         self._heap_mode: tuple[str, int] | None = None  # (mode, sample bytes) once known
         self._thread_names: dict[int, str | None] = {}  # the kernel's (comm)
@@ -749,6 +754,14 @@ class Recorder:
                 del self._heaps[ring]
                 _remove_left_ring(name, ring[1])
         heap_parts.into(checkpoint)
+        if self.extra_meta is not None:
+            extra = self.extra_meta()
+            if extra != self._extra_meta_written:
+                self._extra_meta_written = extra
+                self.writer.set_meta(extra)
+        if heap_parts.unknown_frees:
+            self._heap_unknown_frees += heap_parts.unknown_frees
+            self.writer.set_meta({"heap_unknown_frees": self._heap_unknown_frees})
         if heap_parts.lost and not self._heap_lost_warned:
             self._heap_lost_warned = True
             self.warn("heap events were lost (a shim's ring was full, or /dev/shm had no room"
