@@ -1147,12 +1147,20 @@ static ALWAYS_INLINE int reserve(struct rsprof_heap_header *h, uint64_t len, uin
     }
 }
 
+/* The data area of the ring a writer reserved in: h's, not g_data, which an injected
+ * shim's next attach points at a new ring while a writer that took the previous one is
+ * still between its reservation and its commit (it writes into the old mapping, anonymous
+ * memory since the stop, instead of over the new ring's first records). */
+static ALWAYS_INLINE uint64_t *ring_data(struct rsprof_heap_header *h) {
+    return (uint64_t *)((char *)h + RSPROF_HEAP_HEADER_SIZE);
+}
+
 /* An allocation whose stack this thread already named as way w: 3 words. */
 static ALWAYS_INLINE int record_again(struct rsprof_heap_header *h, void *p, size_t n,
                                       unsigned flags, int way) {
     uint64_t pos;
     if (!reserve(h, RSPROF_HEAP_AGAIN_WORDS * 8, &pos)) return 0;
-    uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
+    uint64_t *d = ring_data(h), m = g_ring_mask, i = pos >> 3;
     d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
     d[(i + 2) & m] = (uint64_t)n;
     __atomic_store_n(&d[i & m],
@@ -1218,7 +1226,7 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
         uint64_t pos;
         ok = reserve(h, words * 8, &pos);
         if (ok) {
-            uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
+            uint64_t *d = ring_data(h), m = g_ring_mask, i = pos >> 3;
             d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
             d[(i + 2) & m] = (uint64_t)n;
             d[(i + 3) & m] = ips[0];
@@ -1245,7 +1253,7 @@ static NOINLINE void record_free(void *p, unsigned flags) {
     if (UNLIKELY(t_tid == 0)) thread_init();
     uint64_t pos;
     if (!reserve(h, RSPROF_HEAP_FREE_WORDS * 8, &pos)) return;
-    uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
+    uint64_t *d = ring_data(h), m = g_ring_mask, i = pos >> 3;
     d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
     __atomic_store_n(&d[i & m], RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_FREE, 0, flags, t_tid),
                      __ATOMIC_RELEASE);
@@ -2377,13 +2385,21 @@ EXPORT long rsprof_heap_inject_start(long session_pid, unsigned long ring_bytes,
     }
     if (__atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE) != NULL) inject_stop_locked();
     if (g_debug || debug) g_debug = 1;
-    uint64_t bytes = ring_bytes;
-    if (bytes < RSPROF_HEAP_MIN_RING) bytes = RSPROF_HEAP_MIN_RING;
-    if (bytes > RSPROF_HEAP_MAX_RING) bytes = RSPROF_HEAP_MAX_RING;
-    uint64_t pow2 = RSPROF_HEAP_MIN_RING;
-    while (pow2 < bytes) pow2 <<= 1;
-    g_ring_bytes = pow2;
-    g_ring_mask = pow2 / 8 - 1;
+    /* Pass-through while the GOT entries are rewritten: the wrappers record nothing until
+     * the ring exists (below). */
+    __atomic_store_n(&g_disabled, 1, __ATOMIC_RELEASE);
+    /* One ring size for the life of the process: a writer that took the previous ring
+     * just before a stop writes into that ring's old mapping (anonymous memory now) with
+     * the same mask, never past it. */
+    if (g_ring_bytes == 0) {
+        uint64_t bytes = ring_bytes;
+        if (bytes < RSPROF_HEAP_MIN_RING) bytes = RSPROF_HEAP_MIN_RING;
+        if (bytes > RSPROF_HEAP_MAX_RING) bytes = RSPROF_HEAP_MAX_RING;
+        uint64_t pow2 = RSPROF_HEAP_MIN_RING;
+        while (pow2 < bytes) pow2 <<= 1;
+        g_ring_bytes = pow2;
+        g_ring_mask = pow2 / 8 - 1;
+    }
     g_sample_bytes = sample_bytes;
     if (g_sample_bytes) {
         if (g_set == NULL && !set_create()) g_sample_bytes = 0;
@@ -2394,21 +2410,32 @@ EXPORT long rsprof_heap_inject_start(long session_pid, unsigned long ring_bytes,
     g_exit_wait_ms = 0;
     g_wait_ppid = 0;
     g_parent_reader = 0;
-    /* Before the ring is published: threads that see it forget the previous ring's state. */
+    /* The GOT entries first, the ring last: the ring in /dev/shm is what says "recording"
+     * (the recorder attaches it, and a user or a test waiting for it then allocates).
+     * Created first, as it once was, every allocation made while the injecting thread was
+     * still rewriting GOT entries (preempted there on a loaded machine: 8 CPU hogs on 2
+     * cores) went to libc unseen: test_attach_detach_20_times counted 15 of 60 blocks,
+     * those of the injecting thread, which allocated only after the call returned. */
+    result = (long)patch_all(1);
+    /* Before the ring is published (g_hdr, release): a thread that sees it sees these too,
+     * checks the generation, and forgets the previous ring's cached reader position and
+     * named ways (set after it, a thread could write ALLOC_AGAIN records naming ways of the
+     * previous ring, which the new reader drops). */
     __atomic_add_fetch(&g_ring_gen, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_tick_last, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_injected_on, 1, __ATOMIC_RELEASE);
     __atomic_store_n(&g_disabled, 0, __ATOMIC_RELEASE);
     spin_lock(&g_ring_lock);
-    create_ring();
+    /* A wrapper may have created it meanwhile (ring_slow, as under LD_PRELOAD). */
+    if (__atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE) == NULL) create_ring();
     spin_unlock(&g_ring_lock);
-    struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
-    if (h == NULL) {
-        g_disabled = 1;
+    if (__atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE) == NULL) {
+        __atomic_store_n(&g_injected_on, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_disabled, 1, __ATOMIC_RELEASE);
+        patch_all(0);
         result = INJECT_NO_RING;
         goto out;
     }
-    __atomic_store_n(&g_tick_last, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&g_injected_on, 1, __ATOMIC_RELEASE);
-    result = (long)patch_all(1);
 out:
     t_guard--;
     spin_unlock(&g_inject_lock);
