@@ -115,6 +115,11 @@ HEAP_STACKS_MEASURED = 64
 # are read; the readers' memory bounds end it sooner (their dropping is counted), this only
 # guards against a ring that never empties.
 FINAL_ROUNDS = 64
+# After the recording stops, how long the last read waits for records the program had
+# reserved in its ring before the stop to be committed (a writer preempted between the two
+# on a loaded machine; HeapTracker.settle). Bounded: a thread stopped mid-record (SIGSTOP,
+# a debugger) would never commit.
+FINAL_COMMIT_WAIT_S = 1.0
 
 
 def ring_kib_for(options: RecordOptions, copies: int = RING_COPIES[0]) -> int:
@@ -210,6 +215,8 @@ class Recorder:
         self._image_starts: dict[int, list[tuple[int, int]]] = {}
         self._heap_lost_warned = False
         self._heap_unknown_frees = 0  # frees of blocks allocated before the shim came
+        self._stop_marks: dict[tuple[int, int], int] = {}  # ring -> write_pos at the stop
+        self._settle_warned = False
         # More meta, asked for at every checkpoint and written when it changed: how the heap
         # shim was loaded into the attached process (collector/heapattach.py HeapAttach).
         self.extra_meta: Callable[[], dict[str, object]] | None = None
@@ -518,8 +525,8 @@ class Recorder:
             if not waiting:
                 return
             _freeze_garbage_collection()
-            for heap in waiting:
-                heap.drain()
+            self._settle_heaps([(ring, heap) for ring, heap in self._heaps.items()
+                                if heap in waiting])
             self._checkpoint(final=True)
         self.warn("heap events still waiting in a ring after the recording stopped were not"
                   " read")
@@ -550,6 +557,10 @@ class Recorder:
             self.stop_event.set()
 
     def _stop_drain(self, drain: threading.Thread) -> None:
+        # Where each ring's writers were when the recording stopped: everything below is
+        # read before the recording ends (_settle_heaps).
+        self._stop_marks = {ring: heap.reader.write_pos
+                            for ring, heap in list(self._heaps.items())}
         self._drain_stop.set()
         drain.join()
         # From now on every take() may announce as many new stacks as a reader holds.
@@ -559,8 +570,21 @@ class Recorder:
         self.sampler.poll(0)
         if self.options.heap:
             self._scan_heap_rings()
-        for heap in list(self._heaps.values()):
-            heap.drain()
+        for ring, heap in list(self._heaps.items()):
+            self._stop_marks.setdefault(ring, heap.reader.write_pos)  # attached just now
+        self._settle_heaps(list(self._heaps.items()))
+
+    def _settle_heaps(self, heaps: list[tuple[tuple[int, int], HeapTracker]]) -> None:
+        """Reads each ring up to its stop mark, waiting (FINAL_COMMIT_WAIT_S at most) for
+        writers that had reserved a record and not yet committed it."""
+        deadline = time.monotonic() + FINAL_COMMIT_WAIT_S
+        for ring, heap in heaps:
+            if not heap.settle(self._stop_marks.get(ring, 0), deadline) and not self._settle_warned:
+                self._settle_warned = True
+                self.warn(f"heap events of PID {ring[0]} reserved before the recording stopped"
+                          f" were still not written {FINAL_COMMIT_WAIT_S:g} s later (a thread"
+                          " stopped while recording one): they and those after them were"
+                          " not read")
 
     def _scan_heap_rings(self) -> None:
         """Attaches the rings in /dev/shm (one directory read per poll) of the processes

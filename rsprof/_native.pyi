@@ -223,6 +223,13 @@ class HeapReader:
     def deferred(self) -> bool:
         """This take's budget is spent: poll() reads nothing until the next take()."""
     @property
+    def write_pos(self) -> int:
+        """The writers' reservation cursor now, in ring bytes (0 once closed): every record
+        reserved before this moment lies below it."""
+    @property
+    def read_pos(self) -> int:
+        """Ring bytes read so far; a record reserved but not committed yet stops poll()."""
+    @property
     def python_wanted(self) -> bool: ...
     @property
     def shim_flags(self) -> int:
