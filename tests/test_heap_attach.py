@@ -428,3 +428,48 @@ def test_refused_for_a_program_with_its_own_malloc(tmp_path: Path) -> None:
     finally:
         output, status = program.quit()
     assert (output, status) == plain_run(binary, ["alloc 10", "free"])
+
+
+@pytest.mark.parametrize("blocked_in", ["read", "nanosleep"])
+def test_no_system_call_of_the_target_fails_with_eintr(blocked_in: str, tmp_path: Path) -> None:
+    """The injecting thread is stopped with PTRACE_INTERRUPT while it is blocked in a
+    system call: read(2) on its stdin (the program's only thread) or nanosleep(2) (a
+    sleeper thread, tried first). The kernel restarts the call once the thread is let go
+    (ERESTARTSYS, ERESTART_RESTARTBLOCK): the program, which counts EINTRs instead of
+    retrying, sees none in 5 attaches and detaches, and records exactly."""
+    binary = build_target("attach_eintr.c")
+    args = ["sleeper"] if blocked_in == "nanosleep" else []
+    proc = subprocess.Popen([str(binary), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    blocked = {"read": 0, "nanosleep": 230}[blocked_in]  # read, clock_nanosleep
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task"))
+    tid = tids[-1] if blocked_in == "nanosleep" else proc.pid
+
+    def in_call() -> bool:  # the thread is blocked in it (almost always: retried)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            call = Path(f"/proc/{proc.pid}/task/{tid}/syscall").read_text().split()[0]
+            if call == str(blocked):
+                return True
+            time.sleep(0.001)
+        return False
+
+    for cycle in range(5):
+        assert in_call()
+        out = tmp_path / f"e{cycle}.db"
+        recorder = start_attach(proc.pid, out)
+        wait_for_ring(proc.pid, recorder)
+        proc.stdin.write(f"alloc {cycle + 1}\nfree\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == f"done alloc {cycle + 1}\n"
+        assert proc.stdout.readline() == "done free\n"
+        stop_attach(recorder)
+        keep = sites(out)["eintr_keep_site"]
+        assert (keep["alloc_count"], keep["free_count"]) == (cycle + 1, cycle + 1), cycle
+        assert int(profile_meta(out)["heap_attach_tries"]) >= 1
+    proc.stdin.write("quit\n")
+    proc.stdin.close()
+    assert proc.stdout.read() == "eintr read 0 sleep 0\n"
+    assert proc.wait(30) == 0
