@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import build_target, heap_rings, profile_meta, rsprof_env, top_json
+from conftest import (
+    PYTHONS,
+    build_target,
+    heap_rings,
+    profile_meta,
+    python_binary,
+    rsprof_env,
+    top_json,
+)
 
 THREADS, BLOCK = 4, 4000
 INJECT_NAME = "librsprof_heap_inject.so"
@@ -355,12 +363,14 @@ def test_attach_detach_20_times_sqlite3(tmp_path: Path) -> None:
     assert heap_seen > 0
 
 
-@pytest.mark.skipif(shutil.which("python3") is None, reason="needs python3")
-def test_attach_python_allocations_at_their_lines(tmp_path: Path) -> None:
-    """A CPython program started without rsprof: its allocations since the attach are
-    charged to the Python lines that made them, as under `rsprof run`."""
+@pytest.mark.parametrize("python", list(PYTHONS))
+def test_attach_python_allocations_at_their_lines(python: str, tmp_path: Path) -> None:
+    """A CPython program started without rsprof (Debian's 3.11, pyenv's 3.12 and 3.13):
+    its allocations since the attach are charged to the Python lines that made them, as
+    under `rsprof run`."""
+    binary = python_binary(python)
     script = Path(__file__).parent / "targets" / "attach_py.py"
-    proc = subprocess.Popen(["python3", str(script)], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([str(binary), str(script)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
     lines = [proc.stdout.readline()]
