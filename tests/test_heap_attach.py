@@ -177,6 +177,32 @@ def test_attach_tracks_every_block_at_its_call_site(alloc_binary: Path, tmp_path
                                for t in keep_stacks), keep_stacks[:1]
 
 
+def test_attach_needs_no_pyelftools(alloc_binary: Path, tmp_path: Path) -> None:
+    """pyelftools is not a dependency of rsprof (only of its tests): with `elftools`
+    unimportable, rsprof and its ptrace helper attach and record exactly. (The helper read
+    libc's symbols with pyelftools: in a plain install it failed to import it, and heap
+    attach was off for every process.)"""
+    blocked = tmp_path / "blocked"
+    (blocked / "elftools").mkdir(parents=True)
+    (blocked / "elftools" / "__init__.py").write_text(
+        "raise ImportError('pyelftools is not installed here')\n")
+    env = rsprof_env()
+    env["PYTHONPATH"] = f"{blocked}{os.pathsep}{env['PYTHONPATH']}"
+    program = Program(alloc_binary)
+    out = tmp_path / "plain.db"
+    recorder = subprocess.Popen(
+        [sys.executable, "-P", "-m", "rsprof", "-p", str(program.pid), "-q", "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        env=env)
+    wait_for_ring(program.pid, recorder)
+    program.command("alloc 10")
+    stderr = stop_attach(recorder)
+    assert "heap since attach at" in stderr and "heap off" not in stderr, stderr
+    keep = sites(out)["attach_keep_site"]
+    assert (keep["alloc_count"], keep["total_alloc_bytes"]) == (10 * THREADS, 10 * THREADS * BLOCK)
+    program.quit()
+
+
 def test_no_heap_loads_nothing(alloc_binary: Path, tmp_path: Path) -> None:
     program = Program(alloc_binary)
     out = tmp_path / "cpu.db"
