@@ -96,7 +96,14 @@ def wait_for_ring(pid: int, recorder: subprocess.Popen[str], timeout: float = 20
     start = time.monotonic()
     while not heap_rings(pid):
         assert recorder.poll() is None, recorder.communicate()
-        assert time.monotonic() - start < timeout, "no heap ring appeared"
+        if time.monotonic() - start >= timeout:
+            recorder.send_signal(signal.SIGINT)  # what it said, and where it was
+            try:
+                _, said = recorder.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                recorder.kill()
+                _, said = recorder.communicate()
+            raise AssertionError(f"no heap ring appeared in {timeout} s; rsprof said: {said}")
         time.sleep(0.005)
     return time.monotonic() - start
 
