@@ -585,20 +585,36 @@ HELPER_TIMEOUT_S = 60.0
 
 def _helper(*args: str) -> dict[str, Any]:
     """Runs this module as the ptrace helper; its one line of JSON as a dict ({} when the
-    process is gone)."""
+    process is gone). A helper that has not answered in HELPER_TIMEOUT_S is left to finish,
+    never killed: killed in the middle of a call (subprocess.run's timeout sends SIGKILL),
+    it would leave the target's thread returning to address 0, and the target would die of
+    SIGSEGV. (Seen on the shared 2-core machine at load average 26-42: an inject helper
+    still running after 60 s.) Once it has loaded the shim for an rsprof that stopped
+    waiting, the shim stops by itself when that rsprof has exited."""
     try:
-        done = subprocess.run(
+        helper = subprocess.Popen(
             [sys.executable, "-P", "-m", "rsprof.collector.heapattach", *args],
-            capture_output=True, text=True, timeout=HELPER_TIMEOUT_S, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
             stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as error:
+    except OSError as error:
         return {"refused": f"the ptrace helper failed ({error})"}
     try:
-        answer = json.loads(done.stdout.strip().splitlines()[-1])
+        stdout, stderr = helper.communicate(timeout=HELPER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _abandoned.append(helper)  # reaped if it ends before rsprof does; never killed
+        return {"refused": f"the ptrace helper did not answer in {HELPER_TIMEOUT_S:g} s"
+                           " (left to finish its calls)"}
+    try:
+        answer = json.loads(stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        why = done.stderr.strip().splitlines()[-1:] or [f"status {done.returncode}"]
+        why = stderr.strip().splitlines()[-1:] or [f"status {helper.returncode}"]
         return {"refused": f"the ptrace helper failed ({why[0]})"}
     return answer if isinstance(answer, dict) else {}
+
+
+# Helpers that did not answer in time: kept referenced (a Popen collected while its process
+# runs only warns), never killed (see _helper).
+_abandoned: list[subprocess.Popen[str]] = []
 
 
 def _serve(argv: list[str]) -> dict[str, Any]:

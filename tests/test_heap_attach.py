@@ -522,3 +522,23 @@ def test_no_system_call_of_the_target_fails_with_eintr(blocked_in: str, tmp_path
     proc.stdin.close()
     assert proc.stdout.read() == "eintr read 0 sleep 0\n"
     assert proc.wait(30) == 0
+
+
+def test_a_slow_ptrace_helper_is_never_killed(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A helper that has not answered in time may be in the middle of a call in the target
+    (whose thread then returns to address 0 unless the helper puts it back): rsprof stops
+    waiting for it, says so, and lets it finish. Killed by a timeout, as it once was, the
+    target died of SIGSEGV."""
+    from rsprof.collector import heapattach
+
+    slow = tmp_path / "slow-helper"
+    slow.write_text("#!/bin/sh\nsleep 1\necho '{\"injected\": null}'\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(heapattach.sys, "executable", str(slow))
+    monkeypatch.setattr(heapattach, "HELPER_TIMEOUT_S", 0.2)
+    answer = heapattach._helper("inject", "1", "2")
+    assert "did not answer in 0.2 s" in str(answer.get("refused")), answer
+    helper = heapattach._abandoned[-1]
+    assert helper.poll() is None  # still running: not killed
+    assert helper.wait(30) == 0  # and it finished its work
