@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Real programs under `rsprof run` (heap shim on, CPU at 999 Hz, children followed) beside
 the same programs alone and under heaptrack, in one run. The programs are Debian's own,
-built -O2 without frame pointers; tests/test_real_programs.py checks the same programs
+built -O2 without frame pointers; tests/system/test_real_programs.py checks the same programs
 behave unchanged. Two tables:
 
 wall clock   median wall seconds of --repeat runs of plain, `rsprof run` and heaptrack,
@@ -19,7 +19,7 @@ target CPU   median CPU seconds (user + sys) of the program itself, not of rspro
              be traced in place of the program). The same wrapper runs in all four modes;
              the rounds are interleaved (plain, --no-heap, heap on, heaptrack per round).
 
-Besides the programs of tests/test_real_programs.py, three malloc-heavy ones (HEAP_HEAVY:
+Besides the programs of tests/system/test_real_programs.py, three malloc-heavy ones (HEAP_HEAVY:
 sqlite3 inserting 150,000 rows, perl and gawk over a generated 400,000-line CSV) are the
 workloads of issue 20. For those the first round's profiles are also checked against
 heaptrack's: the number of allocation calls and the bytes they asked for, summed over

@@ -74,6 +74,9 @@ def create_static(path: Path, functions: int = FUNCTIONS) -> None:
     conn.executemany("INSERT INTO frame_locations VALUES (?, 0, ?)", [(i, i) for i, *_ in rows])
     conn.executemany("INSERT INTO stacks VALUES (?, 1)", [(i,) for i, *_ in rows])
     conn.executemany("INSERT INTO stack_frames VALUES (?, 0, ?)", [(i, i) for i, *_ in rows])
+    # one allocating stack per heap site (its stack id is its location id), its own site
+    conn.executemany("INSERT INTO heap_call_sites VALUES (?, 0, 0, ?)",
+                     [(i, i) for i in range(functions + 1, functions + SITES + 1)])
     conn.executemany(
         "INSERT INTO threads (tid, name) VALUES (?, ?)",
         [(1000 + t, f"worker-{t}") for t in range(THREADS)],
@@ -126,9 +129,7 @@ class Writer:
         c.executemany(
             "INSERT INTO cpu_samples VALUES (?, ?, ?)", [(i, f, n) for f, n in per_loc.items()]
         )
-        c.executemany("INSERT INTO heap_site_samples VALUES (?, ?, ?, ?, ?, ?, ?)", heap_rows)
-        # One allocating stack per site (its stack id is its location id), as the TUI reads
-        c.executemany("INSERT INTO heap_stack_samples VALUES (?, ?, ?, ?, ?, ?)",
+        c.executemany("INSERT INTO heap_deltas VALUES (?, ?, 1, 1000, ?, ?, ?, ?)",
                       [row[:6] for row in heap_rows])
 
 

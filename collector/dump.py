@@ -138,7 +138,7 @@ def _symbolize(pid: int, reader: PyFrameReader | None, chains: list[tuple[int, l
                 resolver.add_mapping(mapping)
             stored = resolver.resolve_stacks(chains, python_read_late=False)
             for thread, (tid, _) in zip(threads, chains):
-                for frame_id in resolver.stack_frames[stored[tid]]:
+                for frame_id in resolver.ids.stack_frames[stored[tid]]:
                     path, locations = resolver.frame_info.get(frame_id, ("", ()))
                     if not locations or locations[0].function == KERNEL_FUNCTION:
                         continue

@@ -19,7 +19,8 @@ from rsprof.collector.pyframes import splice_plan, split_python
 from rsprof.collector.shimframes import ShimFrames
 from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.callsite import PYTHON_ADDRESS_BASE
-from rsprof.storage.writer import LocationKey, ProfileWriter
+from rsprof.storage.intern import LocationKey
+from rsprof.storage.writer import ProfileWriter
 
 from rsprof._native import KERNEL_ADDRESS, PY_MARK_SAMPLED, TRUNCATED_ADDRESS, PyFrameReader
 
@@ -65,6 +66,7 @@ class FrameResolver:
     def __init__(self, pid: int, writer: ProfileWriter, symbolizer: Symbolizer) -> None:
         self.pid = pid
         self.writer = writer
+        self.ids = writer.ids  # frames and stacks are interned there, stored at checkpoints
         self.symbolizer = symbolizer
         self.space = AddressSpace()
         self._modules: dict[str, Module | None] = {}
@@ -73,7 +75,6 @@ class FrameResolver:
         self._frame_ids: dict[tuple[int, bool], int] = {}
         # frame id -> (module path, inline chain innermost first), for call-site rules.
         self.frame_info: dict[int, tuple[str, tuple[LocationKey, ...]]] = {}
-        self.stack_frames: dict[int, tuple[int, ...]] = {}
         # JIT code's names (/tmp/perf-PID.map), opened when an anonymous mapping is met;
         # a forked child without a map of its own falls back to its parent's.
         self._perfmap: PerfMap | None = None
@@ -111,7 +112,6 @@ class FrameResolver:
         other._modules = self._modules
         other._module_ids = self._module_ids
         other.frame_info = self.frame_info
-        other.stack_frames = self.stack_frames
         other._py_frame_ids = self._py_frame_ids  # frame ids are global
         other.shim = self.shim
         other.heap_tracking_stacks = self.heap_tracking_stacks
@@ -129,7 +129,7 @@ class FrameResolver:
             self._save_vdso(mapping)
         self.space.add(mapping)
         module_id = self._module_id(mapping.path, mapping.build_id)
-        self.writer.add_mapping(module_id, mapping.start, mapping.end, mapping.file_offset)
+        self.ids.add_mapping(module_id, mapping.start, mapping.end, mapping.file_offset)
 
     def _add_missed_mappings(self) -> None:
         """Adds the anonymous executable mappings (JIT code) /proc/PID/maps has and the
@@ -200,7 +200,7 @@ class FrameResolver:
             module = self._open_module(path)
             if module is not None and module.build_id:
                 build_id = module.build_id
-            found = self._module_ids[path] = self.writer.module_id(path, build_id)
+            found = self._module_ids[path] = self.ids.module_id(path, build_id)
         return found
 
     # -- stacks --------------------------------------------------------------------------
@@ -249,10 +249,9 @@ class FrameResolver:
                                       python_read_late and native_id not in sampled,
                                       native_id in sampled)
             frames = self.shim.rewrite(frames)
-            stack_id = resolved[native_id] = self.writer.stack_id(frames)
+            stack_id = resolved[native_id] = self.ids.stack_id(frames)
             if frames and frames[0] == self.shim.tracking_frame:
                 self.heap_tracking_stacks.add(stack_id)
-            self.stack_frames[stack_id] = frames
         return resolved
 
     def _is_return(self, ips: Sequence[int], position: int, leaf_is_return: bool) -> bool:
@@ -343,9 +342,9 @@ class FrameResolver:
             return found
         qualname, file, first_line = self._py_functions.get(function, (f"[python {function}]",
                                                                         "", 0))
-        module_id = self.writer.module_id(file, None)
+        module_id = self.ids.module_id(file, None)
         location = LocationKey(qualname, file, line, module_id)
-        found = self.writer.frame_id(python_address(qualname, first_line, line), module_id,
+        found = self.ids.frame_id(python_address(qualname, first_line, line), module_id,
                                      line, [location])
         self._py_frames[key] = found
         self._py_frame_ids.add(found)
@@ -368,7 +367,7 @@ class FrameResolver:
                         continue
                     name = f"0x{address:x}"
                     location = LocationKey(name, "", 0, None)
-                    frame_id = self.writer.frame_id(address, None, None, [location])
+                    frame_id = self.ids.frame_id(address, None, None, [location])
                     self._frame_ids[(address, is_caller)] = frame_id
                     self.frame_info[frame_id] = ("", (location,))
                 continue
@@ -394,7 +393,7 @@ class FrameResolver:
         """A pseudo-frame ([truncated], [kernel], [rsprof heap tracking]) at an address that
         is never code."""
         location = LocationKey(name, "", 0, None)
-        frame_id = self.writer.frame_id(address, None, None, [location])
+        frame_id = self.ids.frame_id(address, None, None, [location])
         self.frame_info[frame_id] = ("", (location,))
         return frame_id
 
@@ -418,7 +417,7 @@ class FrameResolver:
                 LocationKey(frame.function, frame.file, frame.line, module_id, frame.system_name)
                 for frame in chain
             ]
-            frame_id = self.writer.frame_id(address, module_id, vaddr, locations)
+            frame_id = self.ids.frame_id(address, module_id, vaddr, locations)
             self._frame_ids[(address, is_caller)] = frame_id
             self.frame_info[frame_id] = (mapping.path, tuple(locations))
 
@@ -454,6 +453,6 @@ class FrameResolver:
                 system = symbol.raw if symbol.raw != symbol.function else None
                 location = LocationKey(symbol.function, symbol.file, symbol.line, module_id,
                                        system)
-            frame_id = self.writer.frame_id(address, module_id, None, [location])
+            frame_id = self.ids.frame_id(address, module_id, None, [location])
             self._frame_ids[(address, is_caller)] = frame_id
             self.frame_info[frame_id] = (mapping.path, (location,))

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from rsprof.collector import process
 from rsprof.collector.frames import FrameResolver
-from rsprof.storage.callsite import call_site
-from rsprof.storage.writer import Checkpoint, HeapDelta
+from rsprof.storage.callsite import call_site_position
+from rsprof.storage.writer import Checkpoint, HeapCallSite, HeapDelta
 
 from rsprof._native import HeapBatch, HeapReader, PyFrameReader
 
@@ -44,10 +44,9 @@ class HeapParts:
     """What the heap trackers add up for one checkpoint (mutable while they fill it; the
     checkpoint gets it once they are done)."""
 
-    heap: dict[int, HeapDelta] = field(default_factory=dict)  # stack_id -> delta
-    sites: dict[int, int] = field(default_factory=dict)  # stack_id -> site location_id
-    by_pid: dict[int, dict[int, HeapDelta]] = field(default_factory=dict)
-    by_tid: dict[tuple[int, int], dict[int, HeapDelta]] = field(default_factory=dict)
+    # (pid, tid) -> stack_id -> delta, by the process and thread that allocated
+    deltas: dict[tuple[int, int], dict[int, HeapDelta]] = field(default_factory=dict)
+    call_sites: dict[int, HeapCallSite] = field(default_factory=dict)  # of those stacks
     events: int = 0
     lost: int = 0
     # Frees of blocks the reader never saw allocated (allocated before the shim came, when
@@ -55,12 +54,15 @@ class HeapParts:
     unknown_frees: int = 0
 
     def into(self, checkpoint: Checkpoint) -> None:
-        checkpoint.heap = self.heap
-        checkpoint.heap_sites = self.sites
-        checkpoint.heap_by_pid = {pid: deltas for pid, deltas in self.by_pid.items() if deltas}
-        checkpoint.heap_by_tid = self.by_tid
+        checkpoint.heap = {key: deltas for key, deltas in self.deltas.items() if deltas}
+        checkpoint.heap_call_sites = self.call_sites
         checkpoint.heap_events = self.events
         checkpoint.heap_lost_events = self.lost
+
+    def live_bytes_change(self) -> int:
+        """Bytes allocated minus bytes freed in this checkpoint, all processes."""
+        return sum(d.alloc_bytes - d.free_bytes
+                   for deltas in self.deltas.values() for d in deltas.values())
 
 
 class PythonNotYet(Exception):
@@ -89,7 +91,7 @@ class HeapTracker:
         # None when the process was gone before the ring was attached).
         self.image: int | None = None
         self._native_to_stored: dict[int, int] = {}
-        self._site_of_stack: dict[int, int] = {}
+        self._site_of_stack: dict[int, HeapCallSite] = {}
         self.sample_bytes = 0
         self.mode = "full"
         self.shim_flags = 0  # the ring header's flags, as of the last take()
@@ -259,44 +261,43 @@ class HeapTracker:
                                               leaf_is_return=True)
         self._native_to_stored.update(stored)
         for stack_id in stored.values():
-            self._site_of_stack.setdefault(stack_id, self._site_location(stack_id))
+            self._site_of_stack.setdefault(stack_id, self._call_site(stack_id))
         self.last_resolve = (len(batch.new_stacks), time.monotonic() - started)
         # Added to what the checkpoint has already (an exec'd process's old and new rings
         # may both be read in one interval), in place: a shell script's hundred children
         # are a hundred trackers in one checkpoint.
+        # Per allocating thread: the C reader charges every event to its stack's total and
+        # to its (stack, thread) entry alike, so the thread rows add up to the stack's.
         pid = self.reader.pid
-        mine = parts.by_pid.setdefault(pid, {})
-        for native_id, alloc_bytes, alloc_count, free_bytes, free_count in batch.sites:
-            stack_id = self._native_to_stored[native_id]
-            change = HeapDelta(alloc_bytes, alloc_count, free_bytes, free_count)
-            parts.heap.setdefault(stack_id, HeapDelta()).add(change)
-            mine.setdefault(stack_id, HeapDelta()).add(change)
-            parts.sites[stack_id] = self._site_of_stack[stack_id]
         for native_id, tid, alloc_bytes, alloc_count, free_bytes, free_count in (
             batch.thread_sites
         ):
             stack_id = self._native_to_stored[native_id]
-            parts.by_tid.setdefault((pid, tid), {}).setdefault(stack_id, HeapDelta()).add(
+            parts.deltas.setdefault((pid, tid), {}).setdefault(stack_id, HeapDelta()).add(
                 HeapDelta(alloc_bytes, alloc_count, free_bytes, free_count))
+            parts.call_sites[stack_id] = self._site_of_stack[stack_id]
         parts.events += batch.events
         # Lost by the shim (ring full) or dropped by the reader's bounds (a flood).
         parts.lost += batch.lost + batch.dropped
         parts.unknown_frees += batch.unknown_frees
         return bool(batch.exited or batch.execed)
 
-    def _site_location(self, stack_id: int) -> int:
-        frame_ids = self.resolver.stack_frames[stack_id]
+    def _call_site(self, stack_id: int) -> HeapCallSite:
+        """The stack's call site (`storage.callsite`'s rule), chosen here once: readers
+        cut the stack there and sum sites by its location."""
+        frame_ids = self.resolver.ids.stack_frames[stack_id]
+        frames = [self.resolver.frame_info[fid] for fid in frame_ids]
         # An allocation made by Python code is charged to the Python line that made it
         # (as memray does): the innermost Python frame, whatever interpreter or extension
         # C code lies between it and malloc (the full stack keeps those).
-        python = next((fid for fid in frame_ids if self.resolver.is_python_frame(fid)), None)
-        if python is not None:
-            return self.resolver.writer.location_id(self.resolver.frame_info[python][1][0])
-        frames = [self.resolver.frame_info[fid] for fid in frame_ids]
-        site = call_site(frames)
-        if site is None:
-            site = frames[0][1][0]
-        return self.resolver.writer.location_id(site)
+        python = next((i for i, fid in enumerate(frame_ids)
+                       if self.resolver.is_python_frame(fid)), None)
+        position = (python, 0) if python is not None else call_site_position(frames)
+        if position is None:
+            position = (0, 0)  # no location at all: the leaf (named by its address)
+        frame, depth = position
+        return HeapCallSite(frame, depth,
+                            self.resolver.ids.location_id(frames[frame][1][depth]))
 
     def close(self) -> None:
         with self._lock:

@@ -5,7 +5,7 @@ maps), reads its version from the `Py_Version` constant in the file, locates `_P
 `PyCode_Type` and `PyUnicode_Type` from the ELF symbol tables and the load address, and
 gives the C reader the structure offsets: 3.13's own `_Py_DebugOffsets`, else those of the
 minor version in the table below (generated
-by tests/targets/pyoffsets.c from each version's own headers; tests/test_pyframes.py checks
+by tests/targets/pyoffsets.c from each version's own headers; tests/system/test_pyframes.py checks
 it against every installed Python). Nothing is written to or stops the target.
 """
 

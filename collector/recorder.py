@@ -36,7 +36,9 @@ from rsprof._native import (
     HEAP_RING_HEADER_SIZE,
     HEAP_RING_NAME_PREFIX,
     HEAP_RING_SUFFIX_HEX,
+    HeapBatch,
     HeapReader,
+    PerfBatch,
     PerfMmap,
     PerfSampler,
     PyFrameReader,
@@ -688,6 +690,34 @@ class Recorder:
                         if self._heap_image_known(ring[0], heap, final)]
         self.sampler.poll(0)
         batch = self.sampler.take()
+        self._follow_processes(batch)
+        renamed = self._follow_threads(batch)
+        cpu = self._resolve_cpu(batch)
+        self._exited.update(batch.exited_threads)
+        checkpoint = Checkpoint(
+            timestamp_ms=int(time.time() * 1000),
+            samples=batch.samples,
+            lost_samples=batch.lost,
+            cpu=cpu,
+            threads={tid: self._python_names.get(tid) or self._thread_names.get(tid)
+                     for tid in {tid for (_, tid) in cpu} | set(self._new_tids()) | renamed},
+            thread_comms=self._thread_names,
+            thread_pids=self._thread_pids,
+            exited_threads=batch.exited_threads,
+        )
+        heap_parts = self._fill_heap(heap_batches, final)
+        heap_parts.into(checkpoint)
+        self._write_heap_meta(heap_parts)
+        self._measure_target(checkpoint)
+        if len(self.warnings) != self._warnings_written:
+            self._warnings_written = len(self.warnings)
+            self.writer.set_meta({"warnings": "\n".join(self.warnings)})
+        self.writer.write_checkpoint(checkpoint)
+        self._count(batch, heap_parts, cpu)
+        return not self._target_alive()
+
+    def _follow_processes(self, batch: PerfBatch) -> None:
+        """Forks, execs and exits, and the mappings each process image has."""
         names = dict(batch.comms)
         # A fork copies its parent's mappings, those the parent mapped in this batch too
         # (seen: `rsprof run python3` forking within its first second: every stack of the
@@ -706,16 +736,26 @@ class Recorder:
                 # the mapping of the file the kernel named, is the next best thing.
                 self._unnamed_images[image] = names[pid]
         self._add_mmaps([mmap for mmaps in pending.values() for mmap in mmaps])
+
+    def _follow_threads(self, batch: PerfBatch) -> set[int]:
+        """New threads and their names; returns the tids whose name changed."""
         for pid, tid in batch.new_threads:
             self._thread_pids[tid] = pid
-            self._thread_names.setdefault(tid, process.thread_name(pid, tid))
+            # Gone before its name could be read: a new thread starts with the comm of the
+            # thread that made it, the process's as far as rsprof knows.
+            self._thread_names.setdefault(
+                tid, process.thread_name(pid, tid) or self._thread_names.get(pid))
             self._python_names.pop(tid, None)  # a reused tid: not the old thread's name
         for tid, name in batch.comms:
             self._thread_names[tid] = name
             # The kernel renamed it (an exec, or prctl): a Python name read before may be
             # the old program's. Still a Python thread, it is read again just below.
             self._python_names.pop(tid, None)
-        renamed = self._read_python_names() | {tid for tid, _ in batch.comms}
+        return self._read_python_names() | {tid for tid, _ in batch.comms}
+
+    def _resolve_cpu(self, batch: PerfBatch) -> dict[tuple[int, int], int]:
+        """The batch's new stacks symbolized by their image's resolver; returns the
+        samples per (stored stack, tid)."""
         by_image: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
         for native_id, image, ips in batch.new_stacks:
             by_image.setdefault(image, []).append((native_id, ips))
@@ -728,19 +768,14 @@ class Recorder:
         for native_id, tid, count in batch.counts:
             key = (self._native_to_stored[native_id], tid)
             cpu[key] = cpu.get(key, 0) + count
-        seen_tids = {tid for (_, tid) in cpu}
-        self._exited.update(batch.exited_threads)
-        checkpoint = Checkpoint(
-            timestamp_ms=int(time.time() * 1000),
-            samples=batch.samples,
-            lost_samples=batch.lost,
-            cpu=cpu,
-            threads={tid: self._python_names.get(tid) or self._thread_names.get(tid)
-                     for tid in seen_tids | set(self._new_tids()) | renamed},
-            thread_comms=self._thread_names,
-            thread_pids=self._thread_pids,
-            exited_threads=batch.exited_threads,
-        )
+        return cpu
+
+    def _fill_heap(
+        self, heap_batches: list[tuple[tuple[int, int], HeapTracker, HeapBatch | None]],
+        final: bool,
+    ) -> HeapParts:
+        """What every ring's batch adds to this checkpoint; rings whose process exec'd or
+        exited are read to their end and closed."""
         heap_parts = HeapParts()
         for ring, heap, heap_batch in heap_batches:
             if heap_batch is None:
@@ -777,7 +812,11 @@ class Recorder:
                 heap.close()
                 del self._heaps[ring]
                 _remove_left_ring(name, ring[1])
-        heap_parts.into(checkpoint)
+        return heap_parts
+
+    def _write_heap_meta(self, heap_parts: HeapParts) -> None:
+        """Heap meta that changed: the attach's (extra_meta), unknown frees, lost events
+        (warned once), Python frames decoded, the heap mode and what the shims miss."""
         if self.extra_meta is not None:
             extra = self.extra_meta()
             if extra != self._extra_meta_written:
@@ -807,17 +846,15 @@ class Recorder:
             if self._heap_missed:
                 meta["heap_missed"] = self._heap_missed
             self.writer.set_meta(meta)
-        self._measure_target(checkpoint)
-        if len(self.warnings) != self._warnings_written:
-            self._warnings_written = len(self.warnings)
-            self.writer.set_meta({"warnings": "\n".join(self.warnings)})
-        self.writer.write_checkpoint(checkpoint)
+
+    def _count(self, batch: PerfBatch, heap_parts: HeapParts,
+               cpu: dict[tuple[int, int], int]) -> None:
+        """The recording's running totals (the progress line, the summary, meta)."""
         totals = self._totals
         totals.checkpoints += 1
         totals.samples += batch.samples
         totals.lost_samples += batch.lost
-        totals.heap_live_bytes += sum(d.alloc_bytes - d.free_bytes
-                                      for d in heap_parts.heap.values())
+        totals.heap_live_bytes += heap_parts.live_bytes_change()
         if self._python is not None and self._python.runtimes:
             self._write_python_meta()
         self._count_heap_tracking(cpu)
@@ -825,7 +862,6 @@ class Recorder:
             totals.truncated_samples += batch.truncated
             # counted in the profile, so `top` can say how many stacks are incomplete
             self.writer.set_meta({"truncated_samples": totals.truncated_samples})
-        return not self._target_alive()
 
     def _measure_heap_stacks(self, stacks: int, seconds: float) -> None:
         """Sizes every heap reader's budget of new stacks per take() so that symbolizing a
@@ -895,7 +931,12 @@ class Recorder:
             "python_bpf_ip_mismatch": stats["bpf_ip_mismatch"],
             "python_bpf_unpaired_records": stats["bpf_unpaired"],
             "python_bpf_ring_full": stats["bpf_ring_full"],
+            # 3.11/3.12: the innermost _PyCFrame was being set up: read from the caller's
+            "python_bpf_outer": stats["bpf_outer"],
             "python_bpf_pair_dt_ns": f"{stats['bpf_dt_min_ns']}..{stats['bpf_dt_max_ns']}",
+            # samples of an interpreter's process taken before rsprof found the interpreter
+            # (its start-up, while libpython was being mapped): native frames only
+            "python_before_reader": stats["before_reader"],
             "python_walks": walks,
             "python_spliced": sum(r.python_spliced for r in resolvers.values()),
             "python_between": sum(r.python_between for r in resolvers.values()),

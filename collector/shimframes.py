@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from rsprof.collector.symbols import demangle
 from rsprof.collector.symbols.elf import ElfError, ElfFile
-from rsprof.storage.writer import LocationKey
+from rsprof.storage.intern import LocationKey
 
 HEAP_TRACKING_FUNCTION = "[rsprof heap tracking]"
 # Pseudo-addresses that are never code: the first page is never mapped ([truncated] is 0,

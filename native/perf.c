@@ -126,6 +126,7 @@ typedef struct {
     uint64_t bpf_frames;
     uint64_t bpf_ip_mismatch;  /* records of the thread near the sample with another ip */
     uint64_t bpf_records, bpf_unpaired;  /* records consumed; forgotten without a sample */
+    uint64_t before_reader;  /* samples of a CPython image drained before set_python found it */
     int64_t bpf_dt_min, bpf_dt_max;      /* record time - sample time of the pairs (ns) */
 } perf_py_stats;
 
@@ -251,6 +252,11 @@ typedef struct {
     uint64_t *chain;         /* PERF_MAX_CHAIN + 1 entries: image, then the call chain */
     perf_py *py;             /* Python frame readers by image (set_python) */
     size_t n_py, cap_py;
+    /* Samples drained per image, indexed by image number, while it has no reader: at
+     * set_python they are the image's samples that could not get Python frames (the
+     * interpreter's start-up before rsprof found it), counted in before_reader. */
+    uint64_t *image_samples;
+    size_t cap_image_samples;
     perf_py_stats py_stats;
     rs_pyframe *pyframes;    /* RS_PY_MAX_DEPTH entries, the walk's output */
     rs_pybpf *bpf;           /* the BPF sampler of Python frames; NULL: drain time only */
@@ -757,7 +763,18 @@ static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, 
     perf_py *py = NULL;
     for (size_t i = 0; i < self->n_py; i++)
         if (self->py[i].image == image) py = &self->py[i];
-    if (py == NULL || self->pyframes == NULL) return depth;
+    if (py == NULL || self->pyframes == NULL) {
+        size_t had = self->cap_image_samples;
+        if (image < (1u << 20) &&
+            perf_vec_reserve((void **)&self->image_samples, &self->cap_image_samples,
+                             (size_t)image + 1, sizeof(uint64_t))) {
+            /* realloc leaves the grown part as it was: counters start at zero */
+            memset(self->image_samples + had, 0,
+                   (self->cap_image_samples - had) * sizeof(uint64_t));
+            self->image_samples[image]++;
+        }
+        return depth;
+    }
     if (time > self->bpf_last_time) self->bpf_last_time = time;
     if (py->bpf_since != 0 && time >= py->bpf_since)
         return perf_add_python_bpf(self, py, tid, time, ip, depth);
@@ -1343,6 +1360,7 @@ static void PerfSampler_dealloc(PerfSampler *self) {
     for (size_t i = 0; i < self->n_spaces; i++) rs_space_free(self->spaces[i]);
     free(self->spaces);
     free(self->space_images);
+    free(self->image_samples);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1791,6 +1809,10 @@ static PyObject *PerfSampler_set_python(PerfSampler *self, PyObject *args) {
         } else {
             Py_INCREF(reader);
             perf_py entry = {image, reader, core, lock, 0, 0};
+            if (image < self->cap_image_samples) {
+                self->py_stats.before_reader += self->image_samples[image];
+                self->image_samples[image] = 0;
+            }
             if (self->bpf != NULL) {
                 /* From now on the program reads this process's frames at sample time; the
                  * samples taken before (the program did not know the process) are read at
@@ -1841,7 +1863,7 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
         (unsigned long long)st.stale_over_1ms, "walk_ns_sum", (unsigned long long)st.walk_ns_sum,
         "stale_log2_us", hist);
     PyObject *more = Py_BuildValue(
-        "{sssssKsKsKsKsKsKsKsKsKsKsLsLsKsK}", "mode", bpf ? "bpf" : "drain", "bpf_error",
+        "{sssssKsKsKsKsKsKsKsKsKsKsLsLsKsKsKsK}", "mode", bpf ? "bpf" : "drain", "bpf_error",
         bpf_error, "bpf_attached", (unsigned long long)st.bpf_attached, "bpf_missing",
         (unsigned long long)st.bpf_missing, "bpf_empty", (unsigned long long)st.bpf_empty,
         "bpf_fault", (unsigned long long)st.bpf_fault, "bpf_truncated",
@@ -1851,7 +1873,9 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
         "bpf_unpaired", (unsigned long long)st.bpf_unpaired, "bpf_dt_min_ns",
         (long long)st.bpf_dt_min, "bpf_dt_max_ns", (long long)st.bpf_dt_max, "bpf_runs",
         (unsigned long long)counters[RS_BPF_RUNS], "bpf_ring_full",
-        (unsigned long long)counters[RS_BPF_RB_FULL]);
+        (unsigned long long)counters[RS_BPF_RB_FULL], "before_reader",
+        (unsigned long long)st.before_reader, "bpf_outer",
+        (unsigned long long)counters[RS_BPF_OUTER]);
     if (stats == NULL || more == NULL || PyDict_Update(stats, more) < 0) {
         Py_XDECREF(stats);
         Py_XDECREF(more);

@@ -453,6 +453,9 @@ void rs_pyreader_bpf_config(const rs_pyreader *r, struct rs_bpf_config *cfg, int
     cfg->tstate_native_thread_id = (int)r->off[O_TSTATE_NATIVE_THREAD_ID];
     cfg->tstate_cframe = (int)r->off[O_TSTATE_CFRAME];
     cfg->cframe_current_frame = (int)r->off[O_CFRAME_CURRENT_FRAME];
+    /* _PyCFrame is {uint8_t use_tracing; current_frame; previous} in 3.11 and {current_frame;
+     * previous} in 3.12: `previous` is the pointer after `current_frame` in both. */
+    cfg->cframe_previous = cfg->cframe_current_frame >= 0 ? cfg->cframe_current_frame + 8 : -1;
     cfg->tstate_current_frame = (int)r->off[O_TSTATE_CURRENT_FRAME];
     cfg->frame_code = (int)r->off[O_FRAME_CODE];
     cfg->frame_instr = (int)r->off[O_FRAME_INSTR];

@@ -11,6 +11,7 @@ from pathlib import Path
 from rsprof.storage.errors import ProfileError
 from rsprof.storage.granularity import Entry, EntryTable, entry
 from rsprof.storage.reader import Profile, ProfileSummary
+from rsprof.storage.samples import heap_deltas_source
 from rsprof.storage.selection import WHOLE_CPU_PROFILE, SampleQuery, Selection, select
 
 
@@ -164,7 +165,8 @@ def heap_mode(profile: Profile) -> str:
     """'none' when the target ran without the shim (and no heap rows exist)."""
     mode = profile.meta().get("heap_mode", "none")
     if mode == "none":
-        rows = profile.rows("SELECT 1 FROM heap_site_samples LIMIT 1")
+        table, _, _ = heap_deltas_source(profile.has)
+        rows = profile.rows(f"SELECT 1 FROM {table} LIMIT 1")
         return "full" if rows else "none"
     return mode
 

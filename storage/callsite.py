@@ -12,7 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Protocol
 
-from rsprof.storage.writer import LocationKey
+from rsprof.storage.intern import LocationKey
 
 # Shared objects whose frames are never the user's call site.
 _RUNTIME_MODULE = re.compile(

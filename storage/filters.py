@@ -85,9 +85,11 @@ class FrameFilter:
         if not self._selected(frames, {} if verdicts is None else verdicts):
             return None
         if self.show is not None or self.hide is not None:
-            frames = self._visible(frames, {} if rewritten is None else rewritten)
-            if not frames:
+            visible = self._visible(frames, {} if rewritten is None else rewritten)
+            if not visible:
                 return None
+            if visible != frames:  # else the same object: the stack is unchanged
+                frames = visible
         if self.hide_runtime:
             folded = fold_runtime(frames)
             if len(folded) != len(frames):

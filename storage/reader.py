@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rsprof.storage.errors import ProfileError
-from rsprof.storage.schema import SCHEMA_VERSION
+from rsprof.storage.schema import READABLE_SCHEMA_VERSIONS
 
 
 def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
@@ -30,10 +30,11 @@ def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
     if row is None:
         conn.close()
         raise ProfileError(f"{file}: not an rsprof profile (no schema_version in meta)")
-    if row[0] != str(SCHEMA_VERSION):
+    if row[0] not in READABLE_SCHEMA_VERSIONS:
         conn.close()
         raise ProfileError(
-            f"{file}: profile schema {row[0]} is not supported (this rsprof reads {SCHEMA_VERSION})"
+            f"{file}: profile schema {row[0]} is not supported (this rsprof reads schemas"
+            f" {', '.join(READABLE_SCHEMA_VERSIONS)})"
         )
     return conn
 
@@ -107,6 +108,10 @@ class Profile:
             return self.conn.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as error:
             raise ProfileError(f"{self.path}: {error}") from error
+
+    def has(self, name: str) -> bool:
+        """The file has a table or view of this name."""
+        return bool(self.rows("SELECT 1 FROM sqlite_master WHERE name = ?", (name,)))
 
     def meta(self) -> dict[str, str]:
         return {key: value for key, value in self.rows("SELECT key, value FROM meta")}

@@ -13,7 +13,7 @@ leaf is the same call site `rsprof top heap` and `heap_samples` report.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -287,24 +287,15 @@ def _heap_samples(
     sums: dict[int, list[int]] = {}
     freed: dict[int, tuple[int, int]] = {}
     ids = _id_list(c for c, _ in checkpoints)
-    table, where = "heap_stack_samples", ""
-    tables = {r[0] for r in profile.rows("SELECT name FROM sqlite_master WHERE type='table'")}
-    if tid is not None:
-        # The thread that allocated (its blocks' frees are charged to it, whoever freed).
-        if "heap_thread_samples" not in tables:
-            raise ProfileError("this profile keeps no heap data per thread (recorded before"
-                               " rsprof stored the allocating thread): drop --tid")
-        table, where = "heap_thread_samples", f" AND tid = {int(tid)}"
-        if pid is not None:
-            where += f" AND pid = {int(pid)}"
-    elif pid is not None:
-        if "heap_process_samples" in tables:
-            table, where = "heap_process_samples", f" AND pid = {int(pid)}"
-        elif str(pid) != str(profile.meta().get("pid")):
+    if (tid is None and pid is not None and not profile.has("heap_deltas")
+            and not profile.has("heap_process_samples")):
+        if str(pid) != str(profile.meta().get("pid")):
             return []  # a file from before processes were followed: one process only
+        pid = None
+    table, where, params = heap_deltas_source(profile.has, pid=pid, tid=tid)
     rows = profile.rows(
         "SELECT checkpoint_id, stack_id, alloc_count, alloc_bytes, free_count, free_bytes"
-        f" FROM {table} WHERE checkpoint_id IN ({ids}){where}"
+        f" FROM {table} WHERE checkpoint_id IN ({ids}){where}", params
     )
     for checkpoint_id, stack_id, alloc_count, alloc_bytes, free_count, free_bytes in rows:
         values = sums.setdefault(stack_id, [0, 0, 0, 0])
@@ -327,6 +318,32 @@ def _heap_samples(
             samples.append(Sample(stack, values, freed=freed.get(stack_id, (0, 0))))
     # Stacks that trim to the same call-site chain are one sample, as in heap_samples.
     return _merge_identical(samples)
+
+
+def heap_deltas_source(
+    has: Callable[[str], bool], *, pid: int | None = None, tid: int | None = None
+) -> tuple[str, str, tuple[int, ...]]:
+    """Where a heap reader reads deltas: (table, WHERE terms each starting " AND ", their
+    parameters), rows of (checkpoint_id, stack_id, alloc/free bytes and counts), for the
+    allocations of thread `tid` and/or process `pid` (None: all). `has` says whether the
+    file has a table or view of that name. Schema 2 keeps one table, `heap_deltas`; a file
+    of schema 1 kept the split by process and by thread in tables of their own."""
+    terms = ""
+    params: tuple[int, ...] = ()
+    if tid is not None:
+        terms, params = " AND tid = ?", (tid,)
+    if pid is not None:
+        terms, params = terms + " AND pid = ?", (*params, pid)
+    if has("heap_deltas"):
+        return "heap_deltas", terms, params
+    if tid is not None:
+        if not has("heap_thread_samples"):
+            raise ProfileError("this profile keeps no heap data per thread (recorded before"
+                               " rsprof stored the allocating thread): drop --tid")
+        return "heap_thread_samples", terms, params
+    if pid is not None:
+        return "heap_process_samples", terms, params
+    return "heap_stack_samples", "", ()
 
 
 def _merge_identical(samples: list[Sample]) -> list[Sample]:
@@ -358,6 +375,7 @@ class FrameTable:
         self._modules: dict[int, str] = {}
         self._read_modules()
         self._frames: dict[int, Frame] = {}
+        self._stored_sites: bool | None = None  # the file has heap_call_sites (schema 2)
 
     def _read_modules(self) -> None:
         mappings: dict[int, list[Mapping]] = {}
@@ -424,22 +442,41 @@ class FrameTable:
         ):
             positions.setdefault(stack_id, []).append(frame_id)
         self._load_frames({f for ids in positions.values() for f in ids})
+        sites = self._call_sites(wanted) if trim_to_call_site else {}
         stacks: dict[int, tuple[Frame, ...]] = {}
         for stack_id, frame_ids in positions.items():
             stack = tuple(self._frames[f] for f in frame_ids)
-            stacks[stack_id] = cut_at_call_site(stack) if trim_to_call_site else stack
+            if trim_to_call_site:
+                stack = cut_at(stack, sites[stack_id] if stack_id in sites
+                               else _legacy_call_site(stack))
+            stacks[stack_id] = stack
         return stacks
 
+    def _call_sites(self, stack_ids: list[int]) -> dict[int, tuple[int, int]]:
+        """The call sites the recorder chose for these heap stacks (heap_call_sites)."""
+        if self._stored_sites is None:
+            self._stored_sites = bool(self.profile.rows(
+                "SELECT 1 FROM sqlite_master WHERE name = 'heap_call_sites'"))
+        if not self._stored_sites:
+            return {}
+        return {stack_id: (position, depth) for stack_id, position, depth in self.profile.rows(
+            "SELECT stack_id, position, inline_depth FROM heap_call_sites"
+            f" WHERE stack_id IN ({_id_list(stack_ids)})")}
 
-def cut_at_call_site(stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
-    """An allocating stack from its call site outwards (`storage.callsite`'s rules)."""
-    position = call_site_position([(frame.module, frame.lines) for frame in stack],
-                                  [frame.address for frame in stack])
-    if position is None:
+
+def _legacy_call_site(stack: tuple[Frame, ...]) -> tuple[int, int] | None:
+    """A schema-1 file stored no call site per stack: chosen here by the same rule."""
+    return call_site_position([(frame.module, frame.lines) for frame in stack],
+                              [frame.address for frame in stack])
+
+
+def cut_at(stack: tuple[Frame, ...], position: tuple[int, int] | None) -> tuple[Frame, ...]:
+    """An allocating stack from its call site (frame index, inline index) outwards."""
+    if position is None or position[0] >= len(stack):
         return stack
     frame_index, line_index = position
     site = stack[frame_index]
-    if line_index:
+    if 0 < line_index < len(site.lines):
         site = Frame(site.id, site.address, site.module, site.module_offset, site.mapping,
                      site.lines[line_index:])
     return (site, *stack[frame_index + 1:])

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions the readers understand. Schema 1 stored the heap four times (per stack, process,
+# thread and call site); schema 2 keeps one delta table and the call site per stack
+# (heap_deltas, heap_call_sites), the old tables' names being views over them.
+READABLE_SCHEMA_VERSIONS = ("1", "2")
 
 # SQLite integers are signed 64-bit; addresses, offsets and counters are unsigned 64-bit
 # (return addresses >= 2^63 occur, and so does [vsyscall] at 0xffffffffff600000). One
@@ -115,61 +119,61 @@ CREATE TABLE IF NOT EXISTS cpu_samples (
     count INTEGER NOT NULL,
     PRIMARY KEY (checkpoint_id, location_id)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS heap_stack_samples (
+CREATE TABLE IF NOT EXISTS heap_deltas (
     checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
     stack_id INTEGER NOT NULL REFERENCES stacks(id),
-    alloc_bytes INTEGER NOT NULL DEFAULT 0,
-    alloc_count INTEGER NOT NULL DEFAULT 0,
-    free_bytes INTEGER NOT NULL DEFAULT 0,
-    free_count INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (checkpoint_id, stack_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS heap_process_samples (
-    checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
     pid INTEGER NOT NULL,
-    stack_id INTEGER NOT NULL REFERENCES stacks(id),
-    alloc_bytes INTEGER NOT NULL DEFAULT 0,
-    alloc_count INTEGER NOT NULL DEFAULT 0,
-    free_bytes INTEGER NOT NULL DEFAULT 0,
-    free_count INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (checkpoint_id, pid, stack_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS heap_thread_samples (
-    checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
     tid INTEGER NOT NULL,
-    pid INTEGER NOT NULL,
-    stack_id INTEGER NOT NULL REFERENCES stacks(id),
     alloc_bytes INTEGER NOT NULL DEFAULT 0,
     alloc_count INTEGER NOT NULL DEFAULT 0,
     free_bytes INTEGER NOT NULL DEFAULT 0,
     free_count INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (checkpoint_id, tid, pid, stack_id)
+    PRIMARY KEY (checkpoint_id, stack_id, pid, tid)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS heap_site_samples (
-    checkpoint_id INTEGER NOT NULL REFERENCES checkpoints(id),
-    location_id INTEGER NOT NULL REFERENCES locations(id),
-    alloc_bytes INTEGER NOT NULL DEFAULT 0,
-    alloc_count INTEGER NOT NULL DEFAULT 0,
-    free_bytes INTEGER NOT NULL DEFAULT 0,
-    free_count INTEGER NOT NULL DEFAULT 0,
-    live_bytes INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (checkpoint_id, location_id)
-) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS heap_call_sites (
+    stack_id INTEGER PRIMARY KEY REFERENCES stacks(id),
+    position INTEGER NOT NULL,
+    inline_depth INTEGER NOT NULL,
+    location_id INTEGER NOT NULL REFERENCES locations(id)
+);
 CREATE INDEX IF NOT EXISTS cpu_samples_location ON cpu_samples (location_id);
-CREATE INDEX IF NOT EXISTS heap_site_samples_location ON heap_site_samples (location_id);
+CREATE INDEX IF NOT EXISTS heap_call_sites_location ON heap_call_sites (location_id);
+CREATE VIEW IF NOT EXISTS heap_stack_samples AS
+SELECT checkpoint_id, stack_id, SUM(alloc_bytes) AS alloc_bytes,
+       SUM(alloc_count) AS alloc_count, SUM(free_bytes) AS free_bytes,
+       SUM(free_count) AS free_count
+FROM heap_deltas GROUP BY checkpoint_id, stack_id;
+CREATE VIEW IF NOT EXISTS heap_process_samples AS
+SELECT checkpoint_id, pid, stack_id, SUM(alloc_bytes) AS alloc_bytes,
+       SUM(alloc_count) AS alloc_count, SUM(free_bytes) AS free_bytes,
+       SUM(free_count) AS free_count
+FROM heap_deltas GROUP BY checkpoint_id, pid, stack_id;
+CREATE VIEW IF NOT EXISTS heap_thread_samples AS
+SELECT checkpoint_id, tid, pid, stack_id, alloc_bytes, alloc_count, free_bytes, free_count
+FROM heap_deltas;
+CREATE VIEW IF NOT EXISTS heap_site_samples AS
+SELECT checkpoint_id, location_id, alloc_bytes, alloc_count, free_bytes, free_count,
+       SUM(alloc_bytes - free_bytes)
+           OVER (PARTITION BY location_id ORDER BY checkpoint_id) AS live_bytes
+FROM (SELECT d.checkpoint_id AS checkpoint_id, s.location_id AS location_id,
+             SUM(d.alloc_bytes) AS alloc_bytes, SUM(d.alloc_count) AS alloc_count,
+             SUM(d.free_bytes) AS free_bytes, SUM(d.free_count) AS free_count
+      FROM heap_deltas d JOIN heap_call_sites s ON s.stack_id = d.stack_id
+      GROUP BY d.checkpoint_id, s.location_id);
 CREATE VIEW IF NOT EXISTS heap_samples AS
-SELECT h.location_id AS location_id,
+SELECT s.location_id AS location_id,
        l.function AS function,
        l.file AS file,
        l.line AS line,
-       SUM(h.alloc_bytes) AS total_alloc_bytes,
-       SUM(h.free_bytes) AS total_free_bytes,
-       SUM(h.alloc_count) AS total_allocs,
-       SUM(h.free_count) AS total_frees,
-       SUM(h.alloc_bytes) - SUM(h.free_bytes) AS live_bytes,
-       MAX(h.checkpoint_id) AS last_checkpoint_id
-FROM heap_site_samples h JOIN locations l ON l.id = h.location_id
-GROUP BY h.location_id;
+       SUM(d.alloc_bytes) AS total_alloc_bytes,
+       SUM(d.free_bytes) AS total_free_bytes,
+       SUM(d.alloc_count) AS total_allocs,
+       SUM(d.free_count) AS total_frees,
+       SUM(d.alloc_bytes) - SUM(d.free_bytes) AS live_bytes,
+       MAX(d.checkpoint_id) AS last_checkpoint_id
+FROM heap_deltas d JOIN heap_call_sites s ON s.stack_id = d.stack_id
+JOIN locations l ON l.id = s.location_id
+GROUP BY s.location_id;
 """
 
 # Views for the common questions, for any SQLite client (docs/schema.md, "Views"). Kept

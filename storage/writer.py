@@ -17,18 +17,15 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from rsprof.storage.errors import ProfileError, ProfileExists, ProfileLocked, StorageFullError
-from rsprof.storage.schema import SCHEMA_VERSION, create_schema, u64_from_sql, u64_to_sql
-
-
-@dataclass(frozen=True, slots=True)
-class LocationKey:
-    function: str
-    file: str
-    line: int
-    module_id: int | None
-    system_name: str | None = None
+from rsprof.storage.intern import InternTable
+from rsprof.storage.schema import (
+    READABLE_SCHEMA_VERSIONS,
+    SCHEMA_VERSION,
+    create_schema,
+)
 
 
 @dataclass(slots=True)
@@ -47,19 +44,27 @@ class HeapDelta:
         self.free_count += other.free_count
 
 
+class HeapCallSite(NamedTuple):
+    """Where an allocating stack's call site is (the first user frame, `storage.callsite`'s
+    rules), chosen once when the stack is recorded: frame `position` in the stack (0 is the
+    leaf), `inline_depth` in that frame's inline chain, and the site's location."""
+
+    position: int
+    inline_depth: int
+    location_id: int
+
+
 @dataclass(slots=True)
 class Checkpoint:
     timestamp_ms: int
     samples: int = 0
     lost_samples: int = 0
     cpu: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (stack_id, tid) -> count
-    heap: Mapping[int, HeapDelta] = field(default_factory=dict)  # stack_id -> delta
-    heap_sites: Mapping[int, int] = field(default_factory=dict)  # stack_id -> site location_id
-    # pid -> stack_id -> delta: the same heap split by the process that allocated
-    heap_by_pid: Mapping[int, Mapping[int, HeapDelta]] = field(default_factory=dict)
-    # (pid, tid) -> stack_id -> delta: the same heap split by the thread that allocated (a
-    # free is charged to the allocating thread, whichever thread freed the block)
-    heap_by_tid: Mapping[tuple[int, int], Mapping[int, HeapDelta]] = field(default_factory=dict)
+    # (pid, tid) -> stack_id -> delta: heap activity by the process and thread that
+    # allocated (a free is charged to the allocating thread, whichever thread freed it)
+    heap: Mapping[tuple[int, int], Mapping[int, HeapDelta]] = field(default_factory=dict)
+    # stack_id -> its call site, for every heap stack in `heap` (stored once per stack)
+    heap_call_sites: Mapping[int, HeapCallSite] = field(default_factory=dict)
     heap_events: int = 0
     heap_lost_events: int = 0
     threads: Mapping[int, str | None] = field(default_factory=dict)  # tids seen -> name shown
@@ -124,18 +129,11 @@ class ProfileWriter:
         except BaseException:
             self.abandon()
             raise
-        self._modules: dict[tuple[str, str | None], int] = {}
-        self._locations: dict[tuple[str, str, int, int | None], int] = {}
-        # (address, module, location ids innermost first) -> frame id: one address is two
-        # frames when it is both a leaf (looked up at the address) and a return address
-        # (looked up at the call, address - 1) and the two lookups name different lines.
-        self._frames: dict[tuple[int, int | None, tuple[int, ...]], int] = {}
-        self._frame_addresses: set[tuple[int, int | None]] = set()
-        self._stacks: dict[tuple[int, ...], int] = {}
-        self._stack_leaf_location: dict[int, int] = {}
-        self._frame_leaf_location: dict[int, int] = {}
+        # ids of modules, locations, frames and stacks: interned in memory by the
+        # symbolizer, stored with the next checkpoint (commit)
+        self.ids = InternTable()
         self._known_threads: set[int] = set()
-        self._site_live: dict[int, int] = {}
+        self._heap_stacks: set[int] = set()  # stacks whose call site is stored
         self._load_existing()
 
     # -- setup ---------------------------------------------------------------------------
@@ -276,46 +274,19 @@ class ProfileWriter:
             ).fetchone()
         except sqlite3.Error:
             row = None
+        if row is not None and row[0] in READABLE_SCHEMA_VERSIONS and row[0] != str(
+                SCHEMA_VERSION):
+            raise ProfileError(f"{self.path} was written by an older rsprof (profile schema"
+                               f" {row[0]}): record into a new file to compare the two")
         if row is None or row[0] != str(SCHEMA_VERSION):
             raise ProfileError(f"{self.path} is not an rsprof profile of schema {SCHEMA_VERSION}")
 
     def _load_existing(self) -> None:
         """On append, learn the ids already in the file so nothing is inserted twice."""
-        for mid, path, build_id in self.conn.execute("SELECT id, path, build_id FROM modules"):
-            self._modules[(path, build_id)] = mid
-        for row in self.conn.execute(
-            "SELECT id, function, file, line, module_id, system_name FROM locations"
-        ):
-            self._locations[(row[1], row[2], row[3], row[4])] = row[0]
-        chains: dict[int, list[int]] = {}
-        for frame_id, location_id in self.conn.execute(
-            "SELECT frame_id, location_id FROM frame_locations ORDER BY frame_id, inline_depth"
-        ):
-            chains.setdefault(frame_id, []).append(location_id)
-        for fid, address, module_id in self.conn.execute(
-            "SELECT id, address, module_id FROM frames"
-        ):
-            place = (u64_from_sql(address), module_id)
-            self._frames[(*place, tuple(chains.get(fid, ())))] = fid
-            self._frame_addresses.add(place)
-        stack_frames: dict[int, list[int]] = {}
-        for stack_id, frame_id in self.conn.execute(
-            "SELECT stack_id, frame_id FROM stack_frames ORDER BY stack_id, position"
-        ):
-            stack_frames.setdefault(stack_id, []).append(frame_id)
-        for stack_id, frames in stack_frames.items():
-            self._stacks[tuple(frames)] = stack_id
-        for frame_id, location_id in self.conn.execute(
-            "SELECT frame_id, location_id FROM frame_locations WHERE inline_depth = 0"
-        ):
-            self._frame_leaf_location[frame_id] = location_id
-        for stack_id, frames in stack_frames.items():
-            if frames and frames[0] in self._frame_leaf_location:
-                self._stack_leaf_location[stack_id] = self._frame_leaf_location[frames[0]]
+        self.ids = InternTable.load(self.conn)
         self._known_threads = {tid for (tid,) in self.conn.execute("SELECT tid FROM threads")}
-        self._site_live = dict(
-            self.conn.execute("SELECT location_id, live_bytes FROM heap_samples").fetchall()
-        )
+        self._heap_stacks = {sid for (sid,) in self.conn.execute(
+            "SELECT stack_id FROM heap_call_sites")}
 
     # -- ids -----------------------------------------------------------------------------
 
@@ -324,89 +295,6 @@ class ProfileWriter:
             "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
             [(key, None if value is None else str(value)) for key, value in values.items()],
         )
-
-    def module_id(self, path: str, build_id: str | None) -> int:
-        key = (path, build_id)
-        found = self._modules.get(key)
-        if found is None:
-            cursor = self._execute(
-                "INSERT INTO modules (path, build_id) VALUES (?, ?)", (path, build_id)
-            )
-            found = self._modules[key] = int(cursor.lastrowid or 0)
-        return found
-
-    def add_mapping(self, module_id: int, start: int, end: int, file_offset: int) -> None:
-        self._execute(
-            'INSERT INTO mappings (module_id, start, "end", file_offset) VALUES (?, ?, ?, ?)',
-            (module_id, u64_to_sql(start), u64_to_sql(end), u64_to_sql(file_offset)),
-        )
-
-    def location_id(self, key: LocationKey) -> int:
-        """One row per (function, file, line, module): the schema's UNIQUE rule, so GCC
-        clones (`work` and `work.constprop.0` share their source lines) are one location;
-        the first linker name seen is kept as system_name."""
-        unique = (key.function, key.file, key.line, key.module_id)
-        found = self._locations.get(unique)
-        if found is None:
-            cursor = self._execute(
-                "INSERT INTO locations (function, file, line, module_id, system_name)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (key.function, key.file, key.line, key.module_id, key.system_name),
-            )
-            found = self._locations[unique] = int(cursor.lastrowid or 0)
-        return found
-
-    def frame_id(
-        self,
-        address: int,
-        module_id: int | None,
-        module_offset: int | None,
-        locations: Sequence[LocationKey],
-    ) -> int:
-        """The frame for one address and what it was resolved to: `locations` is its inline
-        chain, innermost first. The same address with another chain is another frame (a
-        leaf at the address, a caller at its call instruction)."""
-        location_ids = [self.location_id(location) for location in locations]
-        key = (address, module_id, tuple(location_ids))
-        found = self._frames.get(key)
-        if found is not None:
-            return found
-        cursor = self._execute(
-            "INSERT INTO frames (address, module_id, module_offset) VALUES (?, ?, ?)",
-            (
-                u64_to_sql(address),
-                module_id,
-                None if module_offset is None else u64_to_sql(module_offset),
-            ),
-        )
-        found = self._frames[key] = int(cursor.lastrowid or 0)
-        self._frame_addresses.add((address, module_id))
-        self._execute_many(
-            "INSERT INTO frame_locations (frame_id, inline_depth, location_id) VALUES (?, ?, ?)",
-            [(found, depth, lid) for depth, lid in enumerate(location_ids)],
-        )
-        if location_ids:
-            self._frame_leaf_location[found] = location_ids[0]
-        return found
-
-    def has_frame(self, address: int, module_id: int | None) -> bool:
-        return (address, module_id) in self._frame_addresses
-
-    def stack_id(self, frame_ids: Sequence[int]) -> int:
-        """The stack for frames listed leaf first."""
-        key = tuple(frame_ids)
-        found = self._stacks.get(key)
-        if found is not None:
-            return found
-        cursor = self._execute("INSERT INTO stacks (depth) VALUES (?)", (len(key),))
-        found = self._stacks[key] = int(cursor.lastrowid or 0)
-        self._execute_many(
-            "INSERT INTO stack_frames (stack_id, position, frame_id) VALUES (?, ?, ?)",
-            [(found, position, fid) for position, fid in enumerate(key)],
-        )
-        if key and key[0] in self._frame_leaf_location:
-            self._stack_leaf_location[found] = self._frame_leaf_location[key[0]]
-        return found
 
     # -- checkpoints ---------------------------------------------------------------------
 
@@ -442,7 +330,7 @@ class ProfileWriter:
     def _self_by_location(self, checkpoint: Checkpoint) -> dict[int, int]:
         counts: dict[int, int] = {}
         for (stack_id, _tid), count in checkpoint.cpu.items():
-            location = self._stack_leaf_location.get(stack_id)
+            location = self.ids.stack_leaf_location.get(stack_id)
             if location is not None and count:
                 counts[location] = counts.get(location, 0) + count
         return counts
@@ -450,35 +338,26 @@ class ProfileWriter:
     def _write_heap(self, cid: int, checkpoint: Checkpoint) -> None:
         if not checkpoint.heap:
             return
+        new_sites = [
+            (sid, *site) for sid, site in checkpoint.heap_call_sites.items()
+            if sid not in self._heap_stacks
+        ]
         self._execute_many(
-            "INSERT INTO heap_stack_samples (checkpoint_id, stack_id, alloc_bytes, alloc_count,"
-            " free_bytes, free_count) VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (cid, sid, d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count)
-                for sid, d in checkpoint.heap.items()
-            ],
-        )
+            "INSERT OR IGNORE INTO heap_call_sites (stack_id, position, inline_depth,"
+            " location_id) VALUES (?, ?, ?, ?)", new_sites)
+        self._heap_stacks.update(row[0] for row in new_sites)
         self._execute_many(
-            "INSERT INTO heap_process_samples (checkpoint_id, pid, stack_id, alloc_bytes,"
-            " alloc_count, free_bytes, free_count) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                (cid, pid, sid, d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count)
-                for pid, deltas in checkpoint.heap_by_pid.items()
-                for sid, d in deltas.items()
-            ],
-        )
-        self._execute_many(
-            "INSERT INTO heap_thread_samples (checkpoint_id, tid, pid, stack_id, alloc_bytes,"
+            "INSERT INTO heap_deltas (checkpoint_id, stack_id, pid, tid, alloc_bytes,"
             " alloc_count, free_bytes, free_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (cid, tid, pid, sid, d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count)
-                for (pid, tid), deltas in checkpoint.heap_by_tid.items()
+                (cid, sid, pid, tid, d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count)
+                for (pid, tid), deltas in checkpoint.heap.items()
                 for sid, d in deltas.items()
             ],
         )
         # A thread that allocated but was never sampled still gets its threads row, so the
         # thread picker and `--tid` know it (name unknown: the shim records only the tid).
-        for pid, tid in checkpoint.heap_by_tid:
+        for pid, tid in checkpoint.heap:
             if tid and tid not in self._known_threads and tid not in checkpoint.threads:
                 self._known_threads.add(tid)
                 self._execute(
@@ -486,25 +365,6 @@ class ProfileWriter:
                     " last_checkpoint_id, pid) VALUES (?, NULL, ?, ?, ?)",
                     (tid, cid, cid, pid),
                 )
-        sites: dict[int, HeapDelta] = {}
-        for stack_id, delta in checkpoint.heap.items():
-            site = checkpoint.heap_sites.get(stack_id)
-            if site is None:
-                continue
-            sites.setdefault(site, HeapDelta()).add(delta)
-        # live_bytes is absolute: the site's running live total plus this interval's delta.
-        rows = []
-        for site, d in sites.items():
-            live = self._site_live.get(site, 0) + d.alloc_bytes - d.free_bytes
-            self._site_live[site] = live
-            rows.append(
-                (cid, site, d.alloc_bytes, d.alloc_count, d.free_bytes, d.free_count, live)
-            )
-        self._execute_many(
-            "INSERT INTO heap_site_samples (checkpoint_id, location_id, alloc_bytes, alloc_count,"
-            " free_bytes, free_count, live_bytes) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
 
     def _write_threads(self, cid: int, checkpoint: Checkpoint) -> None:
         for tid, name in checkpoint.threads.items():
@@ -583,7 +443,13 @@ class ProfileWriter:
         self.commit()
 
     def commit(self) -> None:
+        """Stores the interned rows new since the last commit, and commits."""
+        rows = self.ids.take()
         try:
+            if rows:
+                if not self.conn.in_transaction:
+                    self.conn.execute("BEGIN")
+                rows.store(self.conn)
             if self.conn.in_transaction:
                 self.conn.execute("COMMIT")
         except sqlite3.Error as error:

@@ -11,13 +11,14 @@ with a known pattern, and three heap call sites, one of them growing without bou
 
 Heap: leaky_cache_insert allocates 8 KiB per checkpoint and never frees; make_buffer churns
 64 KiB per checkpoint and keeps 16 KiB; load_config allocates 1 MiB at checkpoint 1 and
-frees half of it at checkpoint 60. By allocating thread (heap_thread_samples): 4243 does
+frees half of it at checkpoint 60. By allocating thread (heap_deltas' tid): 4243 does
 leaky_cache_insert, 4242 load_config, and make_buffer is split evenly between 4242 and 4244.
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +125,9 @@ def _write_static(conn: sqlite3.Connection, heap_mode: str) -> None:
     conn.executemany(
         "INSERT INTO threads (tid, name, first_checkpoint_id) VALUES (?, ?, 1)", THREADS
     )
+    # a heap stack's call site is its leaf (the stack is [site, main])
+    conn.executemany("INSERT INTO heap_call_sites VALUES (?, 0, 0, ?)",
+                     [(loc, loc) for loc in HEAP_THREADS])
 
 
 def _write_checkpoint(conn: sqlite3.Connection, i: int, with_heap: bool) -> None:
@@ -155,18 +159,11 @@ def _write_checkpoint(conn: sqlite3.Connection, i: int, with_heap: bool) -> None
         " WHERE s.checkpoint_id = ? GROUP BY fl.location_id",
         (i,),
     )
-    for loc, ab, ac, fb, fc, live in heap:
-        conn.execute(
-            "INSERT INTO heap_stack_samples VALUES (?, ?, ?, ?, ?, ?)", (i, loc, ab, ac, fb, fc)
-        )
-        conn.execute(
-            "INSERT INTO heap_site_samples VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (i, loc, ab, ac, fb, fc, live),
-        )
+    for loc, ab, ac, fb, fc, _live in heap:
         for tid, share in HEAP_THREADS[loc]:
             conn.execute(
-                "INSERT INTO heap_thread_samples VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (i, tid, PID, loc, ab // share, ac // share, fb // share, fc // share),
+                "INSERT INTO heap_deltas VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (i, loc, PID, tid, ab // share, ac // share, fb // share, fc // share),
             )
     conn.execute(
         "UPDATE threads SET last_checkpoint_id = ? WHERE tid != 4244 OR ? <= ?",
@@ -246,3 +243,26 @@ async def settle(pilot: Pilot[Any]) -> None:
         await pilot.pause(0.01)
     await app.workers.wait_for_complete()
     await pilot.pause()
+
+
+# A pilot scenario: what a test does with the running app.
+Scenario = Callable[["Pilot[Any]", "RsprofApp"], Awaitable[None]]
+
+
+def drive(app: RsprofApp, scenario: Scenario, size: tuple[int, int] = (80, 24)) -> None:
+    """Runs `scenario` on `app` headless at `size`, once the first screen has settled."""
+    import asyncio
+
+    async def main() -> None:
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            await scenario(pilot, app)
+
+    asyncio.run(main())
+
+
+async def press(pilot: Pilot[Any], *keys: str) -> None:
+    """Presses `keys` one by one, each settled before the next."""
+    for key in keys:
+        await pilot.press(key)
+        await settle(pilot)

@@ -3,7 +3,7 @@
 Used only when the C extension is not built (never in an install) or for a big-endian
 file: same methods, same results, but orders of magnitude slower (pyelftools needs seconds
 for a large unit). pyelftools is not a dependency of rsprof: it comes with the `test` extra,
-where it is the oracle tests/test_symbols.py compares the C reader with, or the
+where it is the oracle tests/system/test_symbols.py compares the C reader with, or the
 `pure-dwarf` extra; without it such a file is named by its symbol tables alone.
 """
 

@@ -83,6 +83,10 @@ struct walk_state {
     int interps;
     unsigned int n;
     int status;
+    /* 3.11/3.12: the caller's _PyCFrame's current frame, which the innermost group's entry
+     * frame must link to (check: not seen yet) */
+    unsigned long long expect;
+    int check;
 };
 
 /* One thread state of the list walk: 1 stops (found, or the end). */
@@ -153,6 +157,10 @@ static long frame_step(unsigned int k, void *data) {
     if (cfg->owner_cstack >= 0 && owner == cfg->owner_cstack) {
         /* The C stack's entry frame (3.12+), not Python code: the frame above it was
          * entered from C. */
+        if (w->check) {
+            w->check = 0;
+            if (previous != w->expect) return 1; /* not linked to the caller's: stale */
+        }
         mark_entry(w);
         w->frame = previous;
         return 0;
@@ -167,6 +175,10 @@ static long frame_step(unsigned int k, void *data) {
     if (cfg->frame_is_entry >= 0 &&
         bpf_probe_read_user(&is_entry, 1, (const void *)(w->frame + cfg->frame_is_entry)) < 0)
         return 1;
+    if (is_entry && w->check) { /* 3.11: the entry frame links to the caller's frame */
+        w->check = 0;
+        if (previous != w->expect) return 1; /* stale */
+    }
     struct rs_bpf_frame *out = &w->rec->frames[w->n & (RS_BPF_MAX_FRAMES - 1)];
     out->code = code;
     out->instr = (instr & ~1ULL) | (is_entry ? 1 : 0);
@@ -175,21 +187,48 @@ static long frame_step(unsigned int k, void *data) {
     return 0;
 }
 
-/* Walks the thread's chain into rec->frames; returns the record's status. */
-static __always_inline int walk(struct walk_state *w, unsigned long long ts) {
-    const struct rs_bpf_config *cfg = w->cfg;
-    if (cfg->tstate_current_frame >= 0) {
-        if (read_ptr(ts, cfg->tstate_current_frame, &w->frame) < 0) return RS_BPF_FAULT;
-    } else {
-        unsigned long long cframe;
-        if (read_ptr(ts, cfg->tstate_cframe, &cframe) < 0 || cframe == 0) return RS_BPF_FAULT;
-        if (read_ptr(cframe, cfg->cframe_current_frame, &w->frame) < 0) return RS_BPF_FAULT;
-    }
+static __always_inline void walk_from(struct walk_state *w, unsigned long long frame) {
+    w->frame = frame;
     w->n = 0;
     w->status = RS_BPF_FAULT;
     long steps = bpf_loop(RS_BPF_MAX_STEPS, frame_step, w, 0);
     if (steps >= RS_BPF_MAX_STEPS && w->status == RS_BPF_FAULT && w->frame != 0)
         w->status = RS_BPF_TRUNCATED; /* C-stack frames used up the steps */
+    if (w->status == RS_BPF_OK && w->check)
+        w->status = RS_BPF_FAULT; /* no entry frame: not a chain an evaluator runs */
+}
+
+/* Walks the thread's chain into rec->frames; returns the record's status.
+ *
+ * 3.11/3.12: a C -> Python call sets tstate->cframe to its new _PyCFrame a few
+ * instructions before that one's current_frame, which until then holds whatever the C
+ * stack held there: a chain that faults, or a stale one. The innermost group's entry frame
+ * must link to the caller's _PyCFrame's current frame (3.11: the entry frame's previous;
+ * 3.12: the C-stack entry frame's); when it does not, or the read faults, the chain is
+ * read from the caller's _PyCFrame instead: the outer evaluators' frames, one group fewer
+ * than evaluator frames, which the resolver splices with the innermost evaluator kept
+ * native (between frames, as when a frame is being entered or left: python_between). */
+static __always_inline int walk(struct walk_state *w, unsigned long long ts) {
+    const struct rs_bpf_config *cfg = w->cfg;
+    unsigned long long frame;
+    w->check = 0;
+    if (cfg->tstate_current_frame >= 0) {
+        if (read_ptr(ts, cfg->tstate_current_frame, &frame) < 0) return RS_BPF_FAULT;
+    } else {
+        unsigned long long cframe, caller;
+        if (read_ptr(ts, cfg->tstate_cframe, &cframe) < 0 || cframe == 0) return RS_BPF_FAULT;
+        if (read_ptr(cframe, cfg->cframe_current_frame, &frame) < 0) return RS_BPF_FAULT;
+        if (cfg->cframe_previous >= 0 && read_ptr(cframe, cfg->cframe_previous, &caller) == 0 &&
+            caller != 0 && read_ptr(caller, cfg->cframe_current_frame, &w->expect) == 0)
+            w->check = 1;
+    }
+    int have_caller = w->check;
+    walk_from(w, frame);
+    if (w->status == RS_BPF_FAULT && have_caller) {
+        w->check = 0;
+        walk_from(w, w->expect);
+        if (w->status == RS_BPF_OK) count(RS_BPF_OUTER);
+    }
     w->rec->n = (unsigned short)w->n;
     return w->status;
 }

@@ -29,6 +29,7 @@ struct rs_bpf_config {
     int tstate_native_thread_id;
     int tstate_cframe;                /* 3.11/3.12: tstate->cframe->current_frame */
     int cframe_current_frame;
+    int cframe_previous;              /* 3.11/3.12: the caller's _PyCFrame */
     int tstate_current_frame;         /* 3.13: tstate->current_frame */
     int frame_code;
     int frame_instr;
@@ -49,6 +50,8 @@ enum {
 enum {
     RS_BPF_RUNS = 0,        /* samples of configured processes the program ran for */
     RS_BPF_RB_FULL = 1,     /* records not written: the ring buffer was full */
+    RS_BPF_OUTER = 2,       /* chains read from the caller's _PyCFrame: the innermost one
+                             * did not link to it (being set up, 3.11/3.12) */
     RS_BPF_N_COUNTERS = 4,
 };
 

@@ -43,7 +43,7 @@ typedef struct {
 } py_layout;
 
 /* From each version's own headers (tests/targets/pyoffsets.c; collector/pyframes.py LAYOUTS;
- * tests/test_heap_python.py checks that both tables agree). */
+ * tests/system/test_heap_python.py checks that both tables agree). */
 static const py_layout LAYOUT_311 = {
 #define SHIMPY_FIELD(name, v311, v312, index313, value313) .name = v311,
     SHIMPY_LAYOUT_FIELDS(SHIMPY_FIELD)

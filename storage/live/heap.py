@@ -2,11 +2,11 @@
 and freed so far, the last checkpoints' live bytes (Trend) and the whole heap's live bytes
 after each checkpoint (the timeline).
 
-Stacks are the reports' `Frame`s cut at the call site (`storage.samples.cut_at_call_site`),
+Stacks are the reports' `Frame`s cut at the call site the recorder stored (`FrameTable.stacks`),
 a call site is keyed as `storage.granularity` keys "lines" (what `rsprof top heap` lists),
 and the filters are `storage.filters.FrameFilter`: a row counts exactly what `rsprof export
 --kind heap` writes for it. With a thread picked, the numbers are that thread's
-allocations (`heap_thread_samples`: a block freed by another thread still counts for the
+allocations (`heap_deltas` by tid: a block freed by another thread still counts for the
 thread that allocated it)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rsprof.storage.granularity import Entry, entry
 from rsprof.storage.live.follow import FollowedFile, trends
 from rsprof.storage.live.functions import NO_FILTER, CallPath, FilteredStacks, FunctionLabels
 from rsprof.storage.live.rows import CallNode, HeapRow, HeapTimeline, Series, location_text
-from rsprof.storage.samples import Frame
+from rsprof.storage.samples import Frame, heap_deltas_source
 
 _CHUNK = 500  # stack ids per statement
 
@@ -62,23 +62,23 @@ class HeapModel:
 
     @property
     def by_thread(self) -> bool:
-        """The file keeps heap data per allocating thread (heap_thread_samples)."""
-        return self.file.has_table("heap_thread_samples")
+        """The file keeps heap data per allocating thread (all but early schema-1 files)."""
+        return self.file.has_table("heap_deltas") or self.file.has_table("heap_thread_samples")
 
     @property
     def has_data(self) -> bool:
         """The file has heap data of any thread (a thread that allocated nothing shows an
         empty table, not the "how to get heap data" text)."""
         if not self._has_data and self.file.has_table("heap_stack_samples"):
-            self._has_data = bool(self.file.rows("SELECT 1 FROM heap_stack_samples LIMIT 1"))
+            table, _, _ = self._source()
+            self._has_data = bool(self.file.rows(f"SELECT 1 FROM {table} LIMIT 1"))
         return self._has_data
 
     # -- reading ------------------------------------------------------------------------------
 
     def _source(self) -> tuple[str, str, tuple[int, ...]]:
-        if self.thread is not None and self.by_thread:
-            return "heap_thread_samples", " AND tid = ?", (self.thread,)
-        return "heap_stack_samples", "", ()
+        thread = self.thread if self.by_thread else None
+        return heap_deltas_source(self.file.has_table, tid=thread)
 
     def _load(self, stack_ids: set[int]) -> None:
         missing = sorted(stack_ids - self._stacks.keys())

@@ -1,5 +1,5 @@
 /* A known call chain main -> chain_a -> chain_b -> chain_leaf, built -O2
- * -fomit-frame-pointer by tests/test_cfi_stacks.py: only CFI can walk it.  Each function
+ * -fomit-frame-pointer by tests/system/test_cfi_stacks.py: only CFI can walk it.  Each function
  * keeps a frame of its own (a volatile local array) so a frame-pointer walk has nothing to
  * follow; chain_leaf also calls through libc's qsort with a slow comparator, so stacks go
  * through libc code and back into the program.  Usage: cfi_chain SECONDS [deep], SECONDS of CPU time so a busy machine only

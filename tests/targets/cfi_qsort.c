@@ -1,5 +1,5 @@
 /* A 3:1 split through libc's qsort, built -O2 -fomit-frame-pointer by
- * tests/test_cfi_targets.py: heavy() sorts each round's array three times, light() once,
+ * tests/system/test_cfi_targets.py: heavy() sorts each round's array three times, light() once,
  * the same input with the same slow comparator, so their work is exactly 3:1 and every
  * comparison is called from libc code (qsort_r, msort_with_tmp), which has CFI but no
  * frame pointers. Rounds have random sizes: a fixed-length round aliases with cpu-clock's

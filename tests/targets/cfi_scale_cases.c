@@ -1,6 +1,6 @@
 /* cfi_scale_cases: CFA programs whose factored offsets overflow 64 bits (malformed CFI can
  * hold any factor and any data alignment) through native/cfi_eval.h's interpreter.  Built
- * by tests/test_leb128.py with -fsanitize=undefined -fno-sanitize-recover: a signed
+ * by tests/system/test_leb128.py with -fsanitize=undefined -fno-sanitize-recover: a signed
  * multiplication or negation that overflows ends it with an error.  The offsets are the
  * products modulo 2^64 (two's complement), which the callers' range checks refuse.  Prints
  * "cfi scale ok" and exits 0, or names each failed case and exits 1. */

@@ -1,5 +1,5 @@
 /* Signal frames: a SIGPROF handler that does real work, interrupting busy_loop().  Built
- * -O2 -fomit-frame-pointer by tests/test_cfi_stacks.py: samples in the handler must walk
+ * -O2 -fomit-frame-pointer by tests/system/test_cfi_stacks.py: samples in the handler must walk
  * through the kernel's signal frame (glibc's __restore_rt) back to busy_loop and main.
  * Runs for SECONDS of CPU time (a busy machine stretches it, never shrinks it). */
 #include <signal.h>

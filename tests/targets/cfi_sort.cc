@@ -1,4 +1,4 @@
-// A 3:1 split in C++ built -O2 -fomit-frame-pointer by tests/test_cfi_targets.py: main calls
+// A 3:1 split in C++ built -O2 -fomit-frame-pointer by tests/system/test_cfi_targets.py: main calls
 // two jobs through a virtual method; Heavy::run sorts each round's input three times with
 // std::sort and a slow comparator, Light::run once (same input, same comparisons: exactly
 // 3:1). The comparator is called from libstdc++'s sort templates (__introsort_loop,

@@ -1,11 +1,18 @@
-/* dump_wait: threads in known places for tests/test_dump.py.
+/* dump_wait: threads in known places for tests/system/test_dump.py.
  *
  * "dump-spin" spins in spin_here(); "dump-block" is blocked in read() on a pipe nobody
  * writes, called from block_here(); the main thread waits in pthread_join.  A real-time
  * signal (SIGRTMIN, queued: none merges with another) is counted by a handler; SIGUSR2
- * prints the count and exits 0.  Prints "ready PID" when the threads run. */
+ * prints the count and exits 0.  Prints "ready PID" when the threads run.
+ *
+ * Both signals are blocked in the two other threads, so the main thread takes every one:
+ * handlers run one at a time, and SIGUSR2 (a lower number, so delivered first when both
+ * are pending) lets the real-time signals still pending in before it counts.  With any
+ * thread taking them, a CI run at load 42 printed "counted 18" of 20: SIGUSR2 handled
+ * while the last ones were pending or in another thread's handler. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +28,11 @@ static void on_rt(int sig) { (void)sig; __atomic_fetch_add(&counted, 1, __ATOMIC
 
 static void on_usr2(int sig) {
     (void)sig;
+    /* Pending SIGRTMINs are delivered (nested, here) on the return from a system call. */
+    sigset_t pending;
+    for (int i = 0; i < 100000 && sigpending(&pending) == 0 && sigismember(&pending, SIGRTMIN);
+         i++)
+        sched_yield();
     char line[32];
     int n = snprintf(line, sizeof line, "counted %d\n", __atomic_load_n(&counted, __ATOMIC_RELAXED));
     (void)!write(1, line, (size_t)n);
@@ -60,9 +72,15 @@ int main(void) {
     sa.sa_handler = on_usr2;
     sigaction(SIGUSR2, &sa, NULL);
     if (pipe(pipe_fds) != 0) return 1;
+    sigset_t counted_signals, before;
+    sigemptyset(&counted_signals);
+    sigaddset(&counted_signals, SIGRTMIN);
+    sigaddset(&counted_signals, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &counted_signals, &before); /* inherited by the threads */
     pthread_t a, b;
     pthread_create(&a, NULL, spinner, NULL);
     pthread_create(&b, NULL, blocker, NULL);
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
     printf("ready %d\n", (int)getpid());
     fflush(stdout);
     pthread_join(a, NULL);

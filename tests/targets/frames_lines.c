@@ -1,4 +1,4 @@
-/* Target for frame line lookups (tests/test_frames_lines.py): an address that is both a
+/* Target for frame line lookups (tests/system/test_frames_lines.py): an address that is both a
  * sampled leaf and a return address, and a heap call site whose next instruction is on the
  * next line.  spin() calls step() as the last instruction of its line, so the instruction
  * after the call (step's return address) is on the next line: a sample interrupted there

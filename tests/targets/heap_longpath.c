@@ -1,6 +1,6 @@
 /* heap_longpath: allocations by lib_alloc() of heap_longpath_lib.c, a shared library the test
  * installs under a path so long that its line of /proc/self/maps is longer than the heap
- * shim reads of a line (tests/test_heap_native.py).
+ * shim reads of a line (tests/system/test_heap_native.py).
  * Usage: heap_longpath <n> <dir>: prints "ready <pid>", waits for <dir>/go, calls lib_alloc
  * n times (64 B each, kept), prints "done", waits for <dir>/exit. */
 #include "heap_common.h"

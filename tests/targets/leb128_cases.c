@@ -1,6 +1,6 @@
 /* leb128_cases: LEB128 edge cases through the CFI interpreter's cursors (native/cfi_eval.h:
  * cfi_uleb, cfi_sleb, cfi_encoded), whose decoder (native/leb128.h) the DWARF reader shares.
- * Built by tests/test_leb128.py with -fsanitize=undefined -fno-sanitize-recover (and
+ * Built by tests/system/test_leb128.py with -fsanitize=undefined -fno-sanitize-recover (and
  * address): undefined behaviour, or a read past the input, ends it with an error.  Each
  * input is copied to a block of exactly its size.  Prints "leb128 ok" and exits 0, or
  * names each failed case and exits 1. */

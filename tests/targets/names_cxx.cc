@@ -1,4 +1,4 @@
-// Target for tests/test_symbols_cxx.py: C++ names as the binary has them. std::sort with a
+// Target for tests/system/test_symbols_cxx.py: C++ names as the binary has them. std::sort with a
 // lambda comparator, a thread pool running std::function tasks that are two different
 // lambdas, a namespaced class method. Built -O2: most of it is inlined, and GCC gives the
 // inlined templates and lambdas no DW_AT_linkage_name.  Usage: names_cxx SECONDS

@@ -1,4 +1,4 @@
-/* perf_refuse_enable: an LD_PRELOAD library for tests/test_native_perf.py.  While the
+/* perf_refuse_enable: an LD_PRELOAD library for tests/system/test_native_perf.py.  While the
  * environment has RSPROF_TEST_ENABLE_OK=N, ioctl's PERF_EVENT_IOC_ENABLE fails with EACCES
  * (as when a security module refuses it: security_perf_event_write) once N calls of it went
  * through; without the variable, and for every other request, it is libc's ioctl.  Built

@@ -1,4 +1,4 @@
-/* Target for tests/test_native_perf.py.  Usage: perf_target MODE [ARG]
+/* Target for tests/system/test_native_perf.py.  Usage: perf_target MODE [ARG]
  *
  *   split SECONDS       one thread: caller() spends 3/4 of its time in heavy(), 1/4 in light()
  *   twothreads SECONDS  main thread and one extra thread, both busy in spin_worker()

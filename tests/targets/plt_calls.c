@@ -1,5 +1,5 @@
 /* Calls a tiny libc function through its PLT stub in a hot loop, so CPU samples land in the
- * stub (tests/test_symbols.py: stubs are named `name@plt`). Built with -fno-builtin so the
+ * stub (tests/system/test_symbols.py: stubs are named `name@plt`). Built with -fno-builtin so the
  * call stays a call.  Usage: plt_calls SECONDS */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-"""Heap target for tests/test_heap_python.py: malloc called through ctypes from a worker
+"""Heap target for tests/system/test_heap_python.py: malloc called through ctypes from a worker
 thread, once without the GIL (CDLL releases it around the call) while the main thread runs
 Python code, and once with it (PyDLL keeps it). Only the second may carry Python frames:
 an allocation made without the GIL belongs to no Python line, least of all to the line the

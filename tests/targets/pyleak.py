@@ -1,4 +1,4 @@
-"""Heap target for tests/test_heap_python.py: leaks LEAK_COUNT bytes objects of LEAK_SIZE
+"""Heap target for tests/system/test_heap_python.py: leaks LEAK_COUNT bytes objects of LEAK_SIZE
 bytes at one known line (`KEEP.append(...)`), churns CHURN_COUNT bytearrays of CHURN_SIZE
 bytes at another (allocated and freed at once), from a worker thread too, and leaves with
 os._exit so that the interpreter's teardown does not free what leaked."""

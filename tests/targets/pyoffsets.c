@@ -1,7 +1,7 @@
 /* Prints the CPython structure offsets rsprof's Python frame reader needs, as JSON, from
  * the internal headers of the Python it is compiled against:
  *   gcc -DPy_BUILD_CORE -I<prefix>/include/python3.X -I<prefix>/include/python3.X/internal
- * tests/test_pyframes.py compares the table in collector/pyframes.py with its output for
+ * tests/system/test_pyframes.py compares the table in collector/pyframes.py with its output for
  * every installed Python; rerun it to add a version. */
 #define Py_BUILD_CORE 1
 #include <Python.h>

@@ -1,4 +1,4 @@
-"""Heap target for tests/test_heap_python.py: allocations in every situation the shim's
+"""Heap target for tests/system/test_heap_python.py: allocations in every situation the shim's
 in-process frame read must survive: worker threads, generator and coroutine frames, a
 recursion deeper than a record holds (128 Python frames), finalizers that allocate while a
 frame is being torn down, exceptions, and C code allocating without the GIL (zlib releases

@@ -1,4 +1,4 @@
-"""Named Python threads for tests/test_pythreads.py. Prints one JSON list per line,
+"""Named Python threads for tests/system/test_pythreads.py. Prints one JSON list per line,
 [[native_id, ident, name], ...] of the threads it wants checked, then "done" at the end.
 
   names SECONDS   ten busy threading.Threads `CustomThreadName-0..9`, a ThreadPoolExecutor

@@ -1,4 +1,4 @@
-/* Target for tests/test_heapshim_ring.py: the heap shim's ring must stay out of the
+/* Target for tests/system/test_heapshim_ring.py: the heap shim's ring must stay out of the
  * program's way (its fds, its files, its exec'd images).
  *
  * Usage:

@@ -1,5 +1,5 @@
 // A 3:1 split in Rust built with `rustc -O` and no force-frame-pointers, by
-// tests/test_cfi_targets.py: heavy() sorts each round's input three times with
+// tests/system/test_cfi_targets.py: heavy() sorts each round's input three times with
 // `sort_unstable_by` and a slow comparator, light() once (same input, same comparisons:
 // exactly 3:1). The comparator is called from core's sort code and `slow_cmp` is a leaf
 // without a frame. Rounds have random sizes, since a fixed-length round aliases with

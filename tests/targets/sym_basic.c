@@ -1,4 +1,4 @@
-/* Target for tests/test_symbols.py: plain functions, a forced inline and an assembly label. */
+/* Target for tests/system/test_symbols.py: plain functions, a forced inline and an assembly label. */
 #include <stdio.h>
 #include <stdlib.h>
 

@@ -1,4 +1,4 @@
-// Target for tests/test_symbols.py: namespaced and templated C++ functions.
+// Target for tests/system/test_symbols.py: namespaced and templated C++ functions.
 #include <cstdio>
 #include <cstdlib>
 

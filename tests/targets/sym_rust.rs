@@ -1,4 +1,4 @@
-// Target for tests/test_symbols.py, built once with legacy and once with v0 symbol mangling.
+// Target for tests/system/test_symbols.py, built once with legacy and once with v0 symbol mangling.
 mod engine {
     pub struct Counter {
         pub total: u64,

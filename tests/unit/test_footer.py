@@ -1,0 +1,81 @@
+"""rsprof.tui.widgets.footer: FitFooter shows as many keys as fit on one line, leaving out
+the lowest-ranked (then rightmost) ones, never cutting one; without a ranking, Textual's
+footer as is. A tiny app in Textual's test harness (no terminal, no process)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import ClassVar
+
+import pytest
+from rsprof.tui.widgets.footer import FitFooter
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets._footer import FooterKey
+
+# "a Alpha one " is 1 + 9 + 3 = 13 cells, "b Bravo two " 13, "c Charlie three " 17: 43
+BINDINGS = [Binding("a", "one", "Alpha one"), Binding("b", "two", "Bravo two"),
+            Binding("c", "three", "Charlie three"), Binding("d", "four", "Hidden", show=False)]
+
+
+class Ranked(Screen[None]):
+    BINDINGS = BINDINGS  # type: ignore[assignment]
+    RANKS: ClassVar[dict[str, int]] = {"one": 3, "two": 1, "three": 2, "four": 9}
+
+    def compose(self) -> ComposeResult:
+        yield FitFooter()
+
+    def footer_priority(self, action: str) -> int:
+        return self.RANKS[action]
+
+    def action_one(self) -> None: ...
+    def action_two(self) -> None: ...
+    def action_three(self) -> None: ...
+    def action_four(self) -> None: ...
+
+
+class Tied(Ranked):
+    RANKS: ClassVar[dict[str, int]] = {"one": 1, "two": 1, "three": 1, "four": 1}
+
+
+class Unranked(Screen[None]):
+    BINDINGS = BINDINGS  # type: ignore[assignment]
+
+    def compose(self) -> ComposeResult:
+        yield FitFooter()
+
+    def action_one(self) -> None: ...
+    def action_two(self) -> None: ...
+    def action_three(self) -> None: ...
+    def action_four(self) -> None: ...
+
+
+def shown_keys(screen: type[Screen[None]], width: int) -> list[str]:
+    class Tiny(App[None]):
+        def on_mount(self) -> None:
+            self.push_screen(screen())
+
+    async def run() -> list[str]:
+        app = Tiny()
+        async with app.run_test(size=(width, 4)) as pilot:
+            for _ in range(20):
+                await pilot.pause()
+                keys = [key.key for key in app.screen.query(FooterKey)]
+                if keys:
+                    return keys
+            return []
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(("screen", "width", "keys"), [
+    pytest.param(Ranked, 80, ["a", "b", "c"], id="all-fit"),
+    pytest.param(Ranked, 42, ["a", "b", "c"], id="the-last-pad-may-fall-off"),
+    pytest.param(Ranked, 41, ["a", "c"], id="lowest-rank-goes-first"),
+    pytest.param(Ranked, 20, ["a"], id="then-the-next"),
+    pytest.param(Tied, 41, ["a", "b"], id="ties-the-rightmost"),
+    pytest.param(Unranked, 20, ["a", "b", "c"], id="no-ranking-no-dropping"),
+])
+def test_keys_that_fit(screen: type[Screen[None]], width: int, keys: list[str]) -> None:
+    assert shown_keys(screen, width) == keys
