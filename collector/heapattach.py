@@ -17,6 +17,7 @@ import bisect
 import json
 import os
 import platform
+import select
 import signal
 import struct
 import subprocess
@@ -32,7 +33,10 @@ from typing import Any
 
 from rsprof._native import Tracee, cfi_functions
 
-SHIM_INJECT_PATH = Path(__file__).resolve().parent.parent / "lib" / "librsprof_heap_inject.so"
+# Beside the installed package, not resolved: a strict editable install links each module to
+# its source file (resolve() led to the source tree, which has no lib/, and heap attach was
+# off as "missing").
+SHIM_INJECT_PATH = Path(__file__).parent.parent / "lib" / "librsprof_heap_inject.so"
 PRELOAD_NAME = "librsprof_heap.so"
 INJECT_NAME = "librsprof_heap_inject.so"
 
@@ -523,6 +527,9 @@ class HeapAttach:
         self.injected: Injected | None = None
         self.refused: str | None = None
         self._thread: threading.Thread | None = None
+        # The helper that injected, waiting on its stdin to stop the shim at the end (one
+        # Python start-up and one read of the process's layout less per recording).
+        self._helper: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         if preloaded(self.pid):
@@ -550,7 +557,15 @@ class HeapAttach:
         return datetime.fromtimestamp(self.injected.attached_at).strftime("%H:%M:%S")
 
     def _inject(self) -> None:
-        answer = _helper("inject", str(self.pid), str(os.getpid()))
+        helper = _spawn("inject", str(self.pid), str(os.getpid()))
+        if isinstance(helper, dict):
+            answer = helper
+        else:
+            answer = _answer(helper)
+            if "injected" in answer:
+                self._helper = helper  # asked to stop the shim by finish()
+            else:
+                _let_go(helper)
         if "injected" in answer:
             self.injected = Injected(**answer["injected"])
         elif "refused" in answer:
@@ -574,7 +589,20 @@ class HeapAttach:
             self._thread.join()
         if self.injected is None:
             return
-        answer = _helper("stop", str(self.pid), str(self.injected.shim_base))
+        helper, self._helper = self._helper, None
+        answer: dict[str, Any] | None = None
+        if helper is not None:
+            try:
+                assert helper.stdin is not None
+                helper.stdin.write(b"stop\n")
+                helper.stdin.flush()
+            except OSError:  # it has gone: a helper of its own, as before
+                _let_go(helper)
+            else:
+                answer = _answer(helper)
+                _let_go(helper)
+        if answer is None:
+            answer = _helper("stop", str(self.pid), str(self.injected.shim_base))
         if "refused" in answer:
             self._warn(f"could not stop heap tracking in PID {self.pid} ({answer['refused']}):"
                        " its shim stops by itself once rsprof has exited")
@@ -583,38 +611,78 @@ class HeapAttach:
 HELPER_TIMEOUT_S = 60.0
 
 
-def _helper(*args: str) -> dict[str, Any]:
-    """Runs this module as the ptrace helper; its one line of JSON as a dict ({} when the
-    process is gone). A helper that has not answered in HELPER_TIMEOUT_S is left to finish,
-    never killed: killed in the middle of a call (subprocess.run's timeout sends SIGKILL),
-    it would leave the target's thread returning to address 0, and the target would die of
-    SIGSEGV. (Seen on the shared 2-core machine at load average 26-42: an inject helper
-    still running after 60 s.) Once it has loaded the shim for an rsprof that stopped
-    waiting, the shim stops by itself when that rsprof has exited."""
+def _spawn(*args: str) -> subprocess.Popen[bytes] | dict[str, Any]:
+    """Starts this module as the ptrace helper (in a session of its own: see HeapAttach);
+    a refusal when it cannot be started."""
     try:
-        helper = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-P", "-m", "rsprof.collector.heapattach", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-            stdin=subprocess.DEVNULL)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True)
     except OSError as error:
         return {"refused": f"the ptrace helper failed ({error})"}
+
+
+def _answer(helper: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """The helper's next line of JSON as a dict ({} when the process is gone). A helper
+    that has not answered in HELPER_TIMEOUT_S is left to finish, never killed: killed in
+    the middle of a call, it would leave the target's thread returning to address 0, and
+    the target would die of SIGSEGV. (Seen on the shared 2-core machine at load average
+    26-42: an inject helper still running after 60 s.) Once it has loaded the shim for an
+    rsprof that stopped waiting, the shim stops by itself when that rsprof has exited."""
+    assert helper.stdout is not None
+    fd = helper.stdout.fileno()
+    deadline = time.monotonic() + HELPER_TIMEOUT_S
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            _abandoned.append(helper)  # reaped if it ends before rsprof does; never killed
+            return {"refused": f"the ptrace helper did not answer in {HELPER_TIMEOUT_S:g} s"
+                               " (left to finish its calls)"}
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break  # it exited without a line
+        line += chunk
     try:
-        stdout, stderr = helper.communicate(timeout=HELPER_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        _abandoned.append(helper)  # reaped if it ends before rsprof does; never killed
-        return {"refused": f"the ptrace helper did not answer in {HELPER_TIMEOUT_S:g} s"
-                           " (left to finish its calls)"}
-    try:
-        answer = json.loads(stdout.strip().splitlines()[-1])
+        answer = json.loads(line.decode(errors="replace").strip().splitlines()[-1])
     except (IndexError, ValueError):
-        why = stderr.strip().splitlines()[-1:] or [f"status {helper.returncode}"]
-        return {"refused": f"the ptrace helper failed ({why[0]})"}
+        _let_go(helper)
+        assert helper.stderr is not None
+        said = helper.stderr.read().decode(errors="replace").strip().splitlines()
+        why = said[-1] if said else f"status {helper.returncode}"
+        return {"refused": f"the ptrace helper failed ({why})"}
     return answer if isinstance(answer, dict) else {}
+
+
+def _let_go(helper: subprocess.Popen[bytes]) -> None:
+    """Tells a helper that answered that nothing more is asked (EOF on its stdin) and
+    reaps it; one that does not end in HELPER_TIMEOUT_S is left to finish (see _answer)."""
+    if helper.stdin is not None and not helper.stdin.closed:
+        try:
+            helper.stdin.close()
+        except OSError:
+            pass
+    try:
+        helper.wait(HELPER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _abandoned.append(helper)
+
+
+def _helper(*args: str) -> dict[str, Any]:
+    """Runs this module as the ptrace helper for one command; its answer (_answer)."""
+    helper = _spawn(*args)
+    if isinstance(helper, dict):
+        return helper
+    answer = _answer(helper)
+    if helper not in _abandoned:
+        _let_go(helper)
+    return answer
 
 
 # Helpers that did not answer in time: kept referenced (a Popen collected while its process
 # runs only warns), never killed (see _helper).
-_abandoned: list[subprocess.Popen[str]] = []
+_abandoned: list[subprocess.Popen[bytes]] = []
 
 
 def _serve(argv: list[str]) -> dict[str, Any]:
@@ -641,7 +709,18 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] not in ("inject", "stop"):
         print(json.dumps({"refused": "usage: inject PID SESSION_PID | stop PID SHIM_BASE"}))
         return 2
-    print(json.dumps(_serve(argv)), flush=True)
+    answer = _serve(argv)
+    print(json.dumps(answer), flush=True)
+    if argv[0] == "inject" and "injected" in answer:
+        # rsprof asks for the stop when its recording ends; EOF (it has exited, killed
+        # maybe): nothing more, the shim stops by itself once its rsprof is gone.
+        try:
+            asked = sys.stdin.readline().strip()
+        except (OSError, ValueError):
+            asked = ""
+        if asked == "stop":
+            base = str(answer["injected"]["shim_base"])
+            print(json.dumps(_serve(["stop", argv[1], base])), flush=True)
     return 0
 
 
