@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import (
     PYTHONS,
+    TARGETS,
     build_target,
     heap_rings,
     profile_meta,
@@ -132,9 +133,23 @@ def shim_mapped(pid: int) -> bool:
     return INJECT_NAME in Path(f"/proc/{pid}/maps").read_text()
 
 
+def heap_top(profile: Path) -> list[dict[str, Any]]:
+    """`rsprof top heap FILE --json -n 0`, run in this process (the same command; a Python
+    start-up and rsprof's imports less per check: the 20x tests check every recording)."""
+    from click.testing import CliRunner
+
+    from rsprof.cli import cli
+
+    result = CliRunner().invoke(cli, ["top", "heap", str(profile), "--json", "-n", "0"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows: list[dict[str, Any]] = json.loads(result.stdout)
+    return rows
+
+
 def sites(profile: Path) -> dict[str, dict[str, Any]]:
     # By plain name: a C++ build's functions read attach_keep_site().
-    return {str(s["function"]).split("(")[0]: s for s in top_json(profile, "heap")}
+    return {str(s["function"]).split("(")[0]: s for s in heap_top(profile)}
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +278,7 @@ def test_refused_under_another_tracer(alloc_binary: Path, tmp_path: Path) -> Non
 
 
 def test_refused_for_a_static_binary(tmp_path: Path) -> None:
-    source = Path(__file__).parent / "targets" / "attach_alloc.c"
+    source = TARGETS / "attach_alloc.c"
     binary = tmp_path / "static_alloc"
     build = subprocess.run(["gcc", "-static", "-O1", "-pthread", "-o", str(binary), str(source)],
                            capture_output=True, text=True)
@@ -312,7 +327,7 @@ def cxx_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """attach_alloc.c built as C++: 8 threads, new[] and delete[] through libstdc++."""
     out = tmp_path_factory.mktemp("cxx") / "attach_alloc_cxx"
     subprocess.run(["g++", "-x", "c++", "-O1", "-g", "-fno-omit-frame-pointer", "-pthread",
-                    "-o", str(out), str(Path(__file__).parent / "targets" / "attach_alloc.c")],
+                    "-o", str(out), str(TARGETS / "attach_alloc.c")],
                    check=True)
     return out
 
@@ -323,6 +338,7 @@ def cxx_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
 TWENTY_CYCLES_S = 1200
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TWENTY_CYCLES_S)
 @pytest.mark.parametrize("language", ["c", "c++"])
 def test_attach_detach_20_times(language: str, alloc_binary: Path, cxx_binary: Path,
@@ -358,8 +374,7 @@ def test_attach_detach_20_times(language: str, alloc_binary: Path, cxx_binary: P
           f" max {max(stopped):.2f} ms")
 
 
-def _sqlite_chunk(k: int) -> str:
-    rows = 20000 + 1000 * k
+def _sqlite_chunk(k: int, rows: int) -> str:
     return (
         f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {rows})"
         f" INSERT INTO t(b, c) SELECT printf('%040d', x * {k + 1}), x % 97 FROM c;\n"
@@ -370,6 +385,7 @@ def _sqlite_chunk(k: int) -> str:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TWENTY_CYCLES_S)
 @pytest.mark.skipif(shutil.which("sqlite3") is None, reason="needs sqlite3")
 def test_attach_detach_20_times_sqlite3(tmp_path: Path) -> None:
@@ -393,11 +409,13 @@ def test_attach_detach_20_times_sqlite3(tmp_path: Path) -> None:
     heap_seen = 0
     for cycle in range(CYCLES):
         out = tmp_path / f"s{cycle}.db"
-        feed(_sqlite_chunk(2 * cycle))  # busy while rsprof starts and injects
+        # Busy while rsprof starts and injects (~0.2 s alone here), then a small chunk
+        # while attached: every allocation it makes is a heap event to read and resolve (the
+        # bigger chunks of before made this test 28 s, 6 s of it the plain run alone).
+        feed(_sqlite_chunk(2 * cycle, 30000))
         recorder = start_attach(proc.pid, out)
         wait_for_ring(proc.pid, recorder)
-        feed(_sqlite_chunk(2 * cycle + 1))
-        time.sleep(0.2)
+        feed(_sqlite_chunk(2 * cycle + 1, 2000 + 100 * cycle))  # at it or waiting at the stop
         stderr = stop_attach(recorder)
         assert "heap since attach" in stderr, stderr
         assert not heap_rings(proc.pid)
@@ -416,7 +434,7 @@ def test_attach_python_allocations_at_their_lines(python: str, tmp_path: Path) -
     its allocations since the attach are charged to the Python lines that made them, as
     under `rsprof run`."""
     binary = python_binary(python)
-    script = Path(__file__).parent / "targets" / "attach_py.py"
+    script = TARGETS / "attach_py.py"
     proc = subprocess.Popen([str(binary), str(script)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
@@ -446,6 +464,43 @@ def test_attach_python_allocations_at_their_lines(python: str, tmp_path: Path) -
     assert churned["total_alloc_bytes"] == 500 * 10 * 3001  # a bytearray ends in a NUL
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(TWENTY_CYCLES_S)
+@pytest.mark.parametrize("python", list(PYTHONS))
+def test_attach_detach_20_times_python(python: str, tmp_path: Path) -> None:
+    """A CPython program (Debian's 3.11, pyenv's 3.12 and 3.13) attached and detached 20
+    times in a row: each recording charges exactly the blocks made at the churn line while
+    it was attached, and the program's output and status are those of a plain run."""
+    binary = python_binary(python)
+    script = TARGETS / "attach_py.py"
+    proc = subprocess.Popen([str(binary), str(script)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    lines = [proc.stdout.readline()]
+    asked = []
+    for cycle in range(CYCLES):
+        out = tmp_path / f"p{cycle}.db"
+        recorder = start_attach(proc.pid, out)
+        wait_for_ring(proc.pid, recorder)
+        n = cycle + 1
+        proc.stdin.write(f"{n}\n")
+        proc.stdin.flush()
+        lines.append(proc.stdout.readline())
+        asked.append(f"{n}\n")
+        stop_attach(recorder)
+        assert not heap_rings(proc.pid)
+        by_line = {(str(s["function"]), s["line"]): s for s in heap_top(out)}
+        churned = next(s for (_, line), s in by_line.items() if line == 15)
+        assert (churned["alloc_count"], churned["free_count"]) == (10 * n, 10 * n), cycle
+        assert churned["total_alloc_bytes"] == 10 * n * 3001, cycle
+        assert by_line[("leak_line", 11)]["live_bytes"] >= n * 5001, cycle
+    proc.stdin.close()
+    status = proc.wait(30)
+    plain = subprocess.run([str(binary), str(script)], input="".join(asked),
+                           capture_output=True, text=True, timeout=60)
+    assert ("".join(lines) + proc.stdout.read(), status) == (plain.stdout, plain.returncode)
+
+
 def test_rsprof_killed_at_any_moment_of_the_attach(alloc_binary: Path, tmp_path: Path) -> None:
     """rsprof killed with -9 at 10 moments from its start to well after the injection: the
     ptrace work runs in a helper of its own session that finishes its calls (a tracer dying
@@ -470,7 +525,7 @@ def test_rsprof_killed_at_any_moment_of_the_attach(alloc_binary: Path, tmp_path:
 def test_refused_for_a_program_with_its_own_malloc(tmp_path: Path) -> None:
     """An executable defining malloc: every module calls it, not libc's, so the injected
     shim would see nothing. Refused in one line, CPU recorded."""
-    targets = Path(__file__).parent / "targets"
+    targets = TARGETS
     binary = tmp_path / "own_alloc"
     subprocess.run(["gcc", "-O1", "-pthread", "-o", str(binary), str(targets / "attach_alloc.c"),
                     str(targets / "attach_ownmalloc.c")], check=True)
