@@ -1,4 +1,4 @@
-/* Target of tests/test_heap_attach.py: started WITHOUT rsprof, then attached by `rsprof -p`.
+/* Target of tests/system/test_heap_attach.py: started WITHOUT rsprof, then attached by `rsprof -p`.
  * Four threads churn 4000-byte blocks at attach_spin_site all the time (allocation going on
  * while the shim is injected), and on command from stdin allocate exactly:
  *   "alloc N"  each thread: N blocks kept live at attach_keep_site, N freed at once at

@@ -1,4 +1,4 @@
-/* Target of tests/test_heap_attach.py's EINTR test: started WITHOUT rsprof and attached by
+/* Target of tests/system/test_heap_attach.py's EINTR test: started WITHOUT rsprof and attached by
  * `rsprof -p`, whose ptrace stop must never make a system call of the program fail with
  * EINTR. The main thread reads its commands with raw read(2) on stdin (no stdio, no
  * retry: an EINTR is counted, not hidden); with argument "sleeper" a second thread sleeps

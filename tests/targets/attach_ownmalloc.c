@@ -1,4 +1,4 @@
-/* Linked with attach_alloc.c by tests/test_heap_attach.py: an executable that defines malloc,
+/* Linked with attach_alloc.c by tests/system/test_heap_attach.py: an executable that defines malloc,
  * free, calloc and realloc itself (here thin ones over glibc's __libc_* entry points), which
  * the process binds every module's calls to: rsprof -p must refuse its heap (the shim
  * forwards to libc's allocator and would see none of these calls), not record nothing. */

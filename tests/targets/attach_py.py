@@ -1,4 +1,4 @@
-"""Target of tests/test_heap_attach.py: a Python program started WITHOUT rsprof. Each
+"""Target of tests/system/test_heap_attach.py: a Python program started WITHOUT rsprof. Each
 number N read from stdin: N bytearrays of 5000 bytes kept (leak_line), N x 10 of 3000 bytes
 made and dropped (churn); prints "done N total"."""
 
