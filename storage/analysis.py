@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import asdict, dataclass
-from itertools import pairwise
 from pathlib import Path
 
 from rsprof.storage.errors import ProfileError
 from rsprof.storage.granularity import Entry, EntryTable, entry
 from rsprof.storage.reader import Profile, ProfileSummary
-from rsprof.storage.samples import heap_deltas_source
+from rsprof.storage.samples import heap_deltas_source, heap_site_rows
 from rsprof.storage.selection import WHOLE_CPU_PROFILE, SampleQuery, Selection, select
 
 
@@ -189,7 +188,7 @@ def top_heap(
         "SELECT h.location_id, l.function, l.file, l.line, COALESCE(m.path, ''),"
         " SUM(h.alloc_bytes) - SUM(h.free_bytes), SUM(h.alloc_bytes), SUM(h.free_bytes),"
         " SUM(h.alloc_count), SUM(h.free_count)"
-        " FROM heap_site_samples h JOIN locations l ON l.id = h.location_id"
+        f" FROM {heap_site_rows(profile.has)} h JOIN locations l ON l.id = h.location_id"
         " LEFT JOIN modules m ON m.id = l.module_id GROUP BY h.location_id"
     )
     growing = growing_sites(profile)
@@ -252,18 +251,21 @@ def growing_sites(profile: Profile) -> set[int]:
     if last is None:
         return set()
     first = last - GROWTH_WINDOW + 1
-    history: dict[int, list[tuple[int, int]]] = {}
-    for location_id, checkpoint_id, live in profile.rows(
-        "SELECT location_id, checkpoint_id, live_bytes FROM heap_site_samples"
-        " WHERE checkpoint_id >= ? ORDER BY location_id, checkpoint_id",
+    # A site's live bytes after each checkpoint that changed them, from the one before the
+    # window on: each step is that checkpoint's net delta, so the deltas of the window's
+    # checkpoints answer (the first point's live value does not matter: only its rises do).
+    steps: dict[int, list[int]] = {}
+    for location_id, _checkpoint_id, delta in profile.rows(
+        "SELECT location_id, checkpoint_id, SUM(alloc_bytes) - SUM(free_bytes)"
+        f" FROM {heap_site_rows(profile.has)} WHERE checkpoint_id >= ?"
+        " GROUP BY location_id, checkpoint_id ORDER BY location_id, checkpoint_id",
         (first - 1,),
     ):
-        history.setdefault(location_id, []).append((checkpoint_id, live))
+        steps.setdefault(location_id, []).append(delta)
     growing = set()
-    for location_id, points in history.items():
-        lives = [live for _, live in points]
-        rises = sum(1 for a, b in pairwise(lives) if b > a)
-        never_fell = all(b >= a for a, b in pairwise(lives))
-        if never_fell and rises >= GROWTH_WINDOW // 2 and lives[-1] > lives[0]:
+    for location_id, deltas in steps.items():
+        rises = deltas[1:]  # from the first point on
+        if (all(step >= 0 for step in rises) and sum(1 for step in rises if step > 0)
+                >= GROWTH_WINDOW // 2 and sum(rises) > 0):
             growing.add(location_id)
     return growing

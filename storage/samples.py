@@ -346,6 +346,18 @@ def heap_deltas_source(
     return "heap_stack_samples", "", ()
 
 
+def heap_site_rows(has: Callable[[str], bool]) -> str:
+    """A FROM item of per-call-site heap deltas: rows of (checkpoint_id, location_id,
+    alloc_bytes, alloc_count, free_bytes, free_count), one per delta row (GROUP BY what you
+    need). Schema 2 joins the deltas to their stack's call site; schema 1 kept a table."""
+    if has("heap_deltas"):
+        return ("(SELECT d.checkpoint_id AS checkpoint_id, s.location_id AS location_id,"
+                " d.alloc_bytes AS alloc_bytes, d.alloc_count AS alloc_count,"
+                " d.free_bytes AS free_bytes, d.free_count AS free_count"
+                " FROM heap_deltas d JOIN heap_call_sites s ON s.stack_id = d.stack_id)")
+    return "heap_site_samples"
+
+
 def _merge_identical(samples: list[Sample]) -> list[Sample]:
     merged: dict[tuple[tuple[Frame, ...], int | None], Sample] = {}
     for sample in samples:

@@ -212,18 +212,16 @@ SELECT t.tid AS tid,
        t.exited AS exited
 FROM threads t LEFT JOIN cpu_stack_samples c ON c.tid = t.tid
 GROUP BY t.tid""",
+    # over heap_samples, which both schema versions have (schema 1: over its per-site table)
     "heap_sites": """
-SELECT l.function AS function,
-       l.file AS file,
-       l.line AS line,
-       SUM(h.alloc_bytes) AS alloc_bytes,
-       SUM(h.alloc_count) AS allocs,
-       SUM(h.free_bytes) AS free_bytes,
-       SUM(h.free_count) AS frees,
-       SUM(h.alloc_bytes) - SUM(h.free_bytes) AS leaked_bytes,
-       SUM(h.alloc_count) - SUM(h.free_count) AS leaked_count
-FROM heap_site_samples h JOIN locations l ON l.id = h.location_id
-GROUP BY h.location_id""",
+SELECT function, file, line,
+       total_alloc_bytes AS alloc_bytes,
+       total_allocs AS allocs,
+       total_free_bytes AS free_bytes,
+       total_frees AS frees,
+       total_alloc_bytes - total_free_bytes AS leaked_bytes,
+       total_allocs - total_frees AS leaked_count
+FROM heap_samples""",
 }
 
 

@@ -260,12 +260,13 @@ def test_c_to_python_entries_keep_their_python_frames(
     samples on 3.12 (4-10 of ~1000 in bench_pyaccuracy's reentry workload). The program now
     checks that the innermost group links to the caller's _PyCFrame and otherwise reads
     from that one (`python_bpf_outer`): 10 of ~1000 samples here on 3.12, 1 on 3.11, none
-    lost. At most 0.3 % may fault or lack Python frames (start-up before rsprof found the
-    interpreter excepted)."""
+    lost. At most 0.3 % may fault, and 1 % (issue 21's bound) lack Python frames (start-up
+    before rsprof found the interpreter excepted)."""
     script = tmp_path / "entries.py"
     script.write_text(ENTRIES)
     profile = _record(python_binary(name), script, "2", tmp_path / "entries.db")
     evaluating = lost = 0
+    lost_stacks = []
     for count, frames in _stacks(profile):
         if any(function == "pymain_init" for function, _ in frames):
             continue
@@ -274,7 +275,10 @@ def test_c_to_python_entries_keep_their_python_frames(
         if python or any(function == "_PyEval_EvalFrameDefault" for function, _ in frames):
             evaluating += count
             lost += 0 if python else count
-    meta = profile_meta(profile)
+            if not python:
+                lost_stacks.append((count, " <- ".join(f for f, _ in frames[:8])))
+    meta = {key: value for key, value in profile_meta(profile).items()
+            if key.startswith("python")}
     # start-up, before the program knew the process (on Debian's 3.11, whose pymain_init
     # has no symbol, these are not told apart above): drained before rsprof found the
     # interpreter, or read at drain time and too late
@@ -283,7 +287,11 @@ def test_c_to_python_entries_keep_their_python_frames(
     assert int(meta["python_before_reader"]) <= sum(count for count, _ in _stacks(profile))
     assert evaluating >= 400, (evaluating, meta)
     assert int(meta["python_bpf_fault"]) <= 0.003 * evaluating, (evaluating, meta)
-    assert lost - startup <= 0.003 * evaluating, (lost, startup, evaluating, meta)
+    # issue 21's bound, 1 %: a CI run at load ~28 (other suites with hogs beside it) lost 4
+    # of 1008 on 3.12 beyond start-up, quieter runs 0-2 (this test allowed 0.3 % while the
+    # start-up counter was garbage and hid them)
+    assert lost - startup <= 0.01 * evaluating, (lost, startup, evaluating, lost_stacks,
+                                                 meta)
     assert "python_bpf_outer" in meta, meta
 
 

@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from rsprof.storage.analysis import top_heap
+from rsprof.storage.analysis import growing_sites, top_heap
 from rsprof.storage.errors import ProfileError
 from rsprof.storage.reader import Profile
 from rsprof.storage.samples import load_samples
@@ -101,3 +101,19 @@ def test_appending_to_a_schema_1_file_is_refused(tmp_path: Path) -> None:
     old = schema_1_copy(small_profile(tmp_path / "new.db"), tmp_path / "old.db")
     with pytest.raises(ProfileError, match="older rsprof"):
         ProfileWriter(old, append=True)
+
+
+def test_growing_sites_and_top_heap_read_both_schemas(fixture_profile: Path,
+                                                      tmp_path: Path) -> None:
+    """`top heap`'s site table and its Growing mark read the deltas (schema 2) or the
+    per-site table (schema 1) and agree; the leak that grows every checkpoint is the one
+    growing site."""
+    old = schema_1_copy(fixture_profile, tmp_path / "old.db")
+    answers = []
+    for path in (fixture_profile, old):
+        with Profile(path) as profile:
+            answers.append((growing_sites(profile),
+                            [(r.function, r.live_bytes, r.growing) for r in top_heap(profile)]))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == {10}  # leaky_cache_insert
+    assert answers[0][1][0] == ("leaky_cache_insert", 8192 * 70, True)
