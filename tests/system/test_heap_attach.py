@@ -19,6 +19,7 @@ import pytest
 from conftest import (
     PYTHONS,
     TARGETS,
+    _read_ring_head,
     build_target,
     heap_rings,
     profile_meta,
@@ -119,12 +120,9 @@ def rings_of_session(session: int) -> list[Path]:
     """Rings in /dev/shm whose header names `session` as their reader (offset 156)."""
     found = []
     for path in Path("/dev/shm").glob("rsprof-heap.*"):
-        try:
-            with path.open("rb") as ring:
-                head = ring.read(160)
-        except OSError:
-            continue
-        if len(head) == 160 and int.from_bytes(head[156:160], "little") == session:
+        head = _read_ring_head(path, 160)  # never blocks on a FIFO under a ring's name
+        if head is not None and len(head) == 160 and int.from_bytes(head[156:160],
+                                                                    "little") == session:
             found.append(path)
     return found
 
