@@ -113,15 +113,26 @@ class BuildNative(build_ext):
             extra_preargs=[*COMMON_CFLAGS, "-fPIC", "-fvisibility=hidden", "-pthread",
                            "-fexceptions"],
         )
-        self.compiler.link_shared_object(
-            objects,
-            str(out_dir / "librsprof_heap.so"),
-            libraries=["dl", "pthread", "rt"],
-            # -z now: every symbol the shim uses is bound at load. Lazily bound, the first
-            # call of each (memcpy in the stack walk) went through ld.so's resolver inside
-            # malloc, whose register save area took 3 KiB of the target's stack.
-            extra_preargs=["-pthread", "-Wl,-z,now"],
+        # The same objects make two libraries, told apart by one constant
+        # (native/shim/variant/): librsprof_heap.so for LD_PRELOAD, and
+        # librsprof_heap_inject.so, which `rsprof -p` loads into a running process with
+        # ptrace and which waits to be started (heapshim.c, "injected mode").
+        variants = self.compiler.compile(
+            sorted(str(p) for p in (NATIVE / "shim" / "variant").glob("*.c")),
+            output_dir=self.build_temp, extra_preargs=[*COMMON_CFLAGS, "-fPIC"],
         )
+        for name, variant in (("librsprof_heap.so", "preload"),
+                              ("librsprof_heap_inject.so", "inject")):
+            self.compiler.link_shared_object(
+                [*objects, next(o for o in variants if Path(o).stem == variant)],
+                str(out_dir / name),
+                libraries=["dl", "pthread", "rt"],
+                # -z now: every symbol the shim uses is bound at load. Lazily bound, the
+                # first call of each (memcpy in the stack walk) went through ld.so's
+                # resolver inside malloc, whose register save area took 3 KiB of the
+                # target's stack.
+                extra_preargs=["-pthread", "-Wl,-z,now"],
+            )
 
     def _build_demo(self) -> None:
         # The demo's source ships beside it, and its debug info names it relative to

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from rsprof.collector import process
 from rsprof.collector.frames import FrameResolver
 from rsprof.storage.callsite import call_site_position
 from rsprof.storage.writer import Checkpoint, HeapCallSite, HeapDelta
@@ -20,6 +21,9 @@ PythonLookup = Callable[[], PyFrameReader | None]
 # How long allocations with Python frames wait for their process's frame reader before
 # they are kept with native stacks only (the ring buffers them meanwhile).
 PYTHON_WAIT_S = 2.0
+# At the end of a recording, how often a ring whose writer has not committed a record
+# reserved before the stop is read again (HeapTracker.settle).
+SETTLE_POLL_S = 0.001
 
 # Ring header flags (native/heapring.h) by which the shim says that part of the heap escapes
 # it, and what each costs the profile.
@@ -45,6 +49,9 @@ class HeapParts:
     call_sites: dict[int, HeapCallSite] = field(default_factory=dict)  # of those stacks
     events: int = 0
     lost: int = 0
+    # Frees of blocks the reader never saw allocated (allocated before the shim came, when
+    # it was injected into a running process): counted, never subtracted from live bytes.
+    unknown_frees: int = 0
 
     def into(self, checkpoint: Checkpoint) -> None:
         checkpoint.heap = {key: deltas for key, deltas in self.deltas.items() if deltas}
@@ -143,6 +150,27 @@ class HeapTracker:
                     return
                 except MemoryError:
                     return  # the record is retried by the next poll
+
+    def settle(self, mark: int, deadline: float) -> bool:
+        """Reads until every record reserved below `mark` (the writers' cursor when the
+        recording stopped) has been read. A writer stopped between its reservation and its
+        commit (preempted for milliseconds on a loaded machine) stops the reader at its
+        record, and every record after it, committed already, would have been left in the
+        ring that the end of the recording removes. True once read, or once nothing more
+        can come here (the ring closed or dropped, its process gone, the rest deferred to
+        the next take or waiting for the frame reader); False at `deadline` (monotonic)."""
+        while True:
+            self.drain()
+            with self._lock:
+                reader = self.reader
+                if (reader.closed or self.dropped is not None or reader.deferred
+                        or reader.python_wanted or reader.read_pos >= mark):
+                    return True
+            if not process.is_alive(reader.pid):
+                return True  # its last reservation will never be committed
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(SETTLE_POLL_S)
 
     def set_budget(self, new_stacks: int) -> None:
         """New stacks one take() announces at most (clamped by the reader to 1 .. 65536)."""
@@ -251,6 +279,7 @@ class HeapTracker:
         parts.events += batch.events
         # Lost by the shim (ring full) or dropped by the reader's bounds (a flood).
         parts.lost += batch.lost + batch.dropped
+        parts.unknown_frees += batch.unknown_frees
         return bool(batch.exited or batch.execed)
 
     def _call_site(self, stack_id: int) -> HeapCallSite:

@@ -123,6 +123,11 @@ HEAP_STACKS_MEASURED = 64
 # are read; the readers' memory bounds end it sooner (their dropping is counted), this only
 # guards against a ring that never empties.
 FINAL_ROUNDS = 64
+# After the recording stops, how long the last read waits for records the program had
+# reserved in its ring before the stop to be committed (a writer preempted between the two
+# on a loaded machine; HeapTracker.settle). Bounded: a thread stopped mid-record (SIGSTOP,
+# a debugger) would never commit.
+FINAL_COMMIT_WAIT_S = 1.0
 
 
 def ring_kib_for(options: RecordOptions, copies: int = RING_COPIES[0]) -> int:
@@ -217,6 +222,13 @@ class Recorder:
         # (time_ns, image) per pid, in order: which image made a ring (its created_ns).
         self._image_starts: dict[int, list[tuple[int, int]]] = {}
         self._heap_lost_warned = False
+        self._heap_unknown_frees = 0  # frees of blocks allocated before the shim came
+        self._stop_marks: dict[tuple[int, int], int] = {}  # ring -> write_pos at the stop
+        self._settle_warned = False
+        # More meta, asked for at every checkpoint and written when it changed: how the heap
+        # shim was loaded into the attached process (collector/heapattach.py HeapAttach).
+        self.extra_meta: Callable[[], dict[str, object]] | None = None
+        self._extra_meta_written: dict[str, object] = {}
         self._exited_pids: set[int] = set()  # EXIT records taken by checkpoints
         self._heap_mode: tuple[str, int] | None = None  # (mode, sample bytes) once known
         self._thread_names: dict[int, str | None] = {}  # the kernel's (comm)
@@ -552,8 +564,8 @@ class Recorder:
             if not waiting:
                 return
             _freeze_garbage_collection()
-            for heap in waiting:
-                heap.drain()
+            self._settle_heaps([(ring, heap) for ring, heap in self._heaps.items()
+                                if heap in waiting])
             self._checkpoint(final=True)
         self.warn("heap events still waiting in a ring after the recording stopped were not"
                   " read")
@@ -584,6 +596,10 @@ class Recorder:
             self.stop_event.set()
 
     def _stop_drain(self, drain: threading.Thread) -> None:
+        # Where each ring's writers were when the recording stopped: everything below is
+        # read before the recording ends (_settle_heaps).
+        self._stop_marks = {ring: heap.reader.write_pos
+                            for ring, heap in list(self._heaps.items())}
         self._drain_stop.set()
         drain.join()
         # From now on every take() may announce as many new stacks as a reader holds.
@@ -593,8 +609,21 @@ class Recorder:
         self.sampler.poll(0)
         if self.options.heap:
             self._scan_heap_rings()
-        for heap in list(self._heaps.values()):
-            heap.drain()
+        for ring, heap in list(self._heaps.items()):
+            self._stop_marks.setdefault(ring, heap.reader.write_pos)  # attached just now
+        self._settle_heaps(list(self._heaps.items()))
+
+    def _settle_heaps(self, heaps: list[tuple[tuple[int, int], HeapTracker]]) -> None:
+        """Reads each ring up to its stop mark, waiting (FINAL_COMMIT_WAIT_S at most) for
+        writers that had reserved a record and not yet committed it."""
+        deadline = time.monotonic() + FINAL_COMMIT_WAIT_S
+        for ring, heap in heaps:
+            if not heap.settle(self._stop_marks.get(ring, 0), deadline) and not self._settle_warned:
+                self._settle_warned = True
+                self.warn(f"heap events of PID {ring[0]} reserved before the recording stopped"
+                          f" were still not written {FINAL_COMMIT_WAIT_S:g} s later (a thread"
+                          " stopped while recording one): they and those after them were"
+                          " not read")
 
     def _scan_heap_rings(self) -> None:
         """Attaches the rings in /dev/shm (one directory read per poll) of the processes
@@ -837,8 +866,16 @@ class Recorder:
         return heap_parts
 
     def _write_heap_meta(self, heap_parts: HeapParts) -> None:
-        """Heap meta that changed: lost events (warned once), Python frames decoded, the
-        heap mode and what the shims miss."""
+        """Heap meta that changed: the attach's (extra_meta), unknown frees, lost events
+        (warned once), Python frames decoded, the heap mode and what the shims miss."""
+        if self.extra_meta is not None:
+            extra = self.extra_meta()
+            if extra != self._extra_meta_written:
+                self._extra_meta_written = extra
+                self.writer.set_meta(extra)
+        if heap_parts.unknown_frees:
+            self._heap_unknown_frees += heap_parts.unknown_frees
+            self.writer.set_meta({"heap_unknown_frees": self._heap_unknown_frees})
         if heap_parts.lost and not self._heap_lost_warned:
             self._heap_lost_warned = True
             self.warn("heap events were lost (a shim's ring was full, or /dev/shm had no room"

@@ -1716,6 +1716,31 @@ static PyObject *HeapReader_get_deferred(HeapReaderObject *r, void *c) {
     pthread_mutex_unlock(&r->lock);
     return PyBool_FromLong(v);
 }
+/* The writers' reservation cursor now (0 once closed or in error): every record reserved
+ * before it lies below it, committed or about to be. */
+static PyObject *HeapReader_get_write_pos(HeapReaderObject *r, void *c) {
+    lock_nogil(r);
+    volatile uint64_t w = 0;
+    if (!r->closed && r->hdr != NULL && r->error == RERR_NONE && ring_size_ok(r)) {
+        sigjmp_buf jb;
+        if (sigsetjmp(jb, 1) != 0) {
+            set_error(r, RERR_TRUNCATED, r->read_pos, "the ring file was truncated (SIGBUS)");
+            w = 0;
+        } else {
+            t_bus_jmp = &jb;
+            w = __atomic_load_n(&r->hdr->write_pos, __ATOMIC_ACQUIRE);
+        }
+        t_bus_jmp = NULL;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return PyLong_FromUnsignedLongLong(w);
+}
+static PyObject *HeapReader_get_read_pos(HeapReaderObject *r, void *c) {
+    lock_nogil(r);
+    uint64_t v = r->read_pos;
+    pthread_mutex_unlock(&r->lock);
+    return PyLong_FromUnsignedLongLong(v);
+}
 static PyObject *HeapReader_get_created_ns(HeapReaderObject *r, void *c) {
     return PyLong_FromUnsignedLongLong(r->created_mono_ns);
 }
@@ -1772,6 +1797,11 @@ static PyGetSetDef HeapReader_getset[] = {
      (setter)HeapReader_set_new_stack_budget,
      "new stacks one take() announces at most (1 .. 65536); the allocations of further new "
      "stacks wait in the ring for the next take()", NULL},
+    {"write_pos", (getter)HeapReader_get_write_pos, NULL,
+     "the writers' reservation cursor now, in ring bytes (0 once closed)", NULL},
+    {"read_pos", (getter)HeapReader_get_read_pos, NULL,
+     "bytes of the ring read so far (a record reserved but not committed stops the reader)",
+     NULL},
     {"deferred", (getter)HeapReader_get_deferred, NULL,
      "the take's budget is spent: polls read nothing until the next take()", NULL},
     {"python_wanted", (getter)HeapReader_get_python_wanted, NULL,

@@ -11,6 +11,7 @@ int rsprof_heap_register(PyObject *module);   /* heapreader.c: HeapReader */
 int rsprof_dwarf_register(PyObject *module);  /* dwarf.c: DWARF line-table helpers */
 int rsprof_pyframes_register(PyObject *module); /* pyframes.c: PyFrameReader */
 int rsprof_snapshot_register(PyObject *module); /* snapshot.c: StoppedProcess */
+int rsprof_inject_register(PyObject *module);   /* inject.c: Tracee */
 
 /* cfi_functions(path) -> (ranges, rows, build_ms): the FDE function ranges of one ELF
  * file, from the same cached CFI tables the unwinder uses (native/unwind.c). */
@@ -87,7 +88,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     if (native_add_stack_words(m) < 0 || rsprof_perf_register(m) < 0 ||
         rsprof_heap_register(m) < 0 || rsprof_dwarf_register(m) < 0 ||
-        rsprof_pyframes_register(m) < 0 || rsprof_snapshot_register(m) < 0) {
+        rsprof_pyframes_register(m) < 0 || rsprof_snapshot_register(m) < 0 ||
+        rsprof_inject_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -4,6 +4,7 @@ Results cross it as struct sequences (read-only named tuples) or plain tuples wh
 spelled out here; docs/native.md says what each field means.
 """
 
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self, final
 
@@ -239,6 +240,13 @@ class HeapReader:
     def deferred(self) -> bool:
         """This take's budget is spent: poll() reads nothing until the next take()."""
     @property
+    def write_pos(self) -> int:
+        """The writers' reservation cursor now, in ring bytes (0 once closed): every record
+        reserved before this moment lies below it."""
+    @property
+    def read_pos(self) -> int:
+        """Ring bytes read so far; a record reserved but not committed yet stops poll()."""
+    @property
     def python_wanted(self) -> bool: ...
     @property
     def shim_flags(self) -> int:
@@ -358,3 +366,35 @@ class StoppedProcess:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+@final
+class Tracee:
+    """One thread of another process seized with ptrace (native/inject.c), to make it call
+    a function: `rsprof -p` loads the heap shim so (collector/heapattach.py). Every method
+    must be called from the thread that created it."""
+
+    def __init__(self, tid: int) -> None:
+        """PTRACE_SEIZE (no signal, the thread keeps running). OSError: EPERM (another
+        tracer, or not allowed), ESRCH (no such thread)."""
+    @property
+    def tid(self) -> int: ...
+    @property
+    def stopped_ns(self) -> int:
+        """Nanoseconds the thread has been stopped by us so far."""
+    def interrupt(self) -> None:
+        """Stops the thread (PTRACE_INTERRUPT) and waits for the stop; a signal it was about
+        to take meanwhile is delivered first."""
+    def resume(self) -> None: ...
+    def regs(self) -> tuple[int, int, int, int]:
+        """(pc, sp, orig_rax, rax) of the stopped thread; orig_rax -1 outside a system call."""
+    def read(self, address: int, size: int, /) -> bytes:
+        """What of [address, address + size) is readable, maybe less (up to 256 KiB)."""
+    def unwind(self, max_frames: int = 128, /) -> tuple[list[int], bool]:
+        """(frames, truncated): the stopped thread's stack by CFI (native/unwind.c, as CPU
+        samples): frames[0] is the pc, then return addresses."""
+    def call(self, fn: int, args: Sequence[int], data: bytes = b"", timeout_ms: int = 10000) -> int:
+        """fn(*args) in the stopped thread, every register put back after; with data, a
+        copy of it below the red zone is the first argument. Returns rax. OSError when the
+        call faults, does not return in time or the thread exits."""
+    def detach(self) -> None: ...

@@ -1,8 +1,8 @@
 """The `rsprof` command. Commands stay thin: they parse, call collector or storage, render.
 
 Exit codes (rsprof's): 0 ok, 1 error, 2 usage, 3 process not found, 4 permission,
-6 database; `rsprof run` otherwise ends with its target's status (_run_status). Every
-failure is one line on stderr, never a traceback.
+5 heap refused (`-p PID --heap`), 6 database; `rsprof run` otherwise ends with its target's
+status (_run_status). Every failure is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from rsprof.durations import parse_duration
 from rsprof.exit_codes import (
     EXIT_DATABASE,
     EXIT_ERROR,
+    EXIT_HEAP_REFUSED,
     EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -123,6 +124,10 @@ def _record_options(func: click.decorators.FC, *, demo: bool) -> click.decorator
 @click.option("-p", "--pid", type=int, help="Attach to this process.")
 @click.option("-P", "--process", "process_name",
               help="Attach to the process whose name contains this.")
+@click.option("--heap/--no-heap", "heap", default=None,
+              help="Track the heap too (default: on where it can be): a process started"
+                   " without the shim gets it loaded with ptrace, and its heap is recorded"
+                   " since the attach. With --heap, a refusal ends rsprof with status 5.")
 @record_options
 @click.version_option(__version__, prog_name="rsprof")
 @click.pass_context
@@ -145,6 +150,10 @@ def cli(ctx: click.Context, pid: int | None, process_name: str | None, **options
 @click.option("-p", "--pid", type=int, help="Attach to this process.")
 @click.option("-P", "--process", "process_name",
               help="Attach to the process whose name contains this.")
+@click.option("--heap/--no-heap", "heap", default=None,
+              help="Track the heap too (default: on where it can be): a process started"
+                   " without the shim gets it loaded with ptrace, and its heap is recorded"
+                   " since the attach. With --heap, a refusal ends rsprof with status 5.")
 @record_options
 def record(pid: int | None, process_name: str | None, **options: object) -> None:
     """Attach to a running process: the same as `rsprof -p PID` (perf and py-spy users
@@ -161,7 +170,10 @@ def _attach(pid: int | None, process_name: str | None, options: dict[str, object
     from rsprof.collector.process import target_from_name, target_from_pid
 
     target = target_from_pid(pid) if pid is not None else target_from_name(str(process_name))
-    _record(target, **options)  # type: ignore[arg-type]
+    asked = options.pop("heap")
+    outcome = _record(target, heap=asked is not False, **options)  # type: ignore[arg-type]
+    if outcome.heap_off_reason is not None and asked is True:
+        raise TargetStatus(EXIT_HEAP_REFUSED)  # said already, in one line
 
 
 MIN_INTERVAL_S = 0.01
@@ -196,6 +208,7 @@ def _record(
     append: bool,
     follow: bool | None,
     child: session.Launched | None = None,
+    heap: bool = True,
 ) -> session.SessionOutcome:
     from rsprof import session
     from rsprof.collector.recorder import RecordOptions
@@ -206,9 +219,11 @@ def _record(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
         python=python != "off", python_bpf=python == "on", offcpu=offcpu,
         follow=(child is not None) if follow is None else follow,
+        heap=heap,
     )
+    # Attaching (no child): the heap shim is loaded into the process unless --no-heap.
     outcome = session.record(target, path, options, append=append, quiet=headless, child=child,
-                             progress=quiet < 2)
+                             progress=quiet < 2, heap_attach=heap and child is None)
     click.echo(session.describe(outcome), err=True)
     return outcome
 

@@ -30,8 +30,9 @@ from rsprof.storage.reader import Profile
 from rsprof.storage.selection import SampleQuery, Selection, empty_reason, select
 
 NO_HEAP_HINT = (
-    "this profile has no heap data; start the program with `rsprof run -- CMD`, or with"
-    " `LD_PRELOAD=$(rsprof preload) CMD` and attach with `rsprof -p PID`"
+    "this profile has no heap data; start the program with `rsprof run -- CMD`, attach with"
+    " `rsprof -p PID` without --no-heap (meta heap_off_reason says why it was off), or start"
+    " it with `LD_PRELOAD=$(rsprof preload) CMD`"
 )
 KIND_OPTION = click.option("--kind", type=click.Choice(["cpu", "heap", "offcpu", "wall"]),
                            default="cpu", show_default=True,

@@ -21,6 +21,7 @@ from types import FrameType
 from rsprof import INHERITED_FDS
 from rsprof.collector.errors import CollectorError
 from rsprof.collector.heap import HeapTracker
+from rsprof.collector.heapattach import HeapAttach
 from rsprof.collector.process import Target, target_from_pid
 from rsprof.collector.recorder import Recorder, RecordOptions, RecordResult, heap_tracking_share
 from rsprof.output import TAIL_LINES, OutputCapture
@@ -44,6 +45,9 @@ class SessionOutcome:
     result: RecordResult
     target_exit_code: int | None  # Popen's: negative for a signal
     target_stopped: bool = False  # rsprof ended the target (it had not exited on its own)
+    # `rsprof -p`: the heap shim was loaded into the running process at this time.time()
+    heap_attached_at: float | None = None
+    heap_off_reason: str | None = None  # why heap tracking could not start in it
 
 
 class Launched(subprocess.Popen[bytes]):
@@ -223,16 +227,23 @@ def record(
     quiet: bool = True,
     child: Launched | None = None,
     progress: bool = False,
+    heap_attach: bool = False,
 ) -> SessionOutcome:
     """Records `target` into `output`: with the TUI, or `quiet` (headless). `progress`
     (headless only): say at once what is recorded and how to stop it, then, on a terminal,
-    a progress line rewritten at each checkpoint, as py-spy record does."""
+    a progress line rewritten at each checkpoint, as py-spy record does. `heap_attach`: load
+    the heap shim into the running process once sampling has started (`rsprof -p`;
+    collector/heapattach.py)."""
     writer = ProfileWriter(output, append=append)
     if not quiet and options.first_checkpoint_s is None:
         # The TUI's first screen: data a quarter second in, not after the first interval.
         options = replace(options, first_checkpoint_s=FIRST_CHECKPOINT_S)
     recorder = Recorder(target, writer, options, child=child)
-    line = ProgressLine(target, output, options, child, recorder) if quiet and progress else None
+    injection = HeapAttach(target.pid, recorder.warn) if heap_attach else None
+    if injection is not None:
+        recorder.extra_meta = injection.meta
+    line = (ProgressLine(target, output, options, child, recorder, injection)
+            if quiet and progress else None)
     if quiet:  # with the TUI on screen, warnings are said once it has closed
         recorder.on_warning = _print_warning if line is None else line.warning
     captured = child.output if child is not None else None
@@ -248,7 +259,12 @@ def record(
     exit_code: int | None = None
     tui = None if quiet else TuiProcess(output, recorder)
     try:
-        result = _record(recorder, child, tui, line)
+        try:
+            result = _record(recorder, child, tui, line, injection)
+        finally:
+            # After the recorder's last read of the ring, whatever ended it.
+            if injection is not None:
+                injection.finish()
     except BaseException as error:
         if line is not None:
             line.clear()
@@ -274,6 +290,8 @@ def record(
         captured.finish()
         captured.save(writer.add_output)
     extra: dict[str, object] = {"heap_mode": result.heap_mode}
+    if injection is not None:
+        extra.update(injection.meta())
     if exit_code is not None:
         extra["target_exit_code"] = exit_code
     writer.finish(result.stop_reason, extra)
@@ -285,7 +303,10 @@ def record(
         captured.print_tail(None if child is not None and child.print_all_output
                             else TAIL_LINES)
     return SessionOutcome(output, result, exit_code,
-                          child is not None and child.stopped_by_rsprof)
+                          child is not None and child.stopped_by_rsprof,
+                          injection.injected.attached_at
+                          if injection is not None and injection.injected is not None else None,
+                          injection.refused if injection is not None else None)
 
 
 def _print_warning(message: str) -> None:
@@ -298,12 +319,14 @@ class ProgressLine:
     checkpoint (elapsed, samples, live heap), cleared before the summary or a warning."""
 
     def __init__(self, target: Target, output: Path, options: RecordOptions,
-                 child: Launched | None, recorder: Recorder) -> None:
+                 child: Launched | None, recorder: Recorder,
+                 injection: HeapAttach | None = None) -> None:
         self.target = target
         self.output = output
         self.options = options
         self.child = child
         self.recorder = recorder
+        self.injection = injection  # `rsprof -p`: the shim being loaded into the process
         self.heap = False  # heap tracked: said at the start, shown in the progress line
         self.shown = False  # a progress line is on the terminal
         self.on_terminal = sys.stderr.isatty()
@@ -317,8 +340,9 @@ class ProgressLine:
             heap = self.options.heap and os.fsencode(SHIM_PATH) in preload
         else:
             heap = self.options.heap and self.recorder.heap_rings > 0
-        self.heap = heap
-        kinds = "CPU and heap" if heap else "CPU"
+        attaching = self.injection is not None and self.injection.state == "attaching"
+        self.heap = heap or attaching
+        kinds = "CPU and heap" if heap else "CPU, heap attaching," if attaching else "CPU"
         until = (f" for {_seconds(self.options.duration_s)}" if self.options.duration_s
                  else "")
         stop = "Ctrl-C to stop" if self.child is None else "Ctrl-C stops it and the program"
@@ -331,8 +355,15 @@ class ProgressLine:
         text = f"rsprof: {_seconds(elapsed_s)}, {totals.samples:,} samples"
         if totals.lost_samples:
             text += f" ({totals.lost_samples:,} lost)"
-        if self.heap or self.recorder.heap_rings:
+        state = self.injection.state if self.injection is not None else None
+        if state == "attaching":
+            text += ", attaching heap"
+        elif state == "off":
+            text += ", heap off"
+        elif self.heap or self.recorder.heap_rings:
             text += f", heap live {human_bytes(totals.heap_live_bytes)}"
+            if state == "attached" and self.injection is not None:
+                text += f" since {self.injection.since()}"
         print(f"\r\x1b[K{text}", end="", file=sys.stderr, flush=True)
         self.shown = True
 
@@ -432,6 +463,7 @@ def stopping_signal(stop_reason: str) -> int | None:
 def _record(
     recorder: Recorder, child: Launched | None, tui: TuiProcess | None,
     line: ProgressLine | None,
+    injection: HeapAttach | None = None,
 ) -> RecordResult:
     """Runs the recorder in this thread until something stops it. Ctrl-C, SIGTERM and
     SIGHUP (the terminal closed) stop it the same way, so the file is always finalized."""
@@ -444,6 +476,8 @@ def _record(
     def attached() -> None:
         # Release the child once sampling is enabled: the first checkpoint callback is
         # too late, so the recorder exposes an attach hook.
+        if injection is not None:  # first: the start line says whether it is attaching
+            injection.start()
         if line is not None:
             line.started()
         if child is not None:
@@ -500,6 +534,13 @@ def describe(outcome: SessionOutcome) -> str:
     elif code is not None:
         text += (f"; target killed by {_signal_name(-code)}" if code < 0
                  else f"; target exited with code {code}")
+    if outcome.heap_attached_at is not None:
+        # Blocks allocated before the shim came are unknown: leaks read "allocated since
+        # attach and still live".
+        since = datetime.fromtimestamp(outcome.heap_attached_at).strftime("%H:%M:%S")
+        text += f"; heap since attach at {since} (blocks allocated before it are not known)"
+    if outcome.heap_off_reason:
+        text += f"; heap off: {outcome.heap_off_reason}"
     if r.heap_mode != "none" and r.counted_samples:
         text += heap_tracking_note(r)
     if not r.kernel_sampled:

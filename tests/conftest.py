@@ -266,6 +266,25 @@ def _ring_prefix(pid: int) -> str:
     return f"{HEAP_RING_NAME_PREFIX}{pid}."
 
 
+def _read_ring_head(path: Path, size: int) -> bytes | None:
+    """The first `size` bytes of a regular file in /dev/shm, None for anything else. A FIFO
+    left under a ring's name (test_squatted_ring_names_leave_heap_on plants them; one whose
+    cleanup never ran stays, and its pid is reused) blocked a plain open() for good: a 20x
+    attach test hung 19 min in heap_rings."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
 def heap_rings(pid: int) -> list[Path]:
     """pid's heap rings in /dev/shm (rsprof-heap.<pid>.<16 hex digits>, native/heapring.h),
     oldest first (by the header's CLOCK_MONOTONIC creation time)."""
@@ -273,10 +292,8 @@ def heap_rings(pid: int) -> list[Path]:
 
     found = []
     for path in SHM_DIR.glob(f"{_ring_prefix(pid)}*"):
-        try:
-            with path.open("rb") as ring:
-                head = ring.read(80)
-        except OSError:
+        head = _read_ring_head(path, 80)
+        if head is None:
             continue
         created = struct.unpack_from("<Q", head, 72)[0] if len(head) >= 80 else 0
         found.append((created, path))

@@ -60,9 +60,18 @@ if TYPE_CHECKING:
 NO_HEAP = (
     "No heap data in this profile.\n\n"
     "Heap tracking needs rsprof's allocator shim in the target: start the program with "
-    "`rsprof run -- CMD`, or with `LD_PRELOAD=$(rsprof preload) CMD` and attach with "
-    "`rsprof -p PID`."
+    "`rsprof run -- CMD` (or `LD_PRELOAD=$(rsprof preload) CMD`), or attach with "
+    "`rsprof -p PID` without --no-heap, which loads it into the running process."
 )
+
+
+def no_heap_text(off_reason: str) -> str:
+    """The Memory view's page without heap data; why, when an attach could not load the
+    shim (meta heap_off_reason)."""
+    if not off_reason:
+        return NO_HEAP
+    return (f"No heap data in this profile.\n\nHeap tracking was off: {off_reason}.\n\n"
+            "The CPU profile was recorded.")
 
 
 RECORDER_GONE_INTERVALS = 10
@@ -128,6 +137,7 @@ class MainScreen(Screen[None]):
         self._follow_timer: Timer | None = None
         self._last_follow = 0.0  # when the chart and callers last followed the selection
         self.last_update_s = 0.0  # request to drawn widgets, for the benchmark
+        self._no_heap_shown = NO_HEAP  # the text on the "no heap" page
 
     @property
     def rsprof(self) -> RsprofApp:
@@ -263,7 +273,12 @@ class MainScreen(Screen[None]):
         flame.display = q.flame and not no_heap
         if q.flame:
             flame.show(snapshot.flame, bytes_=q.view is View.MEMORY, reset=previous is None)
-        self.query_one("#no-heap").display = no_heap
+        page = self.query_one("#no-heap", Static)
+        page.display = no_heap
+        text = no_heap_text(snapshot.info.heap_off_reason)
+        if no_heap and text != self._no_heap_shown:
+            self._no_heap_shown = text
+            page.update(text)
         timeline = self.query_one(HeapTimelineView)
         timeline.display = q.view is View.MEMORY and not no_heap
         timeline.show(snapshot.timeline)
@@ -413,6 +428,7 @@ class MainScreen(Screen[None]):
                             else " tree" if self.state.tree_open else ""),
                 kernel_sampled=info.kernel_sampled,
                 runtime_hidden=runtime_hidden(self.state.hide_runtime, info),
+                heap_since=info.heap_since_attach,
             )
         )
 

@@ -36,6 +36,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -631,9 +632,32 @@ static NOINLINE struct rsprof_heap_header *ring_slow(void) {
     return __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
 }
 
+/* Injected mode (rsprof -p attached to a process started without the shim; see "injected
+ * mode" below): each attach creates a ring of its own, and a thread's cached reader
+ * position and named ways belong to the ring it last wrote to.  g_ring_gen is bumped before
+ * a new ring is published; a thread that sees it change forgets them.  Stays 0 under
+ * LD_PRELOAD, where nothing is reset. */
+static uint32_t g_ring_gen;
+static TLS uint32_t t_ring_gen;
+static int g_injected_on; /* an injected session records: its recorder is checked now and then */
+static void inject_tick(void);
+
+static NOINLINE void ring_gen_changed(void) {
+    t_read_pos = 0;
+    t_named_ways = 0;
+    t_ring_gen = __atomic_load_n(&g_ring_gen, __ATOMIC_ACQUIRE);
+}
+
 static ALWAYS_INLINE struct rsprof_heap_header *ring(void) {
     struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
-    if (LIKELY(h != NULL)) return h;
+    if (LIKELY(h != NULL)) {
+        if (UNLIKELY(__atomic_load_n(&g_injected_on, __ATOMIC_RELAXED))) {
+            if (UNLIKELY(t_ring_gen != __atomic_load_n(&g_ring_gen, __ATOMIC_RELAXED)))
+                ring_gen_changed();
+            inject_tick();
+        }
+        return h;
+    }
     return ring_slow();
 }
 
@@ -649,6 +673,9 @@ static ALWAYS_INLINE struct rsprof_heap_header *ring(void) {
  *    the thread's own code runs (outside any allocator call);
  *  - anything else (raw clone, threads started before the shim, coroutine stacks) has no
  *    known bounds and records only the direct caller. */
+static int g_injected; /* this is librsprof_heap_inject.so, loaded by rsprof -p (ptrace) */
+static void inject_thread_bounds(uintptr_t here, uintptr_t *lo, uintptr_t *hi);
+
 static NOINLINE void thread_init(void) {
     t_guard++;
     t_tid = (uint32_t)syscall(SYS_gettid);
@@ -668,6 +695,8 @@ static NOINLINE void thread_init(void) {
             lo = main_lo;
             hi = main_hi;
             t_area_ok = 1;
+        } else if (g_injected) {
+            inject_thread_bounds(here, &lo, &hi);
         }
         t_stack_lo = lo;
         t_stack_hi = hi;
@@ -1118,12 +1147,20 @@ static ALWAYS_INLINE int reserve(struct rsprof_heap_header *h, uint64_t len, uin
     }
 }
 
+/* The data area of the ring a writer reserved in: h's, not g_data, which an injected
+ * shim's next attach points at a new ring while a writer that took the previous one is
+ * still between its reservation and its commit (it writes into the old mapping, anonymous
+ * memory since the stop, instead of over the new ring's first records). */
+static ALWAYS_INLINE uint64_t *ring_data(struct rsprof_heap_header *h) {
+    return (uint64_t *)((char *)h + RSPROF_HEAP_HEADER_SIZE);
+}
+
 /* An allocation whose stack this thread already named as way w: 3 words. */
 static ALWAYS_INLINE int record_again(struct rsprof_heap_header *h, void *p, size_t n,
                                       unsigned flags, int way) {
     uint64_t pos;
     if (!reserve(h, RSPROF_HEAP_AGAIN_WORDS * 8, &pos)) return 0;
-    uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
+    uint64_t *d = ring_data(h), m = g_ring_mask, i = pos >> 3;
     d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
     d[(i + 2) & m] = (uint64_t)n;
     __atomic_store_n(&d[i & m],
@@ -1189,7 +1226,7 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
         uint64_t pos;
         ok = reserve(h, words * 8, &pos);
         if (ok) {
-            uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
+            uint64_t *d = ring_data(h), m = g_ring_mask, i = pos >> 3;
             d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
             d[(i + 2) & m] = (uint64_t)n;
             d[(i + 3) & m] = ips[0];
@@ -1216,7 +1253,7 @@ static NOINLINE void record_free(void *p, unsigned flags) {
     if (UNLIKELY(t_tid == 0)) thread_init();
     uint64_t pos;
     if (!reserve(h, RSPROF_HEAP_FREE_WORDS * 8, &pos)) return;
-    uint64_t *d = g_data, m = g_ring_mask, i = pos >> 3;
+    uint64_t *d = ring_data(h), m = g_ring_mask, i = pos >> 3;
     d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
     __atomic_store_n(&d[i & m], RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_FREE, 0, flags, t_tid),
                      __ATOMIC_RELEASE);
@@ -1382,6 +1419,14 @@ static void atfork_child(void) {
      * bounds (if it never recorded, thread_init runs on its first event as usual). */
     if (t_tid != 0) t_tid = (uint32_t)syscall(SYS_gettid);
     if (g_sample_bytes) set_reset(); /* inherited sampled blocks are unknown to its reader */
+    /* Injected (rsprof -p): the recorder reads the attached process only, and nothing
+     * would ever remove a child's ring (the injected shim does not wrap _exit). The child
+     * keeps the redirected GOT entries (rewriting them here, where another thread of the
+     * parent may have held the loader's lock at the fork, could deadlock): pass-through. */
+    if (g_injected) {
+        __atomic_store_n(&g_disabled, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_injected_on, 0, __ATOMIC_RELAXED);
+    }
 }
 
 /* ------------------------------------------------------------------ initialisation */
@@ -1409,6 +1454,8 @@ static void resolve_real(void) {
     void *pc = dlsym(RTLD_NEXT, "pthread_create");
     void *dc = dlsym(RTLD_NEXT, "dlclose");
     if (!m || !f || !c || !r || !pm || !aa || !ma || !va || !pv || !pc) {
+        /* Injected into a running process: say so to rsprof, never abort the target. */
+        if (g_injected) return;
         static const char msg[] = "rsprof-heap: cannot resolve the real allocator\n";
         ssize_t w = write(2, msg, sizeof msg - 1);
         (void)w;
@@ -1522,7 +1569,20 @@ static NOINLINE int shim_ready_for_threads(void) {
     return ready() && __atomic_load_n(&g_resolved, __ATOMIC_ACQUIRE);
 }
 
-__attribute__((constructor)) static void shim_init(void) { ready(); }
+/* Which library this is: librsprof_heap.so (LD_PRELOAD, 0) or librsprof_heap_inject.so
+ * (dlopen'ed into a running process by rsprof -p, 1), the same objects linked with
+ * native/shim/variant/preload.c or inject.c. */
+extern const int rsprof_shim_injected_build;
+
+__attribute__((constructor)) static void shim_init(void) {
+    /* Injected: nothing until rsprof calls rsprof_heap_inject_start (nobody calls our
+     * wrappers before it rewrites the GOTs: the library is loaded RTLD_LOCAL). */
+    if (rsprof_shim_injected_build) {
+        g_injected = 1;
+        return;
+    }
+    ready();
+}
 
 /* ------------------------------------------------------------------ wrappers */
 
@@ -1905,4 +1965,491 @@ static void detect_allocator(void) {
     static const char *const apis[] = {"mallocx", "tc_malloc", "mi_malloc"};
     for (unsigned i = 0; i < sizeof apis / sizeof apis[0]; i++)
         if (dlsym(RTLD_DEFAULT, apis[i]) != NULL) g_found_flags |= RSPROF_HEAP_HF_ALLOC_API;
+}
+
+/* ------------------------------------------------------------------ injected mode */
+
+/* `rsprof -p PID` on a process started without the shim (docs/heap-ring.md, "Injected
+ * mode"): rsprof stops one thread with ptrace at a safe point, makes it call
+ * dlopen(librsprof_heap_inject.so) and then rsprof_heap_inject_start(), and detaches.
+ * start() creates the ring as under LD_PRELOAD and redirects the allocator calls of every
+ * loaded module to the wrappers above by rewriting their GOT entries, as heaptrack's
+ * libheaptrack_inject does.  rsprof_heap_inject_stop(), called the same way when the
+ * recording ends (or by the shim itself once its recorder is gone), puts them back,
+ * removes the ring and leaves the wrappers pass-through for whatever kept their address.
+ *
+ * Blocks allocated before start() have no ALLOC record: their frees are counted by the
+ * reader as unknown frees and never lower the live bytes. */
+
+/* The shim's own definitions (hidden aliases: the library is loaded RTLD_LOCAL, so the
+ * plain names would resolve to libc's in our own GOT). */
+#define SELF(name) \
+    extern __typeof(name) shim_self_##name                                                 \
+        __attribute__((alias(#name), visibility("hidden"), copy(name)))
+SELF(posix_memalign);
+SELF(aligned_alloc);
+SELF(memalign);
+SELF(valloc);
+SELF(pvalloc);
+SELF(malloc_usable_size);
+SELF(dlclose);
+SELF(_Znwm);
+SELF(_Znam);
+SELF(_ZnwmRKSt9nothrow_t);
+SELF(_ZnamRKSt9nothrow_t);
+SELF(_ZnwmSt11align_val_t);
+SELF(_ZnamSt11align_val_t);
+SELF(_ZnwmSt11align_val_tRKSt9nothrow_t);
+SELF(_ZnamSt11align_val_tRKSt9nothrow_t);
+SELF(_ZdlPv);
+SELF(_ZdaPv);
+SELF(_ZdlPvm);
+SELF(_ZdaPvm);
+SELF(_ZdlPvRKSt9nothrow_t);
+SELF(_ZdaPvRKSt9nothrow_t);
+SELF(_ZdlPvSt11align_val_t);
+SELF(_ZdaPvSt11align_val_t);
+SELF(_ZdlPvmSt11align_val_t);
+SELF(_ZdaPvmSt11align_val_t);
+SELF(_ZdlPvSt11align_val_tRKSt9nothrow_t);
+SELF(_ZdaPvSt11align_val_tRKSt9nothrow_t);
+
+/* In cxx_names order. */
+static void *const cxx_self[CXX_COUNT] = {
+    (void *)shim_self__Znwm, (void *)shim_self__Znam, (void *)shim_self__ZnwmRKSt9nothrow_t,
+    (void *)shim_self__ZnamRKSt9nothrow_t, (void *)shim_self__ZnwmSt11align_val_t,
+    (void *)shim_self__ZnamSt11align_val_t, (void *)shim_self__ZnwmSt11align_val_tRKSt9nothrow_t,
+    (void *)shim_self__ZnamSt11align_val_tRKSt9nothrow_t, (void *)shim_self__ZdlPv,
+    (void *)shim_self__ZdaPv, (void *)shim_self__ZdlPvm, (void *)shim_self__ZdaPvm,
+    (void *)shim_self__ZdlPvRKSt9nothrow_t, (void *)shim_self__ZdaPvRKSt9nothrow_t,
+    (void *)shim_self__ZdlPvSt11align_val_t, (void *)shim_self__ZdaPvSt11align_val_t,
+    (void *)shim_self__ZdlPvmSt11align_val_t, (void *)shim_self__ZdaPvmSt11align_val_t,
+    (void *)shim_self__ZdlPvSt11align_val_tRKSt9nothrow_t,
+    (void *)shim_self__ZdaPvSt11align_val_tRKSt9nothrow_t,
+};
+
+/* One redirected name: a GOT entry holding `real` (what the process binds the name to) is
+ * pointed at `ours`, and back at stop.  Only entries that hold exactly `real` are touched:
+ * the wrappers forward to `real`, so a module bound to another allocator (its own, or
+ * jemalloc's) is never handed blocks of a different heap. */
+typedef struct {
+    const char *name;
+    void *ours;
+    void *real;
+    int lazy_ok; /* the process's default binding of name is `real`: a lazy PLT entry not
+                    resolved yet would resolve to it, so it may be pointed at ours too */
+} inject_hook;
+#define INJECT_MAX_HOOKS (8 + CXX_COUNT)
+static inject_hook g_hooks[INJECT_MAX_HOOKS];
+static unsigned g_nhooks;
+static int g_inject_lock;       /* start, stop and the rewrites: one at a time */
+static unsigned long long g_adds_seen; /* dlpi_adds when every module was last rewritten */
+static uint64_t g_tick_last;    /* CLOCK_MONOTONIC_COARSE ns of the last check (atomic) */
+static TLS int t_tick;
+#define INJECT_CHECK_NS 200000000ull
+#define INJECT_CHECK_EVENTS 256
+
+static void hook_add(const char *name, void *ours, void *real) {
+    if (real == NULL || g_nhooks >= INJECT_MAX_HOOKS) return;
+    void *dflt = dlsym(RTLD_DEFAULT, name);
+    g_hooks[g_nhooks++] = (inject_hook){name, ours, real, dflt == real};
+}
+
+/* Called once, with t_guard set, after resolve_real. */
+static void hooks_init(void) {
+    hook_add("malloc", (void *)shim_self_malloc, (void *)real_malloc);
+    hook_add("free", (void *)shim_self_free, (void *)real_free);
+    hook_add("calloc", (void *)shim_self_calloc, (void *)real_calloc);
+    hook_add("realloc", (void *)shim_self_realloc, (void *)real_realloc);
+    hook_add("posix_memalign", (void *)shim_self_posix_memalign, (void *)real_posix_memalign);
+    hook_add("aligned_alloc", (void *)shim_self_aligned_alloc, (void *)real_aligned_alloc);
+    hook_add("memalign", (void *)shim_self_memalign, (void *)real_memalign);
+    hook_add("valloc", (void *)shim_self_valloc, (void *)real_valloc);
+    hook_add("pvalloc", (void *)shim_self_pvalloc, (void *)real_pvalloc);
+    hook_add("malloc_usable_size", (void *)shim_self_malloc_usable_size,
+             (void *)real_malloc_usable_size);
+    /* dlclose: the CFI rules cached for an unloaded module go with it (see dlclose). dlopen
+     * is not redirected: glibc's dlopen searches the RUNPATH and $ORIGIN of its caller,
+     * which would become the shim; modules loaded later are rewritten by inject_tick. */
+    hook_add("dlclose", (void *)shim_self_dlclose, (void *)real_dlclose);
+    /* operator new/delete: the process's own binding (a C++ runtime loaded by the program,
+     * invisible to RTLD_NEXT from a library loaded RTLD_LOCAL) is what the wrappers call. */
+    uintptr_t malloc_object = object_of((void *)real_malloc);
+    for (unsigned i = 0; i < CXX_COUNT; i++) {
+        void *f = dlsym(RTLD_DEFAULT, cxx_names[i]);
+        if (f == NULL) continue;
+        cxx_set(i, f, malloc_object);
+        hook_add(cxx_names[i], cxx_self[i], f);
+    }
+}
+
+static ALWAYS_INLINE uintptr_t dyn_ptr(const struct dl_phdr_info *info, ElfW(Addr) v) {
+    /* In memory ld.so has made most modules' dynamic entries absolute; the vDSO's and
+     * read-only dynamic sections keep link-time values. */
+    return v < info->dlpi_addr ? info->dlpi_addr + v : v;
+}
+
+/* Whether the page holding p is writable, without touching it: process_vm_writev on
+ * ourselves obeys the page's protection (EFAULT when read-only); it writes back the value
+ * already there, so a concurrent reader never sees anything else. */
+static int page_writable(uintptr_t *p) {
+    uintptr_t v = __atomic_load_n(p, __ATOMIC_RELAXED);
+    struct iovec local = {&v, sizeof v}, remote = {p, sizeof v};
+    return syscall(SYS_process_vm_writev, getpid(), &local, 1, &remote, 1, 0) == (long)sizeof v;
+}
+
+typedef struct {
+    int install;       /* 1: real -> ours; 0: ours -> real */
+    unsigned changed;  /* entries rewritten */
+    int retry;         /* an entry was left for later (a module still being relocated) */
+} patch_walk;
+
+typedef struct {
+    const struct dl_phdr_info *info;
+    uintptr_t relro_lo, relro_hi; /* pages ld.so made read-only after relocation */
+    patch_walk *walk;
+} patch_module_ctx;
+
+static int in_module(const struct dl_phdr_info *info, uintptr_t v) {
+    for (unsigned i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && v - lo < ph->p_memsz) return 1;
+    }
+    return 0;
+}
+
+static void patch_slot(patch_module_ctx *m, uintptr_t *slot, const inject_hook *h, int lazy) {
+    uintptr_t v = __atomic_load_n(slot, __ATOMIC_RELAXED);
+    uintptr_t want;
+    if (m->walk->install) {
+        if (v == (uintptr_t)h->real) want = (uintptr_t)h->ours;
+        else if (lazy && h->lazy_ok && v != (uintptr_t)h->ours && in_module(m->info, v))
+            want = (uintptr_t)h->ours; /* a PLT entry not bound yet: its stub is in the module */
+        else return;
+    } else {
+        if (v != (uintptr_t)h->ours) return;
+        want = (uintptr_t)h->real;
+    }
+    uintptr_t s = (uintptr_t)slot;
+    if (s - m->relro_lo < m->relro_hi - m->relro_lo) {
+        if (page_writable(slot)) {
+            /* RELRO not protected yet: ld.so is still relocating this module (a dlopen in
+             * another thread) and will protect the page itself; next time. */
+            m->walk->retry = 1;
+            return;
+        }
+        uintptr_t page = s & ~(uintptr_t)(g_page - 1);
+        if (mprotect((void *)page, g_page, PROT_READ | PROT_WRITE) != 0) return;
+        __atomic_store_n(slot, want, __ATOMIC_RELEASE);
+        mprotect((void *)page, g_page, PROT_READ);
+    } else {
+        if (!page_writable(slot)) return;
+        __atomic_store_n(slot, want, __ATOMIC_RELEASE);
+    }
+    m->walk->changed++;
+}
+
+static const inject_hook *hook_of(const char *name) {
+    for (unsigned i = 0; i < g_nhooks; i++)
+        if (name[0] == g_hooks[i].name[0] && strcmp(name, g_hooks[i].name) == 0)
+            return &g_hooks[i];
+    return NULL;
+}
+
+static void patch_relocs(patch_module_ctx *m, uintptr_t rela, uint64_t size,
+                         const ElfW(Sym) *symtab, const char *strtab, uint64_t strsz) {
+    const ElfW(Rela) *r = (const ElfW(Rela) *)rela;
+    for (uint64_t i = 0; i < size / sizeof *r; i++) {
+        unsigned type = (unsigned)ELF64_R_TYPE(r[i].r_info);
+        if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT) continue;
+        uint64_t sym = ELF64_R_SYM(r[i].r_info);
+        if (sym == 0) continue;
+        uint64_t off = symtab[sym].st_name;
+        if (strsz != 0 && off >= strsz) continue;
+        const inject_hook *h = hook_of(strtab + off);
+        if (h == NULL) continue;
+        patch_slot(m, (uintptr_t *)(m->info->dlpi_addr + r[i].r_offset), h,
+                   type == R_X86_64_JUMP_SLOT);
+    }
+}
+
+static int patch_module(struct dl_phdr_info *info, size_t size, void *data) {
+    if (info->dlpi_name != NULL && strncmp(info->dlpi_name, "linux-vdso", 10) == 0) return 0;
+    if (in_module(info, (uintptr_t)&patch_module)) return 0; /* our own GOT calls libc */
+    patch_module_ctx m = {info, 0, 0, data};
+    const ElfW(Dyn) *dyn = NULL;
+    for (unsigned i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(info->dlpi_addr + ph->p_vaddr);
+        if (ph->p_type == PT_GNU_RELRO) {
+            /* ld.so protects whole pages only: the start and the end rounded down. */
+            m.relro_lo = (info->dlpi_addr + ph->p_vaddr) & ~(uintptr_t)(g_page - 1);
+            m.relro_hi = (info->dlpi_addr + ph->p_vaddr + ph->p_memsz) & ~(uintptr_t)(g_page - 1);
+        }
+    }
+    if (dyn == NULL) return 0;
+    uintptr_t symtab = 0, strtab = 0, jmprel = 0, rela = 0;
+    uint64_t strsz = 0, pltrelsz = 0, relasz = 0, pltrel = 0;
+    for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; d++) {
+        switch (d->d_tag) {
+        case DT_SYMTAB: symtab = dyn_ptr(info, d->d_un.d_ptr); break;
+        case DT_STRTAB: strtab = dyn_ptr(info, d->d_un.d_ptr); break;
+        case DT_STRSZ: strsz = d->d_un.d_val; break;
+        case DT_JMPREL: jmprel = dyn_ptr(info, d->d_un.d_ptr); break;
+        case DT_PLTRELSZ: pltrelsz = d->d_un.d_val; break;
+        case DT_PLTREL: pltrel = d->d_un.d_val; break;
+        case DT_RELA: rela = dyn_ptr(info, d->d_un.d_ptr); break;
+        case DT_RELASZ: relasz = d->d_un.d_val; break;
+        default: break;
+        }
+    }
+    if (symtab == 0 || strtab == 0) return 0;
+    if (jmprel != 0 && pltrel == DT_RELA)
+        patch_relocs(&m, jmprel, pltrelsz, (const ElfW(Sym) *)symtab, (const char *)strtab, strsz);
+    if (rela != 0)
+        patch_relocs(&m, rela, relasz, (const ElfW(Sym) *)symtab, (const char *)strtab, strsz);
+    return 0;
+}
+
+static int adds_of(struct dl_phdr_info *info, size_t size, void *data) {
+    *(unsigned long long *)data = info->dlpi_adds;
+    return 1; /* the counter is the same in every entry */
+}
+
+/* Rewrites the GOT entries of every loaded module but ours (install), or puts them back.
+ * Called with g_inject_lock held and t_guard set.  Returns the entries changed. */
+static unsigned patch_all(int install) {
+    unsigned long long adds = 0;
+    dl_iterate_phdr(adds_of, &adds);
+    patch_walk walk = {install, 0, 0};
+    dl_iterate_phdr(patch_module, &walk);
+    if (install) g_adds_seen = walk.retry ? 0 : adds;
+    return walk.changed;
+}
+
+/* Stack bounds of a thread that was running before the shim came: the mapping that holds
+ * its stack, from /proc/self/maps (read here with a small buffer: no allocation, no lock;
+ * once per thread). */
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+static void inject_thread_bounds(uintptr_t here, uintptr_t *lo, uintptr_t *hi) {
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    char buf[512];
+    uintptr_t a = 0, b = 0;
+    int state = 0; /* 0: start address, 1: end address, 2: rest of the line */
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) {
+        for (ssize_t i = 0; i < n; i++) {
+            char c = buf[i];
+            if (c == '\n') {
+                state = 0, a = 0, b = 0;
+                continue;
+            }
+            if (state == 2) continue;
+            int d = hexval(c);
+            if (state == 0) {
+                if (d >= 0) a = a * 16 + (uintptr_t)d;
+                else state = c == '-' ? 1 : 2;
+            } else if (d >= 0) {
+                b = b * 16 + (uintptr_t)d;
+            } else {
+                if (here >= a && here < b) {
+                    *lo = a, *hi = b;
+                    close(fd);
+                    /* Its area is released at its exit like a thread we started (the key's
+                     * destructor); t_guard is set: a key past the first 32 allocates. */
+                    if (g_area_key_ok && pthread_setspecific(g_area_key, (void *)1) == 0)
+                        t_area_ok = 1;
+                    return;
+                }
+                state = 2;
+            }
+        }
+    }
+    close(fd);
+}
+
+/* Stop recording: GOT entries back, ring gone.  With g_inject_lock held.  The ring's
+ * mapping is replaced by anonymous memory rather than unmapped: a thread still between
+ * ring() and its commit store writes there harmlessly, and the tmpfs pages are freed. */
+static unsigned inject_stop_locked(void) {
+    t_guard++;
+    __atomic_store_n(&g_injected_on, 0, __ATOMIC_RELAXED);
+    unsigned restored = patch_all(0);
+    __atomic_store_n(&g_disabled, 1, __ATOMIC_RELEASE);
+    spin_lock(&g_ring_lock);
+    struct rsprof_heap_header *h = __atomic_exchange_n(&g_hdr, NULL, __ATOMIC_ACQ_REL);
+    if (h != NULL) {
+        __atomic_or_fetch(&h->flags, RSPROF_HEAP_HF_EXITED, __ATOMIC_RELEASE);
+        if (!g_unlinked && g_ring_pid == getpid()) shm_unlink(g_ring_name);
+        g_unlinked = 1;
+        mmap(h, g_map_len, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    }
+    if (ring_fd_ours()) close(g_ring_fd);
+    g_ring_fd = -1;
+    spin_unlock(&g_ring_lock);
+    t_guard--;
+    return restored;
+}
+
+static int trylock(int *l) { return !__atomic_exchange_n(l, 1, __ATOMIC_ACQUIRE); }
+
+/* Every INJECT_CHECK_EVENTS events of a thread, at most every 200 ms in all: is our
+ * recorder still there (rsprof killed with -9 never calls stop: the shim stops by itself),
+ * and did the program load modules whose GOT still calls libc's allocator directly?
+ * Never waits for a lock here: we are inside the program's malloc. */
+static NOINLINE void inject_tick(void) {
+    if (--t_tick > 0) return;
+    t_tick = INJECT_CHECK_EVENTS;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    uint64_t last = __atomic_load_n(&g_tick_last, __ATOMIC_RELAXED);
+    if (now - last < INJECT_CHECK_NS ||
+        !__atomic_compare_exchange_n(&g_tick_last, &last, now, 0, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        return;
+    t_guard++;
+    if (!heapring_session_alive(g_session_pid, g_session_start)) {
+        if (trylock(&g_inject_lock)) {
+            if (__atomic_load_n(&g_injected_on, __ATOMIC_RELAXED)) {
+                shim_log("injected: the recording rsprof is gone: recording stopped");
+                inject_stop_locked();
+            }
+            spin_unlock(&g_inject_lock);
+        }
+    } else {
+        unsigned long long adds = 0;
+        dl_iterate_phdr(adds_of, &adds);
+        if (adds != g_adds_seen && trylock(&g_inject_lock)) {
+            if (__atomic_load_n(&g_injected_on, __ATOMIC_RELAXED)) patch_all(1);
+            spin_unlock(&g_inject_lock);
+        }
+    }
+    t_guard--;
+}
+
+/* Return values of rsprof_heap_inject_start (collector/heapattach.py says them). */
+enum {
+    INJECT_NOT_INJECTED = -1, /* this is the LD_PRELOAD library */
+    INJECT_NO_ALLOCATOR = -2, /* libc's allocator functions not found */
+    INJECT_MALLOC_ELSEWHERE = -3, /* the process binds malloc to another allocator */
+    INJECT_BUSY = -4,         /* already recording for another session */
+    INJECT_NO_RING = -5,      /* the ring could not be created */
+};
+
+/* Called by rsprof through ptrace in one stopped thread of the target (at a point where it
+ * holds neither the allocator's nor the loader's locks).  Returns the GOT entries
+ * redirected (>= 0) or one of the INJECT_* errors. */
+EXPORT long rsprof_heap_inject_start(long session_pid, unsigned long ring_bytes,
+                                     unsigned long sample_bytes, unsigned long debug) {
+    if (!g_injected) return INJECT_NOT_INJECTED;
+    spin_lock(&g_inject_lock);
+    t_guard++;
+    long result;
+    if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) != ST_READY) {
+        t_in_init = 1;
+        resolve_real();
+        if (!__atomic_load_n(&g_resolved, __ATOMIC_ACQUIRE)) {
+            t_in_init = 0;
+            result = INJECT_NO_ALLOCATOR;
+            goto out;
+        }
+        read_config();
+        pthread_atfork(NULL, NULL, atfork_child);
+        g_area_key_ok = pthread_key_create(&g_area_key, area_release) == 0;
+        pthread_atfork(NULL, NULL, area_atfork_child);
+        hooks_init();
+        t_in_init = 0;
+        __atomic_store_n(&g_state, ST_READY, __ATOMIC_RELEASE);
+    }
+    if (defined_elsewhere("malloc", (void *)real_malloc) ||
+        defined_elsewhere("free", (void *)real_free) ||
+        defined_elsewhere("calloc", (void *)real_calloc) ||
+        defined_elsewhere("realloc", (void *)real_realloc)) {
+        result = INJECT_MALLOC_ELSEWHERE;
+        goto out;
+    }
+    if (__atomic_load_n(&g_injected_on, __ATOMIC_ACQUIRE) &&
+        heapring_session_alive(g_session_pid, g_session_start) &&
+        g_session_pid != (int32_t)session_pid) {
+        result = INJECT_BUSY;
+        goto out;
+    }
+    if (__atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE) != NULL) inject_stop_locked();
+    if (g_debug || debug) g_debug = 1;
+    /* Pass-through while the GOT entries are rewritten: the wrappers record nothing until
+     * the ring exists (below). */
+    __atomic_store_n(&g_disabled, 1, __ATOMIC_RELEASE);
+    /* One ring size for the life of the process: a writer that took the previous ring
+     * just before a stop writes into that ring's old mapping (anonymous memory now) with
+     * the same mask, never past it. */
+    if (g_ring_bytes == 0) {
+        uint64_t bytes = ring_bytes;
+        if (bytes < RSPROF_HEAP_MIN_RING) bytes = RSPROF_HEAP_MIN_RING;
+        if (bytes > RSPROF_HEAP_MAX_RING) bytes = RSPROF_HEAP_MAX_RING;
+        uint64_t pow2 = RSPROF_HEAP_MIN_RING;
+        while (pow2 < bytes) pow2 <<= 1;
+        g_ring_bytes = pow2;
+        g_ring_mask = pow2 / 8 - 1;
+    }
+    g_sample_bytes = sample_bytes;
+    if (g_sample_bytes) {
+        if (g_set == NULL && !set_create()) g_sample_bytes = 0;
+        else set_reset();
+    }
+    g_session_pid = (int32_t)session_pid;
+    g_session_start = heapring_start_time((int)session_pid);
+    g_exit_wait_ms = 0;
+    g_wait_ppid = 0;
+    g_parent_reader = 0;
+    /* The GOT entries first, the ring last: the ring in /dev/shm is what says "recording"
+     * (the recorder attaches it, and a user or a test waiting for it then allocates).
+     * Created first, as it once was, every allocation made while the injecting thread was
+     * still rewriting GOT entries (preempted there on a loaded machine: 8 CPU hogs on 2
+     * cores) went to libc unseen: test_attach_detach_20_times counted 15 of 60 blocks,
+     * those of the injecting thread, which allocated only after the call returned. */
+    result = (long)patch_all(1);
+    /* Before the ring is published (g_hdr, release): a thread that sees it sees these too,
+     * checks the generation, and forgets the previous ring's cached reader position and
+     * named ways (set after it, a thread could write ALLOC_AGAIN records naming ways of the
+     * previous ring, which the new reader drops). */
+    __atomic_add_fetch(&g_ring_gen, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_tick_last, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_injected_on, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_disabled, 0, __ATOMIC_RELEASE);
+    spin_lock(&g_ring_lock);
+    /* A wrapper may have created it meanwhile (ring_slow, as under LD_PRELOAD). */
+    if (__atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE) == NULL) create_ring();
+    spin_unlock(&g_ring_lock);
+    if (__atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE) == NULL) {
+        __atomic_store_n(&g_injected_on, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_disabled, 1, __ATOMIC_RELEASE);
+        patch_all(0);
+        result = INJECT_NO_RING;
+        goto out;
+    }
+out:
+    t_guard--;
+    spin_unlock(&g_inject_lock);
+    return result;
+}
+
+/* Called by rsprof through ptrace when the recording ends: the GOT entries it redirected
+ * are put back (returns how many), the ring is removed, the wrappers stay pass-through. */
+EXPORT long rsprof_heap_inject_stop(void) {
+    if (!g_injected) return INJECT_NOT_INJECTED;
+    spin_lock(&g_inject_lock);
+    long restored = 0;
+    if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_READY)
+        restored = (long)inject_stop_locked();
+    spin_unlock(&g_inject_lock);
+    return restored;
 }

@@ -8,6 +8,7 @@ from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 
 from rsprof.storage.live.rows import CheckpointSummary, ProfileInfo, ThreadInfo
@@ -15,6 +16,18 @@ from rsprof.storage.samples import FrameTable, TimeRange, checkpoints_in_range
 
 BULK_THRESHOLD = 24
 """Above this many unread checkpoints, the older ones are summed in SQL, not row by row."""
+
+
+def heap_since_attach(meta: dict[str, str]) -> str:
+    """The local time (HH:MM:SS) `rsprof -p` loaded the heap shim into the running process,
+    from meta heap_since and heap_attached_at (UTC, ISO 8601); "" when it did not."""
+    if meta.get("heap_since") != "attach":
+        return ""
+    try:
+        return datetime.fromisoformat(meta.get("heap_attached_at") or "").astimezone().strftime(
+            "%H:%M:%S")
+    except ValueError:
+        return "?"
 
 
 def _int(value: str | None) -> int | None:
@@ -107,6 +120,8 @@ class FollowedFile:
             kernel_sampled=meta.get("kernel_sampled") != "0",
             python=bool(meta.get("python_runtimes")),
             launched=meta.get("target_launched") == "1",
+            heap_since_attach=heap_since_attach(meta),
+            heap_off_reason=meta.get("heap_off_reason") or "",
         )
         changed, self.info = info != self.info, info
         return changed

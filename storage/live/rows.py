@@ -26,6 +26,10 @@ class ProfileInfo:
     kernel_sampled: bool = True  # False: time in the kernel was not allowed to be sampled
     python: bool = False  # a CPython whose frames were read (the TUI hides its runtime)
     launched: bool = False  # started by `rsprof run`: stopping the recording ends it
+    # `rsprof -p` loaded the heap shim into the running process: its heap is known since
+    # then (local HH:MM:SS; meta heap_attached_at), "" otherwise.
+    heap_since_attach: str = ""
+    heap_off_reason: str = ""  # why heap tracking could not start in it (meta)
 
 
 @dataclass(frozen=True, slots=True)

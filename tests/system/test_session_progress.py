@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import read_pty, rsprof_env, run_rsprof
 
 
@@ -31,22 +33,26 @@ def _first_line(proc: subprocess.Popen[bytes], timeout: float) -> tuple[str, flo
     return data.split(b"\n")[0].decode(), time.monotonic() - started
 
 
-def test_attach_says_what_it_records_and_how_to_stop(spinner: subprocess.Popen[str],
+@pytest.mark.parametrize("heap", ["", "--no-heap"])
+def test_attach_says_what_it_records_and_how_to_stop(heap: str, spinner: subprocess.Popen[str],
                                                      tmp_path: Path) -> None:
     """`rsprof -p PID -q` prints its start line as soon as sampling runs (the time from the
     command is printed: the goal is 1 s, Python start-up and the attach included), then the
-    summary when Ctrl-C stops it."""
+    summary when Ctrl-C stops it. The heap shim is being loaded into the process then (on by
+    default when attaching), unless --no-heap."""
     out = tmp_path / "attach.db"
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "rsprof", "-p", str(spinner.pid), "-q", "-o", str(out)],
+        [sys.executable, "-P", "-m", "rsprof", "-p", str(spinner.pid), "-q", "-o", str(out),
+         *([heap] if heap else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=rsprof_env())
     try:
         line, _ = _first_line(proc, timeout=30)
         took = time.monotonic() - started
         print(f"start line {took:.2f} s after the command")
-        assert line == (f"rsprof: recording split-main (pid {spinner.pid}): CPU at 99 Hz into"
-                        f" {out}; Ctrl-C to stop"), line
+        kinds = "CPU" if heap else "CPU, heap attaching,"
+        assert line == (f"rsprof: recording split-main (pid {spinner.pid}): {kinds} at 99 Hz"
+                        f" into {out}; Ctrl-C to stop"), line
         proc.send_signal(signal.SIGINT)
         _, rest = proc.communicate(timeout=60)
     finally:
@@ -54,8 +60,42 @@ def test_attach_says_what_it_records_and_how_to_stop(spinner: subprocess.Popen[s
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, rest
-    [summary] = rest.decode().strip().splitlines()  # not a terminal: no progress lines
+    # Not a terminal: no progress lines.
+    summary = rest.decode().strip().splitlines()[-1]
     assert summary.startswith("rsprof: recorded ") and "(stopped: interrupted)" in summary
+    if heap == "--no-heap":  # nothing loaded, nothing said of the heap
+        assert "heap" not in rest.decode() and len(rest.decode().splitlines()) == 1
+
+
+def test_attach_progress_says_attaching_then_since(spinner: subprocess.Popen[str],
+                                                    tmp_path: Path) -> None:
+    """On a terminal, attached: ", attaching heap" while the shim is being loaded, then
+    ", heap live N since HH:MM:SS" (the heap is known since the attach, issue 22 item 2);
+    the summary says the same time."""
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "rsprof", "-p", str(spinner.pid), "-q", "-i", "100ms",
+         "-d", "4s", "-o", str(tmp_path / "tty.db")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=secondary,
+        env=rsprof_env())
+    os.close(secondary)
+    try:
+        said = read_pty(primary)
+    finally:
+        os.close(primary)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, said
+    text = said.decode()
+    progress = [part for part in text.split("\r\x1b[K") if part.startswith("rsprof: ")
+                and " samples" in part and "recorded" not in part]
+    attached = [part for part in progress if "heap live " in part]
+    assert attached, text
+    since = re.search(r" since (\d\d:\d\d:\d\d)", attached[-1])
+    assert since is not None, attached[-1]
+    first = progress.index(attached[0])
+    assert all(part.endswith(", attaching heap") for part in progress[:first]), progress
+    assert all(since.group(0) in part for part in progress[first:]), progress
+    assert f"heap since attach at {since.group(1)}" in text, text
 
 
 def test_quieter_says_only_the_summary(tmp_path: Path) -> None:

@@ -113,7 +113,8 @@ def test_diff_against_an_attached_profile_reports_no_shim_function(
     proc = start_target(build_target("shim_churn.c"), "60")  # killed once recorded
     try:
         attached = tmp_path / "attached.db"
-        result = record_pid(proc.pid, attached)
+        # --no-heap: CPU only, no shim in the process (rsprof -p would load one).
+        result = record_pid(proc.pid, attached, "--no-heap")
         assert result.returncode == 0, result.stderr
     finally:
         proc.kill()

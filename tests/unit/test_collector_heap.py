@@ -76,7 +76,7 @@ def batch(new_stacks: list[tuple[int, list[int]]], sites: list[tuple[int, ...]],
     """A take() result; the per-thread split (stack, tid, values) defaults to every site's
     activity by thread 42, as the C reader splits what it sums per stack."""
     values = {"sample_bytes": 0, "events": len(sites), "lost": 0, "dropped": 0, "exited": 0,
-              "execed": 0} | extra
+              "execed": 0, "unknown_frees": 0} | extra
     if thread_sites is None:
         thread_sites = [(site[0], 42, *site[1:]) for site in sites]
     return SimpleNamespace(new_stacks=new_stacks, sites=sites, thread_sites=list(thread_sites),
@@ -115,8 +115,10 @@ def test_deltas_sites_processes_and_threads(tracker: HeapTracker) -> None:
     assert parts.call_sites[leak].position == 1  # malloc's caller, under malloc
     assert (parts.events, parts.lost) == (5, 3)
     # a second batch adds to the same checkpoint; a known stack is not resolved again
-    tracker.fill(parts, batch([], [(1, 4096, 2, 0, 0)], [(1, 7, 4096, 2, 0, 0)], exited=1))
+    tracker.fill(parts, batch([], [(1, 4096, 2, 0, 0)], [(1, 7, 4096, 2, 0, 0)], exited=1,
+                              unknown_frees=3))
     assert parts.deltas[(42, 7)][leak].alloc_bytes == 8192
+    assert parts.unknown_frees == 3  # frees of blocks allocated before an attach (issue 22)
     assert parts.live_bytes_change() == 8192
     checkpoint = Checkpoint(timestamp_ms=1)
     parts.deltas[(43, 43)] = {}

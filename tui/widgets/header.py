@@ -48,6 +48,7 @@ class HeaderState:
     notice: str = ""  # e.g. "target exited (exit code 0)"
     tab_suffix: str = ""  # e.g. " tree": the CPU view's current mode
     kernel_sampled: bool = True  # False: say that time in the kernel is missing
+    heap_since: str = ""  # `rsprof -p` loaded the heap shim at this time (HH:MM:SS)
 
 
 @dataclass(slots=True)
@@ -120,6 +121,11 @@ def header_lines(state: HeaderState, width: int) -> tuple[Text, Text]:
         line2 += [_Field(Text(f"CPU {cpu}"), 80), _Field(Text(f"RSS {rss}"), 70)]
     if not state.kernel_sampled:
         line2.append(_Field(Text("no kernel time", "yellow"), 50))
+    if state.heap_since:
+        # Blocks allocated before the attach are unknown: the Memory view's live bytes and
+        # leaks are "allocated since attach and still live".
+        since = Text.assemble(("heap since attach ", "dim"), (state.heap_since, "bold"))
+        line2.append(_Field(since, 85 if state.view is View.MEMORY else 45))
     if state.window:
         line2.append(_Field(Text.assemble(("window ", "dim"), (state.window, "bold")), 65))
     if state.filter:
