@@ -373,8 +373,8 @@ def _seize(pid: int, tid: int) -> Tracee:
                 f"ptrace refused: it is traced by PID {tracer} ({_process_name(tracer)})"
             ) from None
         raise HeapAttachRefused(f"ptrace refused ({error.strerror}): see"
-                                " /proc/sys/kernel/yama/ptrace_scope and CAP_SYS_PTRACE"
-                                ) from None
+                                " /proc/sys/kernel/yama/ptrace_scope, CAP_SYS_PTRACE and a"
+                                " seccomp profile (containers)") from None
 
 
 def _stopped_at_safe_point(pid: int, layout: _Layout) -> tuple[Tracee, int]:

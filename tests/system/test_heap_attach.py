@@ -275,6 +275,44 @@ def test_refused_under_another_tracer(alloc_binary: Path, tmp_path: Path) -> Non
     assert (output, status) == plain_run(alloc_binary, [])
 
 
+def test_refused_under_a_seccomp_filter(alloc_binary: Path, tmp_path: Path) -> None:
+    """rsprof in a container whose seccomp profile denies ptrace: heap attach is refused in
+    one line (what to check is in it), the CPU profile is recorded, the target unharmed."""
+    wrapper = build_target("no_ptrace.c")
+    program = Program(alloc_binary)
+    out = tmp_path / "sc.db"
+    try:
+        result = subprocess.run(
+            [str(wrapper), sys.executable, "-P", "-m", "rsprof", "-p", str(program.pid), "-q",
+             "-d", "1s", "-o", str(out)], capture_output=True, text=True, env=rsprof_env(),
+            timeout=SLOW_S, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stderr
+        _assert_refusal(result, "ptrace refused (Operation not permitted)", out)
+        assert "seccomp" in result.stderr
+        assert not shim_mapped(program.pid)
+        program.command("alloc 10")
+    finally:
+        output, status = program.quit()
+    assert (output, status) == plain_run(alloc_binary, ["alloc 10"])
+
+
+@pytest.mark.skipif(shutil.which("musl-gcc") is None, reason="needs musl-tools")
+def test_refused_for_a_musl_program(tmp_path: Path) -> None:
+    """A program on musl libc (the injected shim is built for glibc): refused in one line."""
+    binary = tmp_path / "musl_alloc"
+    subprocess.run(["musl-gcc", "-O1", "-pthread", "-o", str(binary),
+                    str(TARGETS / "attach_alloc.c")], check=True)
+    program = Program(binary)
+    try:
+        result = _refused(program.pid, tmp_path / "m.db")
+        assert result.returncode == 0, result.stderr
+        _assert_refusal(result, "it uses musl libc", tmp_path / "m.db")
+        assert not shim_mapped(program.pid)
+    finally:
+        output, status = program.quit()
+    assert (output, status) == plain_run(binary, [])
+
+
 def test_refused_for_a_static_binary(tmp_path: Path) -> None:
     source = TARGETS / "attach_alloc.c"
     binary = tmp_path / "static_alloc"
@@ -522,13 +560,21 @@ def test_rsprof_killed_at_any_moment_of_the_attach(alloc_binary: Path, tmp_path:
     assert (output, status) == plain_run(alloc_binary, ["alloc 5"] * 10 + ["free"])
 
 
-def test_refused_for_a_program_with_its_own_malloc(tmp_path: Path) -> None:
-    """An executable defining malloc: every module calls it, not libc's, so the injected
-    shim would see nothing. Refused in one line, CPU recorded."""
+@pytest.mark.parametrize("allocator", ["own", "jemalloc-static"])
+def test_refused_for_a_program_with_its_own_malloc(allocator: str, tmp_path: Path) -> None:
+    """An executable defining malloc (its own, or jemalloc linked statically): every module
+    calls it, not libc's, so the injected shim would see nothing. Refused in one line, CPU
+    recorded."""
     targets = TARGETS
-    binary = tmp_path / "own_alloc"
-    subprocess.run(["gcc", "-O1", "-pthread", "-o", str(binary), str(targets / "attach_alloc.c"),
-                    str(targets / "attach_ownmalloc.c")], check=True)
+    binary = tmp_path / f"{allocator}_alloc"
+    if allocator == "own":
+        sources = [str(targets / "attach_alloc.c"), str(targets / "attach_ownmalloc.c")]
+    else:
+        archive = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.a")
+        if not archive.exists():
+            pytest.skip("needs libjemalloc-dev's libjemalloc.a")
+        sources = [str(targets / "attach_alloc.c"), str(archive), "-ldl", "-lm"]
+    subprocess.run(["gcc", "-O1", "-pthread", "-o", str(binary), *sources], check=True)
     program = Program(binary)
     try:
         result = _refused(program.pid, tmp_path / "own.db")
