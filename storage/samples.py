@@ -195,8 +195,7 @@ def load_samples(
 def _process_names(profile: Profile) -> dict[int, str]:
     """The target's `comm` (meta), and for followed children their command's program name."""
     names: dict[int, str] = {}
-    tables = {r[0] for r in profile.rows("SELECT name FROM sqlite_master WHERE type='table'")}
-    if "processes" in tables:
+    if profile.has("processes"):
         for pid, command in profile.rows("SELECT pid, COALESCE(command, '') FROM processes"
                                          " ORDER BY id"):
             program = command.split(" ", 1)[0].rsplit("/", 1)[-1]
@@ -308,8 +307,7 @@ def _offcpu_samples(
     """Off-CPU time per (stack, thread, state): values [nanoseconds, switch-outs]. The stack's
     [kernel] leaf (the thread waited in the kernel) becomes the state's frame: [sleeping],
     [uninterruptible wait], [preempted]."""
-    tables = {r[0] for r in profile.rows("SELECT name FROM sqlite_master WHERE type='table'")}
-    if "offcpu_stack_samples" not in tables:
+    if not profile.has("offcpu_stack_samples"):
         return []  # a file from before off-CPU time was recorded
     inside = _id_list(cid for cid, within in checkpoints if within)
     meta_pid = profile.meta().get("pid", "")

@@ -26,6 +26,9 @@ from rsprof.storage.schema import create_schema
 
 if TYPE_CHECKING:
     from rsprof.tui.app import RsprofApp
+    from rsprof.tui.main_screen import MainScreen
+    from rsprof.tui.widgets.chart import ProfileChart
+    from rsprof.tui.widgets.table import ProfileTable
     from textual.pilot import Pilot
 
 START_MS = 1_700_000_000_000
@@ -266,3 +269,14 @@ async def press(pilot: Pilot[Any], *keys: str) -> None:
     for key in keys:
         await pilot.press(key)
         await settle(pilot)
+
+
+def parts(app: RsprofApp) -> tuple[MainScreen, ProfileTable, ProfileChart, str]:
+    """The main screen, its table and chart, and the header's text."""
+    from rsprof.tui.widgets.chart import ProfileChart
+    from rsprof.tui.widgets.header import ProfileHeader
+    from rsprof.tui.widgets.table import ProfileTable
+
+    main = app.main
+    header = main.query_one(ProfileHeader).plain
+    return main, main.query_one(ProfileTable), main.query_one(ProfileChart), header

@@ -8,11 +8,7 @@ from typing import Any
 
 import pytest
 from rsprof.tui.app import RsprofApp
-from rsprof.tui.main_screen import MainScreen
 from rsprof.tui.screens import ThreadPicker
-from rsprof.tui.widgets.chart import ProfileChart
-from rsprof.tui.widgets.header import ProfileHeader
-from rsprof.tui.widgets.table import ProfileTable
 from textual.pilot import Pilot
 from textual.widgets import OptionList
 
@@ -22,6 +18,7 @@ from tui_fixture import (
     build_profile,
     drive,
     make_app,
+    parts,
     press,
     settle,
 )
@@ -30,12 +27,6 @@ from tui_fixture import (
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_profile(tmp_path_factory.mktemp("tui") / "fixture.db")
-
-
-def parts(app: RsprofApp) -> tuple[MainScreen, ProfileTable, ProfileChart, str]:
-    main = app.main
-    header = main.query_one(ProfileHeader).plain
-    return main, main.query_one(ProfileTable), main.query_one(ProfileChart), header
 
 
 

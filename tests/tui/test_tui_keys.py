@@ -13,7 +13,6 @@ from rsprof.tui.app import RsprofApp
 from rsprof.tui.main_screen import MainScreen
 from rsprof.tui.model import TreeRow, View
 from rsprof.tui.screens import ConfirmQuit, HelpScreen, ThreadPicker
-from rsprof.tui.widgets.chart import ProfileChart
 from rsprof.tui.widgets.header import ProfileHeader
 from rsprof.tui.widgets.peek import PeekPanel
 from rsprof.tui.widgets.table import ProfileTable
@@ -33,6 +32,7 @@ from tui_fixture import (
     drive,
     finish,
     make_app,
+    parts,
     press,
     settle,
 )
@@ -42,12 +42,6 @@ from unit.synthetic import schema_1_copy
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_profile(tmp_path_factory.mktemp("tui") / "fixture.db")
-
-
-def parts(app: RsprofApp) -> tuple[MainScreen, ProfileTable, ProfileChart, str]:
-    main = app.main
-    header = main.query_one(ProfileHeader).plain
-    return main, main.query_one(ProfileTable), main.query_one(ProfileChart), header
 
 
 def names(table: ProfileTable) -> list[str]:
