@@ -282,7 +282,11 @@ def main() -> int:
     parser.add_argument("--presses", type=int, default=40)
     parser.add_argument("--size", default=None, help="COLSxROWS (80x24; --views: 120x40)")
     parser.add_argument("--freq", type=int, default=999)
-    parser.add_argument("--rsprof", default=shutil.which("rsprof") or "rsprof")
+    # The rsprof of the Python running this script first: the first `rsprof` on PATH may be
+    # another install (or someone's wrapper) and measure the wrong build.
+    beside = Path(sys.executable).with_name("rsprof")
+    parser.add_argument("--rsprof", default=str(beside) if beside.exists()
+                        else shutil.which("rsprof") or "rsprof")
     parser.add_argument("--baseline", help="another rsprof to compare with: runs alternate "
                         "between the two (the machine's load changes over minutes)")
     parser.add_argument("--rounds", type=int, default=1)

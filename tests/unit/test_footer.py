@@ -79,3 +79,53 @@ def shown_keys(screen: type[Screen[None]], width: int) -> list[str]:
 ])
 def test_keys_that_fit(screen: type[Screen[None]], width: int, keys: list[str]) -> None:
     assert shown_keys(screen, width) == keys
+
+
+class Switching(Ranked):
+    """`three` is shown only while `mode` is on, as rsprof's keys depend on the open view."""
+
+    mode = False
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return self.mode or action != "three"
+
+
+def test_a_bindings_refresh_that_shows_the_same_keys_keeps_the_footer() -> None:
+    """Textual recomposes its footer on every bindings refresh; FitFooter only when the shown
+    keys change (each recompose mounts and styles every key: most of a view key's time)."""
+
+    class Tiny(App[None]):
+        def on_mount(self) -> None:
+            self.push_screen(Switching())
+
+    async def run() -> tuple[list[str], list[str], list[str], bool, bool]:
+        app = Tiny()
+        async with app.run_test(size=(80, 4)) as pilot:
+            screen = app.screen
+            assert isinstance(screen, Switching)
+            for _ in range(20):
+                await pilot.pause()
+                if list(screen.query(FooterKey)):
+                    break
+            before = list(screen.query(FooterKey))
+            for _ in range(3):  # nothing the footer shows changed
+                screen.refresh_bindings()
+                await pilot.pause()
+            same = list(screen.query(FooterKey))
+            screen.mode = True
+            screen.refresh_bindings()
+            for _ in range(20):
+                await pilot.pause()
+                if len(list(screen.query(FooterKey))) == 3:
+                    break
+            after = list(screen.query(FooterKey))
+            kept = all(a is b for a, b in zip(before, same, strict=True))
+            compact = any(key.has_class("-compact") for key in after)
+            return ([k.key for k in before], [k.key for k in same], [k.key for k in after],
+                    kept, compact)
+
+    before, same, after, kept, compact = asyncio.run(run())
+    assert before == same == ["a", "b"]
+    assert kept  # the same widgets: no recompose
+    assert after == ["a", "b", "c"]  # a key that appears is shown
+    assert not compact  # the wide style, as Textual's footer draws it by default

@@ -7,8 +7,21 @@ from collections.abc import Callable
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.reactive import reactive
+from textual.screen import Screen
 from textual.widgets import Footer
 from textual.widgets._footer import FooterKey
+
+
+class WideFooterKey(FooterKey):
+    """Textual's footer key in its wide style only. Textual's starts compact and is bound to
+    the footer's `compact`: each key mounted restyled itself twice (class added, then
+    removed), most of a footer recompose's time. This footer is never compact."""
+
+    compact = reactive(False, init=False)
+
+    def _watch_compact(self, compact: bool) -> None:
+        pass
 
 
 class FitFooter(Footer):
@@ -17,9 +30,44 @@ class FitFooter(Footer):
     and the lowest-ranked, rightmost ones go first until the rest fit the width. `?` lists
     every key anyway."""
 
+    # One shown key: (binding, enabled, tooltip).
+    _shown_keys: list[tuple[Binding, bool, str]] | None = None
+
     def compose(self) -> ComposeResult:
         if not self._bindings_ready:
             return
+        shown = self._fitting_keys()
+        self._shown_keys = shown
+        self.styles.grid_size_columns = len(shown)
+        self._width = self.app.size.width
+        for binding, enabled, tooltip in shown:
+            yield WideFooterKey(
+                binding.key,
+                self.app.get_key_display(binding),
+                binding.description,
+                binding.action,
+                disabled=not enabled,
+                tooltip=tooltip,
+            )
+
+    def bindings_changed(self, screen: Screen) -> None:
+        # Textual recomposes the footer on every bindings refresh (each view key, each focus
+        # change): ~20 FooterKey widgets mounted and styled, a third of the UI thread's time
+        # while keys are pressed (py-spy, bench_tui_keys --views). Most refreshes leave the
+        # shown keys as they were: those keep the widgets.
+        self._bindings_ready = True
+        if not screen.app.app_focus or not (self.is_attached and screen is self.screen):
+            return
+        if self._shown_keys is not None and self._same(self._fitting_keys(), self._shown_keys):
+            return
+        self.call_after_refresh(self.recompose)
+
+    @staticmethod
+    def _same(a: list[tuple[Binding, bool, str]], b: list[tuple[Binding, bool, str]]) -> bool:
+        return [(x.key, x.description, x.action, e, t) for x, e, t in a] == \
+            [(x.key, x.description, x.action, e, t) for x, e, t in b]
+
+    def _fitting_keys(self) -> list[tuple[Binding, bool, str]]:
         items: dict[str, tuple[Binding, bool, str]] = {}
         for _node, binding, enabled, tooltip in self.screen.active_bindings.values():
             if binding.show:
@@ -33,17 +81,7 @@ class FitFooter(Footer):
                 drop = min(range(len(shown)),
                            key=lambda i: (rank(shown[i][0].action.split("(")[0]), -i))
                 del shown[drop]
-        self.styles.grid_size_columns = len(shown)
-        self._width = width
-        for binding, enabled, tooltip in shown:
-            yield FooterKey(
-                binding.key,
-                self.app.get_key_display(binding),
-                binding.description,
-                binding.action,
-                disabled=not enabled,
-                tooltip=tooltip,
-            ).data_bind(compact=Footer.compact)
+        return shown
 
     def _cells(self, binding: Binding) -> int:
         # FooterKey, not compact: " key " then "description "
