@@ -247,3 +247,119 @@ def test_output_pane_shows_the_program_live(tmp_path: Path) -> None:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
     logged = err.read_text(errors="replace")
     assert "\x1b[" not in logged, logged[:500]  # the TUI is not in the file
+
+
+THREE_FUNCTIONS = """\
+import os
+def alpha():
+    return sum(i * i for i in range(20_000))
+def bravo():
+    return sum(i * i for i in range(20_000))
+def charlie():
+    for _ in range(300):
+        os.stat("/")
+def main():
+    alpha(); bravo(); charlie()
+while True:  # some time in <module> itself: its row and main's never tie
+    main()
+    sum(i * i for i in range(5_000))
+"""
+
+
+def _target_pid(out: Path) -> int:
+    return int(profile_meta(out)["pid"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_stray_keys_never_end_the_program_and_its_code_comes_first(tmp_path: Path) -> None:
+    """Issue 24 items 1, 3 and 5 in a real terminal at 80x24, under `rsprof run` of a Python
+    program whose main calls three functions: its functions are on the first screen (the
+    interpreter folded out); f, F, e then Esc steps back one view at a time (the flame to
+    the tree it was opened from); an Esc too many, and Ctrl-Q, only ask, and `n` keeps the
+    program running; the callers panel takes the focus with Tab and scrolls with the keys to
+    main's third callee; q then y ends the program."""
+    script = tmp_path / "three.py"
+    script.write_text(THREE_FUNCTIONS)
+    out = tmp_path / "three.db"
+    exit_file = tmp_path / "exit"
+    session = f"rsprof-tui-keys-{os.getpid()}"
+    command = _command(tmp_path, f"run -F 499 --no-heap -o {shlex.quote(str(out))} --"
+                                 f" /usr/bin/python3 {shlex.quote(str(script))}", exit_file)
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "24", command],
+        check=True,
+    )
+    pane = Pane(session)
+    try:
+        names = ("alpha", "bravo", "charlie", "main")
+        assert wait_for(lambda: all(n in pane.screen() for n in names), 60), pane.screen()
+        pid = _target_pid(out)
+        assert "RECORDING" in pane.screen()
+        pane.keys("f")
+        assert wait_for(lambda: "Function (call tree)" in pane.screen()), pane.screen()
+        pane.keys("F")
+        assert wait_for(lambda: "Function (call tree)" not in pane.screen()), pane.screen()
+        pane.keys("Escape")  # the flame goes back to the tree it was opened from
+        assert wait_for(lambda: "Function (call tree)" in pane.screen()), pane.screen()
+        pane.keys("Escape")  # then the tree to the table
+        assert wait_for(lambda: "Self %" in pane.screen()
+                        and "call tree" not in pane.screen()), pane.screen()
+        for key in ("Escape", "C-q"):
+            pane.keys(key)  # nothing is open: it asks, and n keeps the program
+            assert wait_for(lambda: "Stop recording and end" in pane.screen()), pane.screen()
+            assert "y/n" in pane.screen() and f"PID {pid}" in pane.screen()
+            pane.keys("n")
+            assert wait_for(lambda: "y/n" not in pane.screen()), pane.screen()
+            time.sleep(0.5)
+            assert _alive(pid) and "RECORDING" in pane.screen(), pane.screen()
+            assert profile_meta(out)["state"] == "recording"
+
+        # The callers panel of main: Tab focuses it, the arrows scroll it to all three.
+        pane.keys("e")
+        assert wait_for(lambda: "callees" in pane.screen()), pane.screen()
+
+        def panel() -> list[str]:
+            """The callers panel's lines: below its border, above the footer."""
+            lines = pane.screen().splitlines()
+            border = max((i for i, line in enumerate(lines) if line.startswith("────")),
+                         default=-1)
+            return lines[border + 1:-1] if border >= 0 else []
+
+        def subject() -> str:
+            """The function the panel is about (its title, until the panel scrolls)."""
+            words = (panel() or [""])[0].split()
+            return words[0] if len(words) > 1 and words[1] == "self" else ""
+
+        for _ in range(8):  # the table's cursor down to main's row: the panel follows it
+            if wait_for(lambda: subject() == "main", 1.5):
+                break
+            pane.keys("j")
+        assert subject() == "main", pane.screen()
+        pane.keys("Tab")
+        seen: set[str] = set()
+        for _ in range(12):
+            seen |= {n for n in ("alpha", "bravo", "charlie")
+                     for line in panel() if n in line}
+            if len(seen) == 3:
+                break
+            pane.keys("Down")
+            time.sleep(0.3)
+        assert seen == {"alpha", "bravo", "charlie"}, pane.screen()
+
+        pane.keys("q")
+        assert wait_for(lambda: "Stop recording and end" in pane.screen()), pane.screen()
+        pane.keys("y")
+        assert wait_for(lambda: exit_file.exists() and exit_file.read_text().strip() != ""), (
+            pane.screen())
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True, check=False)
+    assert wait_for(lambda: not _alive(pid), 10)
+    meta = profile_meta(out)
+    assert meta["state"] == "finished" and meta["stop_reason"] == "user-quit", meta
