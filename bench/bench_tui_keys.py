@@ -109,14 +109,18 @@ def measure_views(session: str, presses: int, rng: random.Random,
             tmux("send-keys", "-t", session, extra)
             wait(lambda: "% of it" in pane_text(session), 10)
         times = out.setdefault(f"{name} chart {'open' if chart else 'closed'}", [])
+        # What the first press does: `c` with the chart open closes it first. (Taking it as
+        # an opening timed each press against the state it left: ~8 ms when the poll came
+        # first, the 5 s timeout when the redraw did.)
+        initially = shown(session)
         for i in range(presses):
-            want = i % 2 == 0  # open, then close
+            want = (i % 2 == 0) != initially  # toggle, then toggle back
             times.append(timed(session, key,
                                lambda f=shown, w=want: f(session) == w))  # type: ignore[misc]
             time.sleep(rng.uniform(0.1, 0.3))
-        if presses % 2:  # left open: close it
+        if presses % 2:  # left toggled: back as it was
             tmux("send-keys", "-t", session, key)
-            wait(lambda f=shown: not f(session), 10)  # type: ignore[misc]
+            wait(lambda f=shown, was=initially: f(session) == was, 10)  # type: ignore[misc]
         if extra:
             tmux("send-keys", "-t", session, extra)
             wait(lambda: "% of it" not in pane_text(session), 10)
