@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rsprof.collector.kallsyms import KERNEL_MODULE
 from rsprof.storage.reader import Profile
 from rsprof.storage.samples import OFFCPU_STATES, load_samples
 
@@ -66,6 +67,9 @@ def test_wall_shares_of_a_compute_and_sleep_loop(tmp_path: Path) -> None:
     assert rows["[sleeping]"]["self_pct"] > 40
     off = _rsprof("top", "offcpu", "d.db", "--json", cwd=tmp_path)
     assert "[sleeping]" in {row["function"] for row in json.loads(off.stdout)}
+    # usleep's wait: do_nanosleep is in the scheduler's section (.sched.text), so the first
+    # function below it is hrtimer_nanosleep on 6.18
+    _assert_waits_in(tmp_path / "d.db", None, "sleepy", ("hrtimer_nanosleep", "do_nanosleep"))
     pprof = _rsprof("export", "d.db", "--kind", "wall", "-o", "w.pb.gz", cwd=tmp_path)
     assert pprof.returncode == 0, pprof.stderr
     if shutil.which("go"):
@@ -169,6 +173,32 @@ def _switches_under(db: Path, tid: int, function: str, state: str) -> int:
                and any(line.function == function for f in s.frames for line in f.lines))
 
 
+def _waited_in(db: Path, tid: int | None, under: str) -> dict[str, int]:
+    """Off-CPU nanoseconds in state S with `under` on the stack, by the kernel function
+    waited in (the frame of module [kernel.kallsyms] under the state's leaf)."""
+    samples = load_samples(Profile(db), "offcpu", tid=tid).samples
+    found: dict[str, int] = {}
+    for s in samples:
+        if (s.frames[0].lines[0].function != OFFCPU_STATES["S"]
+                or not any(line.function == under for f in s.frames for line in f.lines)):
+            continue
+        kernel = s.frames[1] if len(s.frames) > 1 else None
+        name = (kernel.lines[0].function if kernel is not None and kernel.module == KERNEL_MODULE
+                else "")
+        found[name] = found.get(name, 0) + s.values[0]
+    return found
+
+
+def _assert_waits_in(db: Path, tid: int | None, under: str, kernel: tuple[str, ...]) -> None:
+    """Nearly all of the thread's sleep under `under` is in one of the `kernel` functions
+    (when kernel stacks are allowed: meta kernel_sampled)."""
+    if Profile(db).meta().get("kernel_sampled") != "1":
+        return
+    waited = _waited_in(db, tid, under)
+    inside = sum(ns for name, ns in waited.items() if name.startswith(kernel))
+    assert inside >= 0.95 * sum(waited.values()) > 0, waited
+
+
 def _perf_switch_outs(tmp_path: Path, command: list[str], function: str) -> dict[int, int]:
     """perf's view: `perf record -e sched:sched_switch --call-graph dwarf`, switch-outs in
     state S per tid with `function` on the unwound stack."""
@@ -213,6 +243,9 @@ def test_a_reader_blocked_on_a_pipe_is_off_cpu_under_the_reads_caller(tmp_path: 
     assert off["[sleeping]"]["total"] >= 0.9 * in_read_ns
     # a read blocks once per byte (the writer's 100 ms is longer than the reader's loop)
     assert reads - 1 <= _switches_under(tmp_path / "p.db", tid, "read_one", "S") <= reads
+    # the kernel function it waited in: pipe_read (anon_pipe_read since 6.15, as perf
+    # script names it here)
+    _assert_waits_in(tmp_path / "p.db", tid, "read_one", ("pipe_read", "anon_pipe_read"))
     if shutil.which("perf"):
         perf = _perf_switch_outs(tmp_path, [str(waits), "pipe", str(reads), "perf.txt"],
                                  "read_one")
@@ -239,5 +272,7 @@ def test_mutex_waits_show_under_the_caller_of_pthread_mutex_lock(tmp_path: Path)
         assert "pthread_mutex_lock" in {row["function"] for row in off.values()} or any(
             "mutex" in name for name in off), sorted(off)
         got = off["take_lock"]["total"]
+        # futex_wait, or futex_do_wait (6.18) / futex_wait_queue (5.16+) under it
+        _assert_waits_in(tmp_path / "m.db", tid, "take_lock", ("futex_",))
         # off the CPU for all of the wait but the few µs of each lock call on it
         assert abs(got - waited_ns) <= 0.05 * waited_ns + 20_000_000, (got, waited_ns, tid)
