@@ -64,7 +64,9 @@ def test_wall_shares_of_a_compute_and_sleep_loop(tmp_path: Path) -> None:
     # its preempted time is wall time in compute, as rsprof charges it).
     assert abs(rows["compute"]["total_pct"] - compute_pct) <= 3, (rows["compute"], compute_pct)
     assert abs(rows["sleepy"]["total_pct"] - sleep_pct) <= 3, (rows["sleepy"], sleep_pct)
-    assert rows["[sleeping]"]["self_pct"] > 40
+    # the sleeps are off-CPU time, sleeping (under load compute() is longer and the sleep's
+    # share smaller: 37.7 % beside four hogs; the truth is the program's own)
+    assert abs(rows["[sleeping]"]["self_pct"] - sleep_pct) <= 3, (rows["[sleeping]"], sleep_pct)
     off = _rsprof("top", "offcpu", "d.db", "--json", cwd=tmp_path)
     assert "[sleeping]" in {row["function"] for row in json.loads(off.stdout)}
     # usleep's wait: do_nanosleep is in the scheduler's section (.sched.text), so the first
