@@ -56,7 +56,7 @@ def alone(storm: Path, seconds: int, tmp: Path) -> tuple[int, int, int]:
 def rsprof(stack_bytes: int) -> Callable[[Path, int, Path], tuple[int, int, int]]:
     def run(storm: Path, seconds: int, tmp: Path) -> tuple[int, int, int]:
         db = tmp / "r.db"
-        done = subprocess.run([sys.executable, "-m", "rsprof", "run", "-q", "--no-heap",
+        done = subprocess.run([sys.executable, "-P", "-m", "rsprof", "run", "-q", "--no-heap",
                                "--stack-bytes", str(stack_bytes), "-o", str(db), "--",
                                str(storm), str(seconds)],
                               capture_output=True, text=True, check=True)

@@ -201,18 +201,46 @@ def _assert_waits_in(db: Path, tid: int | None, under: str, kernel: tuple[str, .
     assert inside >= 0.95 * sum(waited.values()) > 0, waited
 
 
-def _perf_switch_outs(tmp_path: Path, command: list[str], function: str) -> dict[int, int]:
-    """perf's view: `perf record -e sched:sched_switch --call-graph dwarf`, switch-outs in
-    state S per tid with `function` on the unwound stack."""
+def _perf_sleeps(script: str) -> dict[int, int]:
+    """perf's off-CPU time while sleeping, per tid: from each sched_switch out in state S to
+    the thread's next PERF_RECORD_SWITCH IN (`perf script --ns --show-switch-events`), the
+    interval rsprof charges."""
+    since: dict[int, int] = {}
+    slept: dict[int, int] = {}
+    for line in script.splitlines():
+        fields = line.split()
+        if len(fields) < 3 or not fields[0].isdigit() or not fields[1].endswith(":"):
+            continue
+        tid = int(fields[0])
+        seconds, _, nanos = fields[1][:-1].partition(".")
+        time = int(seconds) * 1_000_000_000 + int(nanos.ljust(9, "0")[:9])
+        if "prev_state=S " in line and f"prev_pid={tid} " in line:
+            since[tid] = time
+        elif "PERF_RECORD_SWITCH IN" in line and tid in since:
+            slept[tid] = slept.get(tid, 0) + time - since.pop(tid)
+    return slept
+
+
+def _perf_record(tmp_path: Path, command: list[str], *options: str) -> str:
+    """`perf record -e sched:sched_switch --switch-events` of `command`, as `perf script`
+    prints it (tid, time, the record, and the stack's symbols with `--call-graph`)."""
     data = tmp_path / "perf.data"
-    subprocess.run(["perf", "record", "-q", "-e", "sched:sched_switch", "--call-graph",
-                    "dwarf", "-o", str(data), "--", *command], cwd=tmp_path, check=True,
+    subprocess.run(["perf", "record", "-q", "-e", "sched:sched_switch", "--switch-events",
+                    *options, "-o", str(data), "--", *command], cwd=tmp_path, check=True,
                    capture_output=True, timeout=120)
-    script = subprocess.run(["perf", "script", "-i", str(data), "-F", "tid,trace,ip,sym"],
-                            capture_output=True, text=True, timeout=300, check=True).stdout
+    fields = "tid,time,trace,ip,sym" if options else "tid,time,trace"
+    return subprocess.run(["perf", "script", "--ns", "--show-switch-events", "-i", str(data),
+                           "-F", fields], capture_output=True, text=True, timeout=300,
+                          check=True).stdout
+
+
+def _perf_switch_outs(script: str, function: str) -> dict[int, int]:
+    """perf's view (`perf record -e sched:sched_switch --call-graph dwarf`): switch-outs in
+    state S per tid with `function` on the unwound stack."""
     counts: dict[int, int] = {}
     for block in script.split("\n\n"):
-        lines = block.strip().splitlines()
+        lines = [line for line in block.strip().splitlines()
+                 if "PERF_RECORD_SWITCH" not in line]
         if not lines or "prev_state=S" not in lines[0]:
             continue
         if any(line.split()[-1:] == [function] for line in lines[1:]):
@@ -249,10 +277,15 @@ def test_a_reader_blocked_on_a_pipe_is_off_cpu_under_the_reads_caller(tmp_path: 
     # script names it here)
     _assert_waits_in(tmp_path / "p.db", tid, "read_one", ("pipe_read", "anon_pipe_read"))
     if shutil.which("perf"):
-        perf = _perf_switch_outs(tmp_path, [str(waits), "pipe", str(reads), "perf.txt"],
-                                 "read_one")
-        [(_, perf_tid, _, _)] = _truth(tmp_path / "perf.txt")
+        script = _perf_record(tmp_path, [str(waits), "pipe", str(reads), "perf.txt"],
+                              "--call-graph", "dwarf")
+        perf = _perf_switch_outs(script, "read_one")
+        [(_, perf_tid, _, perf_in_read_ns)] = _truth(tmp_path / "perf.txt")
         assert reads - 1 <= perf.get(perf_tid, 0) <= reads, perf
+        # perf's off-CPU time of the reader (sleeping: all of it is in read_one) is the time
+        # that run measured inside read_one, as rsprof's is
+        slept = _perf_sleeps(script).get(perf_tid, 0)
+        assert abs(slept - perf_in_read_ns) <= 0.05 * perf_in_read_ns, (slept, perf_in_read_ns)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sched:sched_switch needs root")
@@ -276,5 +309,13 @@ def test_mutex_waits_show_under_the_caller_of_pthread_mutex_lock(tmp_path: Path)
         got = off["take_lock"]["total"]
         # futex_wait, or futex_do_wait (6.18) / futex_wait_queue (5.16+) under it
         _assert_waits_in(tmp_path / "m.db", tid, "take_lock", ("futex_",))
+    if shutil.which("perf"):
+        # perf's off-CPU time while sleeping, per locker, against what that run measured in
+        # take_lock (the lockers sleep nowhere else), same tolerance
+        script = _perf_record(tmp_path, [str(waits), "mutex", "100", "perf.txt"])
+        slept = _perf_sleeps(script)
+        for _, tid, _, waited_ns in _truth(tmp_path / "perf.txt"):
+            got = slept.get(tid, 0)
+            assert abs(got - waited_ns) <= 0.05 * waited_ns + 20_000_000, (got, waited_ns, tid)
         # off the CPU for all of the wait but the few µs of each lock call on it
         assert abs(got - waited_ns) <= 0.05 * waited_ns + 20_000_000, (got, waited_ns, tid)
