@@ -9,7 +9,8 @@ alone / round trips recorded, both medians of the rounds; every round runs every
 in order, so the machine's load drifts over all rows alike.
 
 Rows: the target alone; rsprof (CPU + off-CPU, --no-heap) at each --stack-bytes asked
-(16 KiB is the default); perf on the tracepoint with its default 8 KiB dwarf copy; perf on
+(16 KiB is the default), and without the kernel call chain (--no-off-cpu-kernel); perf on
+the tracepoint with its default 8 KiB dwarf copy; perf on
 the software `context-switches` event (-c 1) with the same copy, the mechanism that needs
 no tracepoint permission (measured with perf: the cost of the event, not of a reader).
 
@@ -17,7 +18,10 @@ Losses: rsprof's meta offcpu_lost of offcpu_switches + offcpu_lost; perf's lost 
 (`perf report --stats`, the last LOST_SAMPLES figure) of those plus its SAMPLE events.
 
 Usage: python bench/bench_offcpu.py [--rounds 3] [--seconds 2] [--stack-bytes 16384,8192]
-       [--hogs 0]   (--hogs N: N busy loops beside every run, as the tests' four hogs)
+       [--hogs 0] [--baseline PYTHON]
+  --hogs N: N busy loops beside every run, as the tests' four hogs;
+  --baseline: an interpreter with another commit's rsprof installed (e.g. one without the
+  kernel call chain), as one more row of the same rounds
 """
 
 from __future__ import annotations
@@ -53,11 +57,12 @@ def alone(storm: Path, seconds: int, tmp: Path) -> tuple[int, int, int]:
     return trips(done.stdout), 0, 0
 
 
-def rsprof(stack_bytes: int) -> Callable[[Path, int, Path], tuple[int, int, int]]:
+def rsprof(stack_bytes: int, python: str = sys.executable, *options: str
+           ) -> Callable[[Path, int, Path], tuple[int, int, int]]:
     def run(storm: Path, seconds: int, tmp: Path) -> tuple[int, int, int]:
         db = tmp / "r.db"
-        done = subprocess.run([sys.executable, "-P", "-m", "rsprof", "run", "-q", "--no-heap",
-                               "--stack-bytes", str(stack_bytes), "-o", str(db), "--",
+        done = subprocess.run([python, "-P", "-m", "rsprof", "run", "-q", "--no-heap",
+                               "--stack-bytes", str(stack_bytes), *options, "-o", str(db), "--",
                                str(storm), str(seconds)],
                               capture_output=True, text=True, check=True)
         with sqlite3.connect(db) as con:
@@ -91,12 +96,21 @@ def main() -> None:
     parser.add_argument("--stack-bytes", default="16384,8192",
                         help="rsprof rows, comma-separated")
     parser.add_argument("--hogs", type=int, default=0)
+    parser.add_argument("--no-perf", action="store_true", help="rsprof rows only")
+    parser.add_argument("--baseline", default="",
+                        help="a Python with another rsprof installed (another commit): one"
+                             " more row, its default stack copy")
     args = parser.parse_args()
     rows: list[tuple[str, Callable[[Path, int, Path], tuple[int, int, int]]]] = [
         ("alone", alone)]
     for size in (int(s) for s in args.stack_bytes.split(",") if s):
         rows.append((f"rsprof, sched_switch, {size // 1024} KiB copies", rsprof(size)))
-    if shutil.which("perf"):
+    rows.append(("rsprof --no-off-cpu-kernel, 16 KiB copies",
+                 rsprof(16384, sys.executable, "--no-off-cpu-kernel")))
+    if args.baseline:
+        rows.append((f"rsprof at {args.baseline}, 16 KiB copies",
+                     rsprof(16384, args.baseline)))
+    if shutil.which("perf") and not args.no_perf:
         rows.append(("perf, sched_switch, dwarf 8 KiB", perf(["-e", "sched:sched_switch"])))
         rows.append(("perf, context-switches -c 1, dwarf 8 KiB",
                      perf(["-e", "context-switches", "-c", "1"])))

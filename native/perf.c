@@ -60,6 +60,7 @@
 /* Kernel frames kept of an off-CPU sample's chain (the scheduler's, the waited-in function,
  * the system call's: 6-12 seen on 6.18) */
 #define PERF_OFF_KERNEL_FRAMES 32
+#define PERF_OFF_KERNEL_MAX_STACK 16
 #define PERF_COMM_LEN 16
 #define PERF_BUILD_ID_MAX 20
 #define PERF_MAX_CPUS 4096
@@ -287,6 +288,7 @@ typedef struct {
     /* Off-CPU time (sched:sched_switch tracepoint); off_tracepoint < 0: not recorded */
     int64_t off_tracepoint;  /* the tracepoint's id (tracefs events/sched/sched_switch/id) */
     int off_state_offset;    /* offset of prev_state in its raw data */
+    bool off_kernel;         /* with the kernel call chain (when kernel is allowed too) */
     perf_ring *off_rings;    /* one per entry of cpus */
     char off_error[256];     /* why off-CPU recording stopped ('' while it runs) */
     perf_off_pending *off_pending;
@@ -444,14 +446,18 @@ static void perf_fill_off_attr(const PerfSampler *self, struct perf_event_attr *
     /* The kernel call chain says which kernel function the thread waits in (pipe_read,
      * futex_wait, do_nanosleep: docs/native.md, "Off-CPU time"), when kernel stacks are
      * allowed; in CFI mode the user part is left out (the stack copy is unwound). */
-    if (self->stack_bytes <= 0 || self->kernel) attr->sample_type |= PERF_SAMPLE_CALLCHAIN;
+    bool kchain = self->kernel && self->off_kernel;
+    if (self->stack_bytes <= 0 || kchain) attr->sample_type |= PERF_SAMPLE_CALLCHAIN;
     attr->disabled = 1;
     attr->inherit = 1;
     attr->exclude_kernel = 0;           /* a tracepoint fires in the kernel */
     attr->exclude_hv = 1;
-    attr->exclude_callchain_kernel = self->kernel ? 0 : 1;
+    attr->exclude_callchain_kernel = kchain ? 0 : 1;
     attr->exclude_callchain_user = self->stack_bytes > 0 ? 1 : 0;
-    attr->sample_max_stack = (uint16_t)self->max_stack;
+    /* CFI mode: the chain is the kernel part only, and the waited-in function is within its
+     * first few frames; the kernel stops unwinding there */
+    attr->sample_max_stack = self->stack_bytes > 0 ? PERF_OFF_KERNEL_MAX_STACK
+                                                   : (uint16_t)self->max_stack;
     attr->context_switch = 1;           /* PERF_RECORD_SWITCH: the switch-in ends a wait */
     attr->sample_id_all = 1;
     attr->use_clockid = 1;
@@ -1038,7 +1044,7 @@ static void perf_on_off_sample(PerfSampler *self, const uint8_t *rec, size_t siz
     uint64_t time = rd_u64(rec + 24);
     size_t raw_at = 32;
     uint64_t nr = 0;
-    bool has_chain = self->stack_bytes <= 0 || self->kernel;
+    bool has_chain = self->stack_bytes <= 0 || (self->kernel && self->off_kernel);
     if (has_chain) {
         nr = rd_u64(rec + 32);
         if (nr > (size - 40) / sizeof(uint64_t)) return;
@@ -1492,16 +1498,16 @@ static PyObject *perf_closed_error(void) {
 static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", "follow", "stack_bytes",
                              "kernel", "wake_each", "bpf_object", "offcpu_tracepoint",
-                             "offcpu_state_offset", NULL};
+                             "offcpu_state_offset", "offcpu_kernel", NULL};
     int pid, freq_hz = 99, ring_kib = 128, max_stack = 127, follow = 0, stack_bytes = 0;
     int kernel = 1, wake_each = 0;
     long long offcpu_tracepoint = -1;
-    int offcpu_state_offset = 32;
+    int offcpu_state_offset = 32, offcpu_kernel = 1;
     PyObject *bpf_object = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipippOLi:PerfSampler", kwlist, &pid,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipippOLip:PerfSampler", kwlist, &pid,
                                      &freq_hz, &ring_kib, &max_stack, &follow, &stack_bytes,
                                      &kernel, &wake_each, &bpf_object, &offcpu_tracepoint,
-                                     &offcpu_state_offset))
+                                     &offcpu_state_offset, &offcpu_kernel))
         return NULL;
     if (offcpu_state_offset < 0 || offcpu_state_offset > 4096) {
         PyErr_SetString(PyExc_ValueError, "offcpu_state_offset must be in 0..4096");
@@ -1558,6 +1564,7 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->next_image = 2;  /* image 1 is the target as attached */
     self->off_tracepoint = offcpu_tracepoint < 0 ? -1 : offcpu_tracepoint;
     self->off_state_offset = offcpu_state_offset;
+    self->off_kernel = offcpu_kernel != 0;
     self->chain = malloc((PERF_MAX_CHAIN + 1) * sizeof(uint64_t));
     if (self->chain == NULL || !perf_online_cpus(&self->cpus, &self->n_cpus) ||
         (self->rings = malloc(self->n_cpus * sizeof(perf_ring))) == NULL ||

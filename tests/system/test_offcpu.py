@@ -319,3 +319,18 @@ def test_mutex_waits_show_under_the_caller_of_pthread_mutex_lock(tmp_path: Path)
             assert abs(got - waited_ns) <= 0.05 * waited_ns + 20_000_000, (got, waited_ns, tid)
         # off the CPU for all of the wait but the few µs of each lock call on it
         assert abs(got - waited_ns) <= 0.05 * waited_ns + 20_000_000, (got, waited_ns, tid)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sched:sched_switch needs root")
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_no_off_cpu_kernel_keeps_the_kernel_leaf_alone(tmp_path: Path) -> None:
+    """--no-off-cpu-kernel: no kernel call chain, so no waited-in function (meta says so);
+    the time is the same and still under read_one."""
+    waits = _build_waits(tmp_path)
+    done = _rsprof("run", "-q", "--no-off-cpu-kernel", "-o", "n.db", "--", str(waits), "pipe",
+                   "3", "truth.txt", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert Profile(tmp_path / "n.db").meta().get("offcpu_kernel") == "0"
+    [(_, tid, _, in_read_ns)] = _truth(tmp_path / "truth.txt")
+    assert _waited_in(tmp_path / "n.db", tid, "read_one") == {"": pytest.approx(in_read_ns,
+                                                                                rel=0.05)}
