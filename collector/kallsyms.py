@@ -9,6 +9,7 @@ about the wait: the stored stack keeps one kernel frame, the first below them, n
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,7 +27,10 @@ SCHEDULER_FUNCTIONS = frozenset({
     "bit_wait", "bit_wait_io",
 })
 SCHEDULER_PREFIXES = ("schedule_timeout_", "wait_for_completion", "__wait_for_completion")
-TEXT_TYPES = frozenset("tTwW")
+# A text symbol's line; __pfx_ symbols are the padding before a function
+# (CONFIG_FUNCTION_PADDING): no return address is ever in one
+TEXT_SYMBOL = re.compile(r"^([0-9a-fA-F]+) [tTwW] (?!__pfx_)(\S+)(?:\t\[(\S+)\])?", re.M)
+NONZERO_ADDRESS = re.compile(r"^0*[1-9a-fA-F]", re.M)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,31 +54,23 @@ class KernelSymbols:
 
     @classmethod
     def parse(cls, text: str) -> KernelSymbols:
+        """/proc/kallsyms' text: `ADDRESS TYPE NAME[\t[MODULE]]` per line. One regular
+        expression over the whole text, not a split per line (half the time): it runs once,
+        in the recorder's thread (6.18's 122 k lines, 64 k text symbols: 0.3 s loaded, of
+        which 0.1 s is the kernel writing the file)."""
         symbols = []
         bounds: dict[str, int] = {}
-        listed = nonzero = 0
-        for line in text.splitlines():
-            parts = line.split()
-            if len(parts) < 3:
-                continue
-            try:
-                address = int(parts[0], 16)
-            except ValueError:
-                continue
-            listed += 1
-            nonzero += address != 0
-            name = parts[2]
+        for address_hex, name, module in TEXT_SYMBOL.findall(text):
+            address = int(address_hex, 16)
             if name in ("__sched_text_start", "__sched_text_end"):
                 bounds[name] = address
-            # __pfx_ symbols are the padding before a function (CONFIG_FUNCTION_PADDING):
-            # no return address is ever in one
-            if parts[1] not in TEXT_TYPES or name.startswith("__pfx_") or address == 0:
-                continue
-            module = parts[3] if len(parts) > 3 else KERNEL_MODULE
-            symbols.append(KernelFunction(address, name, module))
+            if address:
+                symbols.append(KernelFunction(address, name,
+                                              f"[{module}]" if module else KERNEL_MODULE))
         start, end = bounds.get("__sched_text_start"), bounds.get("__sched_text_end")
         sched = (start, end) if start and end and start < end else None
-        return cls(symbols, sched, hidden=listed > 0 and nonzero == 0)
+        hidden = bool(text.strip()) and NONZERO_ADDRESS.search(text) is None
+        return cls(symbols, sched, hidden=hidden)
 
     @classmethod
     def load(cls, path: str = KALLSYMS) -> KernelSymbols:

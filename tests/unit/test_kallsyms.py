@@ -30,7 +30,7 @@ KALLSYMS = f"""\
 {K + 0x11000:016x} T schedule
 {K + 0x12000:016x} t do_nanosleep
 {K + 0x13000:016x} T __sched_text_end
-{K + 0x20000:016x} t ext4_wait [ext4]
+{K + 0x20000:016x} t ext4_wait\t[ext4]
 """
 SCHEDULE = K + 0x10100  # __schedule+0x100
 CALLS_SCHEDULE = K + 0x11023  # schedule+0x23
