@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from rsprof.collector.kallsyms import KernelFunction, KernelSymbols
 from rsprof.collector.maps import AddressSpace, Mapping, read_executable_maps
 from rsprof.collector.perfmap import JitSymbol, PerfMap, is_anonymous, process_start_time
 from rsprof.collector.pyframes import splice_plan, split_python
@@ -103,6 +104,10 @@ class FrameResolver:
         # stored stacks whose leaf is its `[rsprof heap tracking]` frame.
         self.shim = ShimFrames(self.frame_info, self._named_frame, self._host_path)
         self.heap_tracking_stacks: set[int] = set()
+        # /proc/kallsyms, read at the first off-CPU stack with kernel frames (one list for
+        # the recording: every image's resolver shares it)
+        self.kernel: list[KernelSymbols] = []
+        self._kernel_frames: dict[tuple[int, str], int] = {}
 
     def for_new_image(self, pid: int, *, forked: bool) -> FrameResolver:
         """The resolver of another process image: a forked child (`forked`) starts with its
@@ -116,6 +121,8 @@ class FrameResolver:
         other.shim = self.shim
         other.heap_tracking_stacks = self.heap_tracking_stacks
         other.on_warning = self.on_warning
+        other.kernel = self.kernel
+        other._kernel_frames = self._kernel_frames
         if forked:
             other._parent_perfmap = self._perfmap
             other.space = self.space.copy()
@@ -222,6 +229,7 @@ class FrameResolver:
         self._perfmap_fresh = False
         stacks_in = stacks
         split = [(native_id, *split_python(ips)) for native_id, ips in stacks]
+        waits = self._kernel_waits(split)
         # Each distinct address looked up once (a shell script's stacks are 40 frames deep
         # and share most of them: 1.66 M lookups for 43 k stacks were 2.3 s of 9 s), and
         # only as far as the stack goes: it ends at its first unmapped caller.
@@ -248,11 +256,49 @@ class FrameResolver:
                 frames = self._splice(frames, python[native_id],
                                       python_read_late and native_id not in sampled,
                                       native_id in sampled)
+            wait = waits.get(native_id)
+            if wait is not None and frames:
+                frames = (frames[0], wait, *frames[1:])
             frames = self.shim.rewrite(frames)
             stack_id = resolved[native_id] = self.ids.stack_id(frames)
             if frames and frames[0] == self.shim.tracking_frame:
                 self.heap_tracking_stacks.add(stack_id)
         return resolved
+
+    def _kernel_waits(self, split: list[tuple[int, Sequence[int], list[tuple[int, int, bool]]]]
+                      ) -> dict[int, int]:
+        """Off-CPU stacks arrive with their kernel call chain in place of the [kernel] leaf
+        (upper-half addresses, leaf first). Rewrites each in `split` to the [kernel] leaf over
+        its user frames and returns, by native id, the frame of the kernel function it waits
+        in, placed under that leaf (docs/schema.md, `offcpu_stack_samples`)."""
+        waits = {}
+        for i, (native_id, ips, python) in enumerate(split):
+            if not ips or ips[0] >> 63 == 0:
+                continue
+            n = 0
+            while n < len(ips) and ips[n] >> 63:
+                n += 1
+            if not self.kernel:
+                self.kernel.append(KernelSymbols.load())
+                if self.kernel[0].hidden and self.on_warning is not None:
+                    self.on_warning("the kernel functions threads wait in are not named:"
+                                    " /proc/kallsyms lists no addresses (kernel.kptr_restrict)")
+            function = self.kernel[0].waiting_function(ips[:n])
+            split[i] = (native_id, [KERNEL_ADDRESS, *ips[n:]], python)
+            if function is not None:
+                waits[native_id] = self._kernel_frame(function)
+        return waits
+
+    def _kernel_frame(self, function: KernelFunction) -> int:
+        key = (function.start, function.module)
+        found = self._kernel_frames.get(key)
+        if found is None:
+            module_id = self.ids.module_id(function.module, None)
+            location = LocationKey(function.name, "", 0, module_id)
+            found = self._kernel_frames[key] = self.ids.frame_id(
+                function.start, module_id, None, [location])
+            self.frame_info[found] = (function.module, (location,))
+        return found
 
     def _is_return(self, ips: Sequence[int], position: int, leaf_is_return: bool) -> bool:
         """Whether ips[position] is a return address (looked up at the call, - 1) rather

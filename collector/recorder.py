@@ -85,6 +85,9 @@ class RecordOptions:
     first_checkpoint_s: float | None = None
     # Off-CPU time from sched:sched_switch (`--off-cpu/--no-off-cpu`), where permitted.
     offcpu: bool = True
+    # ... with the kernel function each wait is in (`--off-cpu-kernel`), when kernel stacks
+    # are allowed: the kernel call chain of every switch-out (docs/native.md, "Off-CPU time")
+    offcpu_kernel: bool = True
 
 
 # Stack copies per CPU ring, largest first: one ring per CPU takes every thread's samples,
@@ -403,6 +406,7 @@ class Recorder:
                 bpf_object=self._bpf_object(),
                 offcpu_tracepoint=tracepoint.id if tracepoint else -1,
                 offcpu_state_offset=tracepoint.state_offset if tracepoint else 32,
+                offcpu_kernel=self.options.offcpu_kernel,
             )
         except PermissionError as error:  # CFI mode reads /proc/PID/maps
             raise PermissionDenied(
@@ -475,6 +479,9 @@ class Recorder:
                 # off-CPU time: the event, or why not ('' when not asked for)
                 "offcpu_event": "sched:sched_switch" if self.sampler.offcpu else "",
                 "offcpu_error": self._offcpu_error if self.options.offcpu else "",
+                # 1: off-CPU stacks name the kernel function waited in
+                "offcpu_kernel": int(self.sampler.offcpu and self.sampler.kernel
+                                     and self.options.offcpu_kernel),
                 "interval_ms": int(self.options.interval_s * 1000),
                 "heap_mode": self._heap_mode[0] if self._heap_mode else "none",
                 "heap_sample_bytes": self._heap_mode[1] if self._heap_mode else 0,

@@ -57,6 +57,10 @@
 /* A record's size is a u16, so no record (and no call chain in one) is larger than this. */
 #define PERF_MAX_RECORD 65536u
 #define PERF_MAX_CHAIN (PERF_MAX_RECORD / sizeof(uint64_t))
+/* Kernel frames kept of an off-CPU sample's chain (the scheduler's, the waited-in function,
+ * the system call's: 6-12 seen on 6.18) */
+#define PERF_OFF_KERNEL_FRAMES 32
+#define PERF_OFF_KERNEL_MAX_STACK 16
 #define PERF_COMM_LEN 16
 #define PERF_BUILD_ID_MAX 20
 #define PERF_MAX_CPUS 4096
@@ -284,6 +288,7 @@ typedef struct {
     /* Off-CPU time (sched:sched_switch tracepoint); off_tracepoint < 0: not recorded */
     int64_t off_tracepoint;  /* the tracepoint's id (tracefs events/sched/sched_switch/id) */
     int off_state_offset;    /* offset of prev_state in its raw data */
+    bool off_kernel;         /* with the kernel call chain (when kernel is allowed too) */
     perf_ring *off_rings;    /* one per entry of cpus */
     char off_error[256];     /* why off-CPU recording stopped ('' while it runs) */
     perf_off_pending *off_pending;
@@ -437,15 +442,22 @@ static void perf_fill_off_attr(const PerfSampler *self, struct perf_event_attr *
         attr->sample_type |= PERF_SAMPLE_REGS_USER | PERF_SAMPLE_STACK_USER;
         attr->sample_regs_user = PERF_UNWIND_REGS;
         attr->sample_stack_user = (uint32_t)self->stack_bytes;
-    } else {
-        attr->sample_type |= PERF_SAMPLE_CALLCHAIN;
     }
+    /* The kernel call chain says which kernel function the thread waits in (pipe_read,
+     * futex_wait, do_nanosleep: docs/native.md, "Off-CPU time"), when kernel stacks are
+     * allowed; in CFI mode the user part is left out (the stack copy is unwound). */
+    bool kchain = self->kernel && self->off_kernel;
+    if (self->stack_bytes <= 0 || kchain) attr->sample_type |= PERF_SAMPLE_CALLCHAIN;
     attr->disabled = 1;
     attr->inherit = 1;
     attr->exclude_kernel = 0;           /* a tracepoint fires in the kernel */
     attr->exclude_hv = 1;
-    attr->exclude_callchain_kernel = 1;
-    attr->sample_max_stack = (uint16_t)self->max_stack;
+    attr->exclude_callchain_kernel = kchain ? 0 : 1;
+    attr->exclude_callchain_user = self->stack_bytes > 0 ? 1 : 0;
+    /* CFI mode: the chain is the kernel part only, and the waited-in function is within its
+     * first few frames; the kernel stops unwinding there */
+    attr->sample_max_stack = self->stack_bytes > 0 ? PERF_OFF_KERNEL_MAX_STACK
+                                                   : (uint16_t)self->max_stack;
     attr->context_switch = 1;           /* PERF_RECORD_SWITCH: the switch-in ends a wait */
     attr->sample_id_all = 1;
     attr->use_clockid = 1;
@@ -1020,7 +1032,10 @@ static uint32_t perf_unwind_sample(PerfSampler *self, const uint8_t *rec, size_t
 
 /* A sched_switch sample: the thread leaves the CPU. Its stack is interned like a CPU
  * sample's (a [kernel] leaf over the user stack that entered the kernel) and its wait starts.
- * CFI: IP | TID | TIME | RAW | REGS_USER | STACK_USER; frame pointers: ... | CALLCHAIN | RAW. */
+ * With kernel stacks allowed, the kernel call chain (leaf first, upper-half addresses) takes
+ * the [kernel] leaf's place: the frame reader names the function waited in from it.
+ * CFI: IP | TID | TIME | [CALLCHAIN (kernel part)] | RAW | REGS_USER | STACK_USER;
+ * frame pointers: IP | TID | TIME | CALLCHAIN | RAW. */
 static void perf_on_off_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
     perf_batch *b = &self->batch;
     if (size < 40) return;
@@ -1029,7 +1044,8 @@ static void perf_on_off_sample(PerfSampler *self, const uint8_t *rec, size_t siz
     uint64_t time = rd_u64(rec + 24);
     size_t raw_at = 32;
     uint64_t nr = 0;
-    if (self->stack_bytes <= 0) {
+    bool has_chain = self->stack_bytes <= 0 || (self->kernel && self->off_kernel);
+    if (has_chain) {
         nr = rd_u64(rec + 32);
         if (nr > (size - 40) / sizeof(uint64_t)) return;
         raw_at = 40 + nr * 8;
@@ -1053,19 +1069,32 @@ static void perf_on_off_sample(PerfSampler *self, const uint8_t *rec, size_t siz
         b->off_unpaired++;
         self->off_pending[old] = self->off_pending[--self->n_off_pending];
     }
-    self->chain[1] = RS_KERNEL_ADDRESS;
+    /* Kernel frames first (the chain's kernel context), at most PERF_OFF_KERNEL_FRAMES:
+     * the waited-in function is within the first few, under the scheduler's. */
+    uint32_t kdepth = 0;
+    for (uint64_t i = 0; i < nr && kdepth < PERF_OFF_KERNEL_FRAMES; i++) {
+        uint64_t a = rd_u64(rec + 40 + i * 8);
+        if (a >= (uint64_t)PERF_CONTEXT_MAX) {
+            if (a == (uint64_t)PERF_CONTEXT_USER) break;
+            continue;
+        }
+        if ((int64_t)a < 0) self->chain[1 + kdepth++] = a;
+    }
+    if (kdepth == 0) self->chain[1 + kdepth++] = RS_KERNEL_ADDRESS;
     uint32_t depth;
     if (self->stack_bytes > 0) {
-        /* perf_unwind_sample reads REGS_USER from offset 32 on: skip the raw data.
-         * batch.truncated (meta truncated_samples) counts CPU samples only: a switch-out
-         * is not one (test_recursion_deeper_than_the_copy counted 1239 for 944 samples). */
+        /* perf_unwind_sample reads REGS_USER from offset 32 on: skip the chain and the raw
+         * data. batch.truncated (meta truncated_samples) counts CPU samples only: a
+         * switch-out is not one (test_recursion_deeper_than_the_copy counted 1239 for 944
+         * samples). */
         uint64_t truncated = b->truncated;
-        depth = perf_unwind_sample(self, rec + raw_len, size - raw_len, 0, image, pid,
-                                   self->chain + 2);
+        size_t skip = raw_at + raw_len - 32;
+        depth = perf_unwind_sample(self, rec + skip, size - skip, 0, image, pid,
+                                   self->chain + 1 + kdepth);
         b->truncated = truncated;
     } else {
         depth = 0;
-        uint64_t *chain = self->chain + 2;
+        uint64_t *chain = self->chain + 1 + kdepth;
         for (uint64_t i = 0; i < nr; i++) {
             uint64_t a = rd_u64(rec + 40 + i * 8);
             if (a >= (uint64_t)PERF_CONTEXT_MAX || (int64_t)a < 0) continue;
@@ -1073,7 +1102,7 @@ static void perf_on_off_sample(PerfSampler *self, const uint8_t *rec, size_t siz
         }
     }
     self->chain[0] = image;
-    depth = perf_add_python(self, image, tid, time, 0, depth + 1, false);
+    depth = perf_add_python(self, image, tid, time, 0, depth + kdepth, false);
     uint32_t id = perf_intern_stack(self, depth);
     if (id == 0 || !perf_vec_reserve((void **)&self->off_pending, &self->cap_off_pending,
                                      self->n_off_pending + 1, sizeof(perf_off_pending))) {
@@ -1469,16 +1498,16 @@ static PyObject *perf_closed_error(void) {
 static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", "follow", "stack_bytes",
                              "kernel", "wake_each", "bpf_object", "offcpu_tracepoint",
-                             "offcpu_state_offset", NULL};
+                             "offcpu_state_offset", "offcpu_kernel", NULL};
     int pid, freq_hz = 99, ring_kib = 128, max_stack = 127, follow = 0, stack_bytes = 0;
     int kernel = 1, wake_each = 0;
     long long offcpu_tracepoint = -1;
-    int offcpu_state_offset = 32;
+    int offcpu_state_offset = 32, offcpu_kernel = 1;
     PyObject *bpf_object = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipippOLi:PerfSampler", kwlist, &pid,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipippOLip:PerfSampler", kwlist, &pid,
                                      &freq_hz, &ring_kib, &max_stack, &follow, &stack_bytes,
                                      &kernel, &wake_each, &bpf_object, &offcpu_tracepoint,
-                                     &offcpu_state_offset))
+                                     &offcpu_state_offset, &offcpu_kernel))
         return NULL;
     if (offcpu_state_offset < 0 || offcpu_state_offset > 4096) {
         PyErr_SetString(PyExc_ValueError, "offcpu_state_offset must be in 0..4096");
@@ -1535,6 +1564,7 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->next_image = 2;  /* image 1 is the target as attached */
     self->off_tracepoint = offcpu_tracepoint < 0 ? -1 : offcpu_tracepoint;
     self->off_state_offset = offcpu_state_offset;
+    self->off_kernel = offcpu_kernel != 0;
     self->chain = malloc((PERF_MAX_CHAIN + 1) * sizeof(uint64_t));
     if (self->chain == NULL || !perf_online_cpus(&self->cpus, &self->n_cpus) ||
         (self->rings = malloc(self->n_cpus * sizeof(perf_ring))) == NULL ||

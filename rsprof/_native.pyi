@@ -116,6 +116,7 @@ class PerfSampler:
         bpf_object: str | None = None,
         offcpu_tracepoint: int = -1,
         offcpu_state_offset: int = 32,
+        offcpu_kernel: bool = True,
     ) -> Self: ...
     @property
     def offcpu(self) -> bool:

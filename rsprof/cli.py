@@ -106,6 +106,12 @@ def _record_options(func: click.decorators.FC, *, demo: bool) -> click.decorator
                      help="Also record where threads wait: each switch-out's stack and the"
                           " time until the thread runs again (sched:sched_switch; needs root"
                           " or CAP_PERFMON, else one line says so and CPU recording goes on)."),
+        click.option("--off-cpu-kernel/--no-off-cpu-kernel", "offcpu_kernel", default=True,
+                     show_default=True,
+                     help="Name the kernel function each wait is in (pipe_read, futex_wait):"
+                          " the kernel call chain of every switch-out, when kernel stacks are"
+                          " allowed. It costs: a 100 k switches/s storm runs 1.3x slower"
+                          " (docs/benchmarks.md)."),
         click.option("-q", "--quiet", count=True,
                      help="Record headless (no TUI): one line saying what is recorded, then"
                           " progress on a terminal; -qq: only the summary at the end."),
@@ -205,6 +211,7 @@ def _record(
     python: str,
     quiet: int,
     offcpu: bool = True,
+    offcpu_kernel: bool = True,
     append: bool,
     follow: bool | None,
     child: session.Launched | None = None,
@@ -218,6 +225,7 @@ def _record(
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
         python=python != "off", python_bpf=python == "on", offcpu=offcpu,
+        offcpu_kernel=offcpu_kernel,
         follow=(child is not None) if follow is None else follow,
         heap=heap,
     )

@@ -35,13 +35,15 @@ CATEGORIES = (("Other", "grey"), ("User", "yellow"), ("Kernel", "orange"),
               ("Python", "blue"))
 OTHER, USER, KERNEL, PYTHON = range(len(CATEGORIES))
 KERNEL_FUNCTION = "[kernel]"  # collector.frames.KERNEL_FUNCTION
+KERNEL_MODULE = "[kernel.kallsyms]"  # collector.kallsyms.KERNEL_MODULE: a waited-in function
 RESOURCE_TYPE_LIBRARY = 1
 
 
 def frame_category(frame: Frame) -> int:
     """Kernel for the `[kernel]` frame, Python for a Python function, User for native code
     in a mapped module, Other for the rest (an address outside every mapping)."""
-    if frame.lines and frame.lines[0].function == KERNEL_FUNCTION:
+    if (frame.lines and frame.lines[0].function == KERNEL_FUNCTION) or (
+            frame.module == KERNEL_MODULE):
         return KERNEL
     if is_python_address(frame.address):
         return PYTHON

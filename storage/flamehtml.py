@@ -22,6 +22,7 @@ from rsprof.storage.samples import Frame, SampleSet
 # Node categories, as the page colours them (HUES in flamegraph.html).
 NATIVE, PYTHON, KERNEL, OTHER = range(4)
 KERNEL_FUNCTION = "[kernel]"  # collector.frames.KERNEL_FUNCTION
+KERNEL_MODULE = "[kernel.kallsyms]"  # collector.kallsyms.KERNEL_MODULE: a waited-in function
 DATA_MARK = "/*RSPROF_DATA*/"
 TITLE_MARK = "/*RSPROF_TITLE*/"
 
@@ -43,7 +44,8 @@ class _Node:
 
 
 def _category(frame: Frame) -> int:
-    if frame.lines and frame.lines[0].function == KERNEL_FUNCTION:
+    if (frame.lines and frame.lines[0].function == KERNEL_FUNCTION) or (
+            frame.module == KERNEL_MODULE):
         return KERNEL
     if is_python_address(frame.address):
         return PYTHON

@@ -1,0 +1,138 @@
+"""rsprof.collector.kallsyms and the resolver's use of it: an off-CPU stack's kernel call
+chain becomes one frame, the function the thread waits in (the first below the scheduler's),
+on a made-up /proc/kallsyms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rsprof.collector.frames import KERNEL_FUNCTION, FrameResolver
+from rsprof.collector.kallsyms import KERNEL_MODULE, KernelSymbols
+from rsprof.collector.maps import Mapping
+from rsprof.storage.writer import ProfileWriter
+
+from rsprof._native import KERNEL_ADDRESS
+from unit.synthetic import FakeModule, FakeSymbolizer
+
+K = 0xFFFFFFFF81000000
+KALLSYMS = f"""\
+{K + 0x0ff0:016x} t __pfx_anon_pipe_read
+{K + 0x1000:016x} t anon_pipe_read
+{K + 0x2000:016x} T vfs_read
+{K + 0x3000:016x} T do_syscall_64
+{K + 0x4000:016x} T futex_wait
+{K + 0x5000:016x} T hrtimer_nanosleep
+{K + 0x6000:016x} T schedule_timeout.constprop.0
+{K + 0x7000:016x} D some_data
+{K + 0x10000:016x} T __sched_text_start
+{K + 0x10000:016x} t __schedule
+{K + 0x11000:016x} T schedule
+{K + 0x12000:016x} t do_nanosleep
+{K + 0x13000:016x} T __sched_text_end
+{K + 0x20000:016x} t ext4_wait\t[ext4]
+"""
+SCHEDULE = K + 0x10100  # __schedule+0x100
+CALLS_SCHEDULE = K + 0x11023  # schedule+0x23
+PIPE = K + 0x1366
+VFS = K + 0x2010
+SYSCALL = K + 0x3071
+
+
+def test_names_a_return_address_at_its_call() -> None:
+    symbols = KernelSymbols.parse(KALLSYMS)
+    assert not symbols.hidden and symbols.sched_text == (K + 0x10000, K + 0x13000)
+    assert symbols.function(PIPE).name == "anon_pipe_read"  # type: ignore[union-attr]
+    # a call ending a function returns to the next one's first byte: named at the call
+    assert symbols.function(K + 0x2000).name == "anon_pipe_read"  # type: ignore[union-attr]
+    # __pfx_ padding and data symbols are no functions
+    assert symbols.function(K + 0x0ff8) is None
+    assert symbols.function(K + 0x7010).name == "schedule_timeout.constprop.0"  # type: ignore[union-attr]
+    assert symbols.function(K + 0x20010).module == "[ext4]"  # type: ignore[union-attr]
+    assert symbols.function(PIPE).module == KERNEL_MODULE  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("chain", "expected"), [
+    pytest.param([SCHEDULE, CALLS_SCHEDULE, PIPE, VFS, SYSCALL], "anon_pipe_read", id="pipe"),
+    # do_nanosleep is in .sched.text: the kernel (get_wchan) skips it too
+    pytest.param([SCHEDULE, CALLS_SCHEDULE, K + 0x12050, K + 0x5070, SYSCALL],
+                 "hrtimer_nanosleep", id="nanosleep"),
+    # outside .sched.text, skipped by name (a kernel without the section's bounds listed)
+    pytest.param([SCHEDULE, K + 0x6010, K + 0x4010, SYSCALL], "futex_wait", id="by-name"),
+    pytest.param([SCHEDULE, CALLS_SCHEDULE], None, id="scheduler-only"),
+    pytest.param([], None, id="empty"),
+])
+def test_the_waiting_function_is_the_first_below_the_scheduler(
+        chain: list[int], expected: str | None) -> None:
+    found = KernelSymbols.parse(KALLSYMS).waiting_function(chain)
+    assert (found.name if found else None) == expected
+
+
+def test_skips_the_scheduler_by_name_without_section_bounds() -> None:
+    text = "\n".join(line for line in KALLSYMS.splitlines() if "__sched_text" not in line)
+    symbols = KernelSymbols.parse(text)
+    assert symbols.sched_text is None
+    found = symbols.waiting_function([SCHEDULE, CALLS_SCHEDULE, PIPE])
+    assert found is not None and found.name == "anon_pipe_read"
+
+
+def test_hidden_addresses_name_nothing(tmp_path: Path) -> None:
+    """kernel.kptr_restrict (or no CAP_SYSLOG): every address reads 0."""
+    hidden = "\n".join(f"{0:016x} {line.split()[1]} {line.split()[2]}"
+                       for line in KALLSYMS.splitlines())
+    symbols = KernelSymbols.parse(hidden)
+    assert symbols.hidden and symbols.waiting_function([SCHEDULE, PIPE]) is None
+    assert KernelSymbols.load(str(tmp_path / "missing")).hidden
+
+
+BASE = 0x400000
+
+
+def _resolver(tmp_path: Path, kallsyms: str) -> tuple[FrameResolver, list[str]]:
+    module = FakeModule([(0x1000, 0x1010, [("read_one", "app.c", 10)]),
+                         (0x2000, 0x2100, [("main", "app.c", 20)])], code=bytes(0x3000))
+    resolver = FrameResolver(0, ProfileWriter(tmp_path / "p.db"),
+                             FakeSymbolizer({"/bin/app": module}))  # type: ignore[arg-type]
+    resolver.add_mapping(Mapping(BASE, BASE + 0x3000, 0, "/bin/app"))
+    resolver.kernel.append(KernelSymbols.parse(kallsyms))
+    warnings: list[str] = []
+    resolver.on_warning = warnings.append
+    return resolver, warnings
+
+
+def _names(resolver: FrameResolver, stored: int) -> list[tuple[str, str]]:
+    return [(location.function, resolver.frame_info[frame][0])
+            for frame in resolver.ids.stack_frames[stored]
+            for location in resolver.frame_info[frame][1]]
+
+
+def test_an_off_cpu_chain_becomes_the_kernel_leaf_over_the_waiting_function(
+        tmp_path: Path) -> None:
+    resolver, warnings = _resolver(tmp_path, KALLSYMS)
+    user = [BASE + 0x1005, BASE + 0x2005]
+    stacks = [(1, [SCHEDULE, CALLS_SCHEDULE, PIPE, VFS, SYSCALL, *user]),
+              # another path to the same wait is the same stored stack
+              (2, [SCHEDULE, CALLS_SCHEDULE, PIPE + 8, VFS, SYSCALL, *user]),
+              # without kernel frames (kernel not allowed): the [kernel] leaf only
+              (3, [KERNEL_ADDRESS, *user])]
+    stored = resolver.resolve_stacks(stacks)
+    assert _names(resolver, stored[1]) == [(KERNEL_FUNCTION, ""),
+                                           ("anon_pipe_read", KERNEL_MODULE),
+                                           ("read_one", "/bin/app"), ("main", "/bin/app")]
+    assert stored[1] == stored[2]
+    assert _names(resolver, stored[3]) == [(KERNEL_FUNCTION, ""), ("read_one", "/bin/app"),
+                                           ("main", "/bin/app")]
+    assert warnings == []
+
+
+def test_hidden_kernel_addresses_keep_the_kernel_leaf_and_say_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    resolver, warnings = _resolver(tmp_path, "")
+    resolver.kernel.clear()  # read at the first kernel chain: this read finds 0 addresses
+    monkeypatch.setattr(KernelSymbols, "load",
+                        classmethod(lambda cls, path="": KernelSymbols([], None, hidden=True)))
+    stacks = [(1, [SCHEDULE, PIPE, BASE + 0x1005]), (2, [SCHEDULE, VFS, BASE + 0x1005])]
+    stored = resolver.resolve_stacks(stacks)
+    assert _names(resolver, stored[1]) == [(KERNEL_FUNCTION, ""), ("read_one", "/bin/app")]
+    assert stored[1] == stored[2]
+    assert len(warnings) == 1 and "kptr_restrict" in warnings[0]
