@@ -43,6 +43,8 @@ _COMMON = {
     "long_size": 16, "long_digits": 24, "module_dict": 16, "dict_used": 16, "dict_version": 24,
     "dict_keys": 32, "dict_values": 40, "dictkeys_log2_size": 8, "dictkeys_log2_index_bytes": 9,
     "dictkeys_kind": 10, "dictkeys_nentries": 24, "dictkeys_indices": 32, "type_flags": 168,
+    # --gil (native/bpf/pyperf.bpf.c): struct _gil_runtime_state's holder and lock
+    "tstate_interp": 16, "gil_last_holder": 8, "gil_locked": 16,
 }
 LAYOUTS: dict[tuple[int, int], dict[str, int]] = {
     (3, 11): {
@@ -52,6 +54,7 @@ LAYOUTS: dict[tuple[int, int], dict[str, int]] = {
         "owner_cstack": -1, "frame_is_entry": 68, "code_firstlineno": 72, "code_adaptive": 184,
         "unicode_ascii_data": 48, "unicode_compact_data": 72, "tstate_thread_id": 152,
         "interp_modules": 888, "dictvalues_values": 0, "heaptype_cached_keys": 872,
+        "runtime_gil": 360, "interp_gil": -1,
     },
     (3, 12): {
         **_COMMON, "runtime_interpreters_head": 40, "interp_threads_head": 72,
@@ -60,6 +63,7 @@ LAYOUTS: dict[tuple[int, int], dict[str, int]] = {
         "owner_cstack": 3, "frame_is_entry": -1, "code_firstlineno": 68, "code_adaptive": 192,
         "unicode_ascii_data": 40, "unicode_compact_data": 56, "tstate_thread_id": 136,
         "interp_modules": 944, "dictvalues_values": 0, "heaptype_cached_keys": 880,
+        "runtime_gil": -1, "interp_gil": 384,
     },
     (3, 13): {
         **_COMMON, "runtime_interpreters_head": 632, "interp_next": 7264,
@@ -69,6 +73,7 @@ LAYOUTS: dict[tuple[int, int], dict[str, int]] = {
         "code_firstlineno": 68, "code_adaptive": 200, "unicode_ascii_data": 40,
         "unicode_compact_data": 56, "tstate_thread_id": 152, "interp_modules": 7656,
         "dictvalues_values": 8, "heaptype_cached_keys": 880,
+        "runtime_gil": -1, "interp_gil": 16,
     },
 }
 
@@ -81,7 +86,7 @@ _DEBUG_FIELDS_313 = {
     "version": 0, "free_threaded": 1,
     "runtime_interpreters_head": 4,
     "interp_next": 7, "interp_threads_head": 8, "interp_modules": 10,
-    "tstate_next": 20, "tstate_current_frame": 22, "tstate_thread_id": 23,
+    "tstate_next": 20, "tstate_interp": 21, "tstate_current_frame": 22, "tstate_thread_id": 23,
     "tstate_native_thread_id": 24,
     "frame_previous": 28, "frame_code": 29, "frame_instr": 30, "frame_owner": 32,
     "code_filename": 34, "code_name": 35, "code_qualname": 36, "code_linetable": 37,

@@ -88,6 +88,9 @@ class RecordOptions:
     # ... with the kernel function each wait is in (`--off-cpu-kernel`), when kernel stacks
     # are allowed: the kernel call chain of every switch-out (docs/native.md, "Off-CPU time")
     offcpu_kernel: bool = True
+    # `--gil` (py-spy's): CPU samples of a CPython's threads are kept only when the thread
+    # held the GIL at sample time (decided by the BPF program; meta python_gil_*).
+    gil: bool = False
 
 
 # Stack copies per CPU ring, largest first: one ring per CPU takes every thread's samples,
@@ -165,6 +168,8 @@ class RecordResult:
     # Bytes allocated minus bytes freed over the recording, as the heap rings told (blocks
     # allocated before a ring was read are not in it): the live heap a progress line shows.
     heap_live_bytes: int = 0
+    # --gil: CPU samples read but not kept (their thread did not hold the GIL)
+    gil_dropped: int = 0
 
 
 def heap_tracking_share(result: RecordResult) -> float:
@@ -381,6 +386,11 @@ class Recorder:
             self._offcpu_error = reason
             self.warn(f"off-CPU time not recorded: {reason}; CPU samples are"
                       " (--no-off-cpu does not ask)")
+        if self.options.gil and self.sampler.python_stats()["mode"] != "bpf":
+            reason = self.sampler.python_stats()["bpf_error"] or "not built in this install"
+            self.warn(f"--gil needs the BPF program, which is not loaded ({reason}): CPU"
+                      " samples are kept whether or not their thread held the GIL"
+                      " (meta python_gil_unknown counts them)")
         if self.on_attached is not None:
             self.on_attached()
 
@@ -407,6 +417,7 @@ class Recorder:
                 offcpu_tracepoint=tracepoint.id if tracepoint else -1,
                 offcpu_state_offset=tracepoint.state_offset if tracepoint else 32,
                 offcpu_kernel=self.options.offcpu_kernel,
+                gil_only=self.options.gil,
             )
         except PermissionError as error:  # CFI mode reads /proc/PID/maps
             raise PermissionDenied(
@@ -1027,6 +1038,12 @@ class Recorder:
             "python_stale_over_1ms": stats["stale_over_1ms"],
             "python_walk_us_mean": round(stats["walk_ns_sum"] / walks / 1000, 1) if walks else 0,
         }
+        if self.options.gil:
+            # --gil: CPU samples left out (the thread did not hold the GIL), and those kept
+            # without knowing (no BPF record, or the GIL could not be read)
+            meta["python_gil_dropped"] = stats["gil_dropped"]
+            self._totals.gil_dropped = stats["gil_dropped"]
+            meta["python_gil_unknown"] = stats["gil_unknown"]
         if meta != self._python_meta:
             self._python_meta = meta
             self.writer.set_meta(meta)

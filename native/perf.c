@@ -131,6 +131,9 @@ typedef struct {
     uint64_t bpf_ip_mismatch;  /* records of the thread near the sample with another ip */
     uint64_t bpf_records, bpf_unpaired;  /* records consumed; forgotten without a sample */
     uint64_t before_reader;  /* samples of a CPython image drained before set_python found it */
+    /* gil_only (--gil): CPython samples left out because the thread did not hold the GIL
+     * at sample time, and those kept without knowing (no BPF record with the GIL read) */
+    uint64_t gil_dropped, gil_unknown;
     int64_t bpf_dt_min, bpf_dt_max;      /* record time - sample time of the pairs (ns) */
 } perf_py_stats;
 
@@ -217,6 +220,7 @@ typedef struct {
     uint64_t time, ip;
     uint32_t tid;
     uint16_t n, status;
+    uint16_t gil;            /* RS_BPF_GIL_* flags */
     size_t frames;           /* index of its first frame in PerfSampler.bpf_frames */
     bool used;
 } perf_bpf_rec;
@@ -237,6 +241,8 @@ typedef struct {
     int32_t pid;
     int freq_hz;
     int max_stack;
+    bool gil_only;           /* --gil: CPython samples of threads not holding the GIL dropped */
+    bool gil_drop, gil_known;  /* the sample being handled: drop it / its GIL state was read */
     bool follow;             /* sample the processes the target starts, too */
     int stack_bytes;         /* 0: frame-pointer call chains; else user stack bytes copied */
     bool wake_each;          /* wake the poll at every sample (for Python frames), not at 1/4 */
@@ -756,9 +762,25 @@ static uint32_t perf_unwind_sample(PerfSampler *self, const uint8_t *rec, size_t
     return depth;
 }
 
+/* Interns the sample's chain (depth frames after the image), unless --gil left it out. */
+static void perf_keep_sample(PerfSampler *self, int32_t tid, uint32_t image, uint32_t depth) {
+    if (self->gil_only) {
+        bool python = false;
+        for (size_t i = 0; i < self->n_py; i++) python = python || self->py[i].image == image;
+        if (self->gil_drop) {
+            self->py_stats.gil_dropped++;
+            return;
+        }
+        if (python && !self->gil_known) self->py_stats.gil_unknown++;
+    }
+    perf_intern_sample(self, tid, depth);
+}
+
 static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
     /* IP | TID | TIME | CALLCHAIN: header, ip, pid, tid, time, nr, ips[nr] */
     perf_batch *b = &self->batch;
+    self->gil_drop = false;
+    self->gil_known = false;
     if (size < 40) return;
     uint64_t ip = rd_u64(rec + 8);
     int32_t pid = (int32_t)rd_u32(rec + 16);
@@ -787,7 +809,8 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
             perf_unwind_sample(self, rec, size, in_kernel ? 0 : ip, image, pid, self->chain + 1 + top);
         if (walked == 0 && !in_kernel) return;
         self->chain[0] = image;
-        perf_intern_sample(self, tid, perf_add_python(self, image, tid, time, ip, walked + top, true));
+        perf_keep_sample(self, tid, image,
+                         perf_add_python(self, image, tid, time, ip, walked + top, true));
         return;
     }
 
@@ -808,7 +831,8 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
         chain[depth++] = ip;
     }
     self->chain[0] = image;
-    perf_intern_sample(self, tid, perf_add_python(self, image, tid, time, ip, depth + top, true));
+    perf_keep_sample(self, tid, image,
+                     perf_add_python(self, image, tid, time, ip, depth + top, true));
 }
 
 static uint64_t perf_now_ns(void) {
@@ -856,6 +880,18 @@ static uint32_t perf_add_python_bpf(PerfSampler *self, perf_py *py, int32_t tid,
         return depth;
     }
     r->used = true;
+    if (self->gil_only) {
+        /* py-spy's --gil: only the GIL holder's samples (a thread without a Python thread
+         * state cannot hold it); one the program could not decide is kept and counted. */
+        if (!(r->gil & RS_BPF_GIL_KNOWN)) {
+            self->gil_known = false;
+        } else if (!(r->gil & RS_BPF_GIL_HELD)) {
+            self->gil_drop = true;
+            return depth;
+        } else {
+            self->gil_known = true;
+        }
+    }
     if (r->status == RS_BPF_NOTHREAD || (r->status == RS_BPF_OK && r->n == 0)) {
         st->bpf_empty++;
         return depth;
@@ -1403,7 +1439,8 @@ static void perf_bpf_take(void *ctx, const struct rs_bpf_record *rec, size_t siz
         return;  /* out of memory: its sample counts as missing */
     memcpy(&self->bpf_frames[self->n_bpf_frames], rec->frames, n * sizeof(struct rs_bpf_frame));
     self->bpf_recs[self->n_bpf_recs++] = (perf_bpf_rec){
-        rec->time, rec->ip, rec->tid, (uint16_t)n, rec->status, self->n_bpf_frames, false};
+        rec->time, rec->ip, rec->tid, (uint16_t)n, (uint16_t)(rec->status & RS_BPF_STATUS_MASK),
+        (uint16_t)(rec->status & ~RS_BPF_STATUS_MASK), self->n_bpf_frames, false};
     self->n_bpf_frames += n;
 }
 
@@ -1498,16 +1535,18 @@ static PyObject *perf_closed_error(void) {
 static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", "follow", "stack_bytes",
                              "kernel", "wake_each", "bpf_object", "offcpu_tracepoint",
-                             "offcpu_state_offset", "offcpu_kernel", NULL};
+                             "offcpu_state_offset", "offcpu_kernel",
+                             "gil_only", NULL};
     int pid, freq_hz = 99, ring_kib = 128, max_stack = 127, follow = 0, stack_bytes = 0;
     int kernel = 1, wake_each = 0;
     long long offcpu_tracepoint = -1;
     int offcpu_state_offset = 32, offcpu_kernel = 1;
+    int gil_only = 0;
     PyObject *bpf_object = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipippOLip:PerfSampler", kwlist, &pid,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipippOLipp:PerfSampler", kwlist, &pid,
                                      &freq_hz, &ring_kib, &max_stack, &follow, &stack_bytes,
                                      &kernel, &wake_each, &bpf_object, &offcpu_tracepoint,
-                                     &offcpu_state_offset, &offcpu_kernel))
+                                     &offcpu_state_offset, &offcpu_kernel, &gil_only))
         return NULL;
     if (offcpu_state_offset < 0 || offcpu_state_offset > 4096) {
         PyErr_SetString(PyExc_ValueError, "offcpu_state_offset must be in 0..4096");
@@ -1565,6 +1604,7 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->off_tracepoint = offcpu_tracepoint < 0 ? -1 : offcpu_tracepoint;
     self->off_state_offset = offcpu_state_offset;
     self->off_kernel = offcpu_kernel != 0;
+    self->gil_only = gil_only != 0;
     self->chain = malloc((PERF_MAX_CHAIN + 1) * sizeof(uint64_t));
     if (self->chain == NULL || !perf_online_cpus(&self->cpus, &self->n_cpus) ||
         (self->rings = malloc(self->n_cpus * sizeof(perf_ring))) == NULL ||
@@ -2265,6 +2305,14 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
         (unsigned long long)counters[RS_BPF_OUTER]);
     if (stats == NULL || more == NULL || PyDict_Update(stats, more) < 0) {
         Py_XDECREF(stats);
+        Py_XDECREF(more);
+        return NULL;
+    }
+    Py_DECREF(more);
+    more = Py_BuildValue("{sKsK}", "gil_dropped", (unsigned long long)st.gil_dropped,
+                         "gil_unknown", (unsigned long long)st.gil_unknown);
+    if (more == NULL || PyDict_Update(stats, more) < 0) {
+        Py_DECREF(stats);
         Py_XDECREF(more);
         return NULL;
     }

@@ -46,7 +46,8 @@ enum {
     O_FRAME_CODE, O_FRAME_INSTR, O_FRAME_PREVIOUS, O_FRAME_OWNER, O_OWNER_CSTACK, O_FRAME_IS_ENTRY,
     O_CODE_NAME, O_CODE_QUALNAME, O_CODE_FILENAME, O_CODE_FIRSTLINENO, O_CODE_LINETABLE,
     O_CODE_ADAPTIVE, O_UNICODE_LENGTH, O_UNICODE_STATE, O_UNICODE_ASCII_DATA,
-    O_UNICODE_COMPACT_DATA, O_BYTES_SIZE, O_BYTES_DATA, O_TSTATE_THREAD_ID, O_COUNT
+    O_UNICODE_COMPACT_DATA, O_BYTES_SIZE, O_BYTES_DATA, O_TSTATE_THREAD_ID,
+    O_TSTATE_INTERP, O_RUNTIME_GIL, O_INTERP_GIL, O_GIL_LAST_HOLDER, O_GIL_LOCKED, O_COUNT
 };
 
 static const char *const pyf_offset_names[O_COUNT] = {
@@ -56,13 +57,14 @@ static const char *const pyf_offset_names[O_COUNT] = {
     "code_name", "code_qualname", "code_filename", "code_firstlineno", "code_linetable",
     "code_adaptive", "unicode_length", "unicode_state", "unicode_ascii_data",
     "unicode_compact_data", "bytes_size", "bytes_data", "tstate_thread_id",
+    "tstate_interp", "runtime_gil", "interp_gil", "gil_last_holder", "gil_locked",
 };
 
 /* Offsets that may be -1 (absent in some versions). */
 static int pyf_optional(int i) {
     return i == O_TSTATE_CFRAME || i == O_CFRAME_CURRENT_FRAME || i == O_TSTATE_CURRENT_FRAME ||
            i == O_OWNER_CSTACK || i == O_INTERP_NEXT || i == O_FRAME_IS_ENTRY ||
-           i == O_TSTATE_THREAD_ID;
+           i == O_TSTATE_THREAD_ID || i >= O_TSTATE_INTERP;  /* GIL: --gil only */
 }
 
 #define RS_PY_MAX_FUNCTIONS (1u << 18)  /* distinct (name, file, first line) per reader */
@@ -463,6 +465,11 @@ void rs_pyreader_bpf_config(const rs_pyreader *r, struct rs_bpf_config *cfg, int
     cfg->frame_owner = (int)r->off[O_FRAME_OWNER];
     cfg->owner_cstack = (int)r->off[O_OWNER_CSTACK];
     cfg->frame_is_entry = (int)r->off[O_FRAME_IS_ENTRY];
+    cfg->tstate_interp = (int)r->off[O_TSTATE_INTERP];
+    cfg->runtime_gil = (int)r->off[O_RUNTIME_GIL];
+    cfg->interp_gil = (int)r->off[O_INTERP_GIL];
+    cfg->gil_last_holder = (int)r->off[O_GIL_LAST_HOLDER];
+    cfg->gil_locked = (int)r->off[O_GIL_LOCKED];
     *pid = (int32_t)r->pid;
 }
 

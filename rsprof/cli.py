@@ -112,6 +112,10 @@ def _record_options(func: click.decorators.FC, *, demo: bool) -> click.decorator
                           " the kernel call chain of every switch-out, when kernel stacks are"
                           " allowed. It costs: a 100 k switches/s storm runs 1.3x slower"
                           " (docs/benchmarks.md)."),
+        click.option("--gil", is_flag=True, hidden=demo,
+                     help="As py-spy's --gil: keep the CPU samples of a CPython's threads only"
+                          " when the thread holds the GIL (decided at sample time by the BPF"
+                          " program; needs --python on). Off-CPU time is recorded as without."),
         click.option("-q", "--quiet", count=True,
                      help="Record headless (no TUI): one line saying what is recorded, then"
                           " progress on a terminal; -qq: only the summary at the end."),
@@ -172,7 +176,8 @@ def record(pid: int | None, process_name: str | None, **options: object) -> None
 def _attach(pid: int | None, process_name: str | None, options: dict[str, object]) -> None:
     if pid is not None and process_name is not None:
         raise click.UsageError("give -p PID or -P NAME, not both")
-    _check_record_options(options["cpu_freq"], options["interval"])  # type: ignore[arg-type]
+    _check_record_options(options["cpu_freq"], options["interval"],  # type: ignore[arg-type]
+                          options.get("gil", False), options.get("python", "on"))  # type: ignore[arg-type]
     from rsprof.collector.process import target_from_name, target_from_pid
 
     target = target_from_pid(pid) if pid is not None else target_from_name(str(process_name))
@@ -186,9 +191,13 @@ MIN_INTERVAL_S = 0.01
 MAX_INTERVAL_S = 86400.0
 
 
-def _check_record_options(cpu_freq: int, interval: float) -> None:
+def _check_record_options(cpu_freq: int, interval: float, gil: bool = False,
+                          python: str = "on") -> None:
     """Bad options are refused before anything is attached or launched."""
     _check_frequency(cpu_freq)
+    if gil and python != "on":
+        # The GIL's holder is read at sample time, by the BPF program --python on loads.
+        raise click.BadParameter(f"needs --python on (not {python})", param_hint="'--gil'")
     # Below 10 ms the recorder does nothing but write checkpoints (-i 0.0000001s wrote
     # 737 in a second and starved the sampler); above a day nobody waits for one.
     if not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
@@ -212,6 +221,7 @@ def _record(
     quiet: int,
     offcpu: bool = True,
     offcpu_kernel: bool = True,
+    gil: bool = False,
     append: bool,
     follow: bool | None,
     child: session.Launched | None = None,
@@ -225,7 +235,7 @@ def _record(
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
         python=python != "off", python_bpf=python == "on", offcpu=offcpu,
-        offcpu_kernel=offcpu_kernel,
+        offcpu_kernel=offcpu_kernel, gil=gil,
         follow=(child is not None) if follow is None else follow,
         heap=heap,
     )
@@ -242,7 +252,8 @@ def _record_launched(
     """`run` and `demo`: start COMMAND held before exec, then record it."""
     from rsprof import session
 
-    _check_record_options(options["cpu_freq"], options["interval"])
+    _check_record_options(options["cpu_freq"], options["interval"], options.get("gil", False),
+                          options.get("python", "on"))
     child = session.launch(command, heap=heap, heap_sample_bytes=heap_sample_bytes,
                            python=options.get("python", "on") != "off",
                            capture_output=not _headless(options["quiet"]))

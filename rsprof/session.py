@@ -523,6 +523,8 @@ def describe(outcome: SessionOutcome) -> str:
     lost = f", {r.lost_samples} lost" if r.lost_samples else ""
     # stacks the CFI walk could not finish end in a [truncated] root: say how many
     truncated = f", {r.truncated_samples} with truncated stacks" if r.truncated_samples else ""
+    if r.gil_dropped:  # --gil: read, then left out
+        truncated += f", {r.gil_dropped} left out by --gil (GIL not held)"
     text = (
         f"rsprof: recorded {r.samples} samples{lost}{truncated} from {_count(r.threads, 'thread')}"
         f" in {_count(r.checkpoints, 'checkpoint')} to {outcome.path} (stopped: {r.stop_reason})"

@@ -82,6 +82,14 @@ def is_python_address(address: int) -> bool:
     return address >> 48 == PYTHON_ADDRESS_BASE >> 48
 
 
+# CPython's own module: the executable (python3, python3.12) or libpython3.X.so
+INTERPRETER_MODULE = re.compile(r"^(lib)?python3(\.\d+)?[dmu]*(\.so(\.[\d.]+)?)?$")
+
+
+def is_interpreter_module(path: str) -> bool:
+    return bool(INTERPRETER_MODULE.match(os.path.basename(path)))
+
+
 def call_site_position(
     frames: Sequence[tuple[str, Sequence[_Named]]], addresses: Sequence[int] = ()
 ) -> tuple[int, int] | None:

@@ -16,9 +16,9 @@ keeps its leaf, so no sample disappears.
 
 from __future__ import annotations
 
-import os
 import re
 
+from rsprof.storage.callsite import is_interpreter_module
 from rsprof.storage.samples import Frame
 
 STARTUP_FUNCTIONS = frozenset({
@@ -30,7 +30,6 @@ STARTUP_FUNCTIONS = frozenset({
 # (std::sys::pal::unix::thread::Thread::new::thread_start), whatever the std version.
 _STARTUP_PATTERN = re.compile(r"^std::rt::lang_start|::thread::Thread::new::thread_start$"
                               r"|^std::sys::backtrace::__rust_begin_short_backtrace")
-_INTERPRETER_MODULE = re.compile(r"^(lib)?python3(\.\d+)?[dmu]*(\.so(\.[\d.]+)?)?$")
 # CPython's own `main`, above everything it runs, Python frames or not (start-up, imports
 # in C, finalization): start-up like `_start`, in the interpreter only.
 _INTERPRETER_MAIN = re.compile(r"^(Py_BytesMain|Py_Main|Py_RunMain|pymain_\w+)$")
@@ -44,7 +43,7 @@ def is_startup(frame: Frame) -> bool:
 
 def is_interpreter(frame: Frame) -> bool:
     """A native frame of CPython itself (its module is the executable or libpython)."""
-    return bool(_INTERPRETER_MODULE.match(os.path.basename(frame.module)))
+    return is_interpreter_module(frame.module)
 
 
 def is_python(frame: Frame) -> bool:

@@ -13,11 +13,12 @@ leaf is the same call site `rsprof top heap` and `heap_samples` report.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rsprof.storage.callsite import call_site_position
+from rsprof.storage.callsite import call_site_position, is_interpreter_module, is_python_address
 from rsprof.storage.errors import ProfileError
 from rsprof.storage.reader import Profile
 from rsprof.storage.schema import u64_from_sql
@@ -38,6 +39,13 @@ OFFCPU_STATES = {
     "I": "[idle]",
     "T": "[stopped]",
 }
+# A CPython thread asleep in the GIL's condition variable (take_gil, or drop_gil waiting for
+# the switch): the leaf of its off-CPU stack instead of [sleeping] (offcpu_stack).
+GIL_WAIT = "[waiting for the GIL]"
+# glibc's and musl's condition-variable waits as symbols name them (the versioned and
+# internal aliases: pthread_cond_timedwait, ___pthread_cond_timedwait64, ___pthread_cond_wait,
+# pthread_cond_clockwait); not __pthread_cond_wait_common, which they call.
+_COND_WAIT = re.compile(r"^_*pthread_cond_(timed|clock)?wait(64)?$")
 HEAP_SAMPLE_TYPES = (
     ("alloc_objects", "count"),
     ("alloc_space", "bytes"),
@@ -348,12 +356,48 @@ def state_frame(state: str) -> Frame:
                  (Line(0, function, function, "", 0),))
 
 
+GIL_FRAME = Frame(-1 - ord("G"), 0, "[kernel]", 0, None, (Line(0, GIL_WAIT, GIL_WAIT, "", 0),))
+
+
+def gil_wait_caller(stack: Sequence[Frame]) -> int | None:
+    """Index in `stack` (leaf first, no state frame) of the frame that waited for the GIL:
+    the first Python frame outside a condition-variable wait called directly by CPython's
+    own module, or, without a Python frame (a thread attaching to the interpreter), that
+    interpreter frame. None when the stack is not such a wait.
+
+    On Linux CPython waits on a pthread condition variable only for the GIL (take_gil,
+    and drop_gil's switch_cond): its locks (threading.Lock, Condition, Event, queue.get;
+    3.13's PyMutex) wait on semaphores, time.sleep in clock_nanosleep, select in select or
+    poll, so none of those match. Frame names, not addresses, decide: take_gil is static
+    and stripped builds (Debian's python3.11) do not name it, while libc's wait keeps its
+    exported name."""
+    for i, frame in enumerate(stack):
+        if is_python_address(frame.address):
+            return None  # Python code ran at the wait: not the interpreter's own wait
+        if not any(_COND_WAIT.match(line.function) for line in frame.lines):
+            continue
+        if i + 1 >= len(stack) or not is_interpreter_module(stack[i + 1].module) \
+                or is_python_address(stack[i + 1].address):
+            return None
+        for j in range(i + 1, len(stack)):
+            if is_python_address(stack[j].address):
+                return j
+        return i + 1
+    return None
+
+
 def offcpu_stack(stack: tuple[Frame, ...], state: str) -> tuple[Frame, ...]:
     """`stack` with its [kernel] leaf replaced by (or, without one, topped with) the state's
-    frame."""
+    frame. A sleep waiting for the GIL (gil_wait_caller) is [waiting for the GIL] instead,
+    directly under the frame that waited: the interpreter's, libc's and the kernel's frames
+    in between are dropped."""
     leaf = stack[0] if stack else None
     if leaf is not None and leaf.lines and leaf.lines[0].function == "[kernel]":
         stack = stack[1:]
+    if state == "S":
+        caller = gil_wait_caller(stack)
+        if caller is not None:
+            return (GIL_FRAME, *stack[caller:])
     return (state_frame(state), *stack)
 
 

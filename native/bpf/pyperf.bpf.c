@@ -233,6 +233,30 @@ static __always_inline int walk(struct walk_state *w, unsigned long long ts) {
     return w->status;
 }
 
+/* RS_BPF_GIL_* flags: does thread state ts hold its interpreter's GIL now? A thread
+ * without a state (ts 0) cannot hold it. 0 when the layout has no GIL offsets or a read
+ * fails (unknown). */
+static __always_inline unsigned short gil_flags(const struct rs_bpf_config *cfg,
+                                                unsigned long long ts) {
+    unsigned long long gil = 0, holder = 0, interp = 0;
+    int locked = 0;
+    if (cfg->gil_locked < 0 || cfg->gil_last_holder < 0 ||
+        (cfg->runtime_gil < 0 && (cfg->interp_gil < 0 || cfg->tstate_interp < 0)))
+        return 0;
+    if (ts == 0) return RS_BPF_GIL_KNOWN;
+    if (cfg->runtime_gil >= 0) {
+        gil = cfg->runtime + cfg->runtime_gil;
+    } else {
+        if (read_ptr(ts, cfg->tstate_interp, &interp) < 0 || interp == 0 ||
+            read_ptr(interp, cfg->interp_gil, &gil) < 0 || gil == 0)
+            return 0;
+    }
+    if (bpf_probe_read_user(&locked, sizeof locked, (const void *)(gil + cfg->gil_locked)) < 0 ||
+        read_ptr(gil, cfg->gil_last_holder, &holder) < 0)
+        return 0;
+    return RS_BPF_GIL_KNOWN | (locked == 1 && holder == ts ? RS_BPF_GIL_HELD : 0);
+}
+
 SEC("perf_event")
 int rs_pyperf(struct rs_perf_ctx *ctx) {
     unsigned long long pid_tgid = bpf_get_current_pid_tgid();
@@ -257,6 +281,7 @@ int rs_pyperf(struct rs_perf_ctx *ctx) {
     unsigned long long ts = find_tstate(&w);
     rec->status = ts ? walk(&w, ts) : RS_BPF_NOTHREAD;
     if (rec->status == RS_BPF_FAULT) rec->n = 0;
+    rec->status |= gil_flags(cfg, ts);
     unsigned long long size = RS_BPF_RECORD_HEADER +
         (unsigned long long)(rec->n & (RS_BPF_MAX_FRAMES * 2 - 1)) * sizeof(struct rs_bpf_frame);
     if (size > sizeof *rec) size = sizeof *rec;

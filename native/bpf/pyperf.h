@@ -37,6 +37,13 @@ struct rs_bpf_config {
     int frame_owner;
     int owner_cstack;                 /* FRAME_OWNED_BY_CSTACK (3.12+), else -1 */
     int frame_is_entry;               /* 3.11 */
+    /* --gil: the GIL is at runtime + runtime_gil (3.11), or *(tstate->interp + interp_gil)
+     * (3.12+, the interpreter's pointer); -1: unknown, no GIL flags in the records. */
+    int tstate_interp;
+    int runtime_gil;
+    int interp_gil;
+    int gil_last_holder;              /* PyThreadState *, in struct _gil_runtime_state */
+    int gil_locked;                   /* int */
 };
 
 enum {
@@ -45,6 +52,13 @@ enum {
     RS_BPF_FAULT = 2,       /* a read failed (page not present, garbage): no frames */
     RS_BPF_TRUNCATED = 3,   /* deeper than RS_BPF_MAX_FRAMES: the inner ones only */
 };
+
+/* Flags or'ed into a record's status above its RS_BPF_* value: whether the sampled thread
+ * held the GIL when it was sampled (GIL_KNOWN: the GIL was read; GIL_HELD: it is locked
+ * and its last_holder is this thread's state, as py-spy's --gil decides). */
+#define RS_BPF_STATUS_MASK 0xff
+#define RS_BPF_GIL_KNOWN 0x100
+#define RS_BPF_GIL_HELD 0x200
 
 /* Indices of the program's counters (the `counters` per-CPU array). */
 enum {

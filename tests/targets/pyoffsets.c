@@ -12,6 +12,7 @@
 #include "internal/pycore_runtime.h"
 #include "internal/pycore_dict.h"
 #include "internal/pycore_moduleobject.h"
+#include "internal/pycore_gil.h"
 
 #define F(name, value) printf("%s\"%s\": %ld", first ? "" : ", ", name, (long)(value)), first = 0
 
@@ -82,6 +83,17 @@ int main(void) {
     F("dictvalues_values", offsetof(PyDictValues, values));
     F("type_flags", offsetof(PyTypeObject, tp_flags));
     F("heaptype_cached_keys", offsetof(PyHeapTypeObject, ht_cached_keys));
+    /* --gil: who holds the GIL (3.11: one per runtime; 3.12+: the interpreter's pointer) */
+    F("tstate_interp", offsetof(PyThreadState, interp));
+#if PY_VERSION_HEX < 0x030C0000
+    F("runtime_gil", offsetof(_PyRuntimeState, ceval.gil));
+    F("interp_gil", -1);
+#else
+    F("runtime_gil", -1);
+    F("interp_gil", offsetof(PyInterpreterState, ceval.gil));
+#endif
+    F("gil_last_holder", offsetof(struct _gil_runtime_state, last_holder));
+    F("gil_locked", offsetof(struct _gil_runtime_state, locked));
     printf("}\n");
     return 0;
 }
