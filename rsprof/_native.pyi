@@ -117,6 +117,7 @@ class PerfSampler:
         offcpu_tracepoint: int = -1,
         offcpu_state_offset: int = 32,
         offcpu_kernel: bool = True,
+        gil_only: bool = False,
     ) -> Self: ...
     @property
     def offcpu(self) -> bool:

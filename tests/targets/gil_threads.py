@@ -76,7 +76,7 @@ def queuer(end: float) -> dict[str, float]:
 
 
 def selecter(end: float) -> dict[str, float]:
-    r, w = os.pipe()
+    r, _w = os.pipe()  # the write end stays open: select waits its full timeout
     while time.monotonic() < end:
         select.select([r], [], [], 0.02)
     return {}

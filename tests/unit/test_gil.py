@@ -97,6 +97,7 @@ def test_only_sleeps_are_gil_waits() -> None:
 
 def test_gil_needs_python_frames_read_at_sample_time() -> None:
     import click
+
     from rsprof.cli import _check_record_options
     _check_record_options(99, 1.0, True, "on")
     for python in ("off", "drain"):
