@@ -183,3 +183,42 @@ def test_gil_agrees_with_py_spy(tmp_path: Path, bpf: None) -> None:
             counts["zipper"] += int(count)
     theirs = counts["zipper"] / counts["all"]
     assert ours <= 0.1 and theirs <= 0.1, (ours, theirs)
+
+
+def test_gil_without_bpf_says_so_and_keeps_every_sample(tmp_path: Path) -> None:
+    """In a user namespace (root there, no CAP_BPF on the host) the program cannot be
+    loaded: one line says --gil needs it, nothing is left out, and meta counts the samples
+    kept without knowing."""
+    import sys
+
+    from conftest import rsprof_env
+
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "--user", "--map-root-user", "true"],
+                                         capture_output=True).returncode != 0:
+        pytest.skip("no user namespaces here (unshare --user --map-root-user)")
+    out = tmp_path / "eperm.db"
+    result = subprocess.run(
+        [unshare, "--user", "--map-root-user", sys.executable, "-P", "-m", "rsprof", "run", "-q",
+         "--no-heap", "--gil", "-F", str(FREQ), "-o", str(out), "--",
+         str(python_binary("debian-3.11")), str(TARGET), "zip", "1", str(tmp_path / "t.json")],
+        capture_output=True, text=True, timeout=120, env=rsprof_env())
+    if result.returncode == 4:
+        pytest.skip(f"perf_event_open not permitted in a user namespace: {result.stderr}")
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "--gil" in line]
+    assert len(warnings) == 1 and "needs the BPF program" in warnings[0], result.stderr
+    meta = profile_meta(out)
+    assert meta["python_mode"] == "drain", meta
+    assert meta["python_gil_dropped"] == "0" and int(meta["python_gil_unknown"]) > 0, meta
+
+
+@pytest.mark.parametrize("python", ["off", "drain"])
+def test_gil_needs_python_on(python: str, tmp_path: Path) -> None:
+    """--gil with Python frames off or read at drain time: refused before anything starts,
+    one line, exit 2 (a usage error)."""
+    result = run_rsprof("run", "-q", "--gil", f"--python={python}", "-o",
+                        str(tmp_path / "x.db"), "--", "true")
+    assert result.returncode == 2, result.stderr
+    assert "--gil" in result.stderr and "needs --python on" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "x.db").exists()
