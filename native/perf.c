@@ -2247,6 +2247,9 @@ static PyObject *PerfSampler_set_python(PerfSampler *self, PyObject *args) {
                 struct rs_bpf_config cfg;
                 int32_t pid;
                 rs_pyreader_bpf_config(core, &cfg, &pid);
+                /* Without --gil the program need not read the GIL: 3 reads per sample
+                 * saved, and no GIL flags in the records. */
+                if (!self->gil_only) cfg.gil_locked = cfg.gil_last_holder = -1;
                 int err = rs_pybpf_configure(self->bpf, (uint32_t)pid, &cfg);
                 if (err != 0) {
                     perf_bpf_fail(self, "configuring the BPF program", err);
