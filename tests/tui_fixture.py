@@ -9,6 +9,10 @@ with a known pattern, and three heap call sites, one of them growing without bou
 - thread 4244 `worker-2`, exits after checkpoint 90: matrix_multiply 10 + i // 4;
   compress_block 12 on even i, 6 on odd i; a long C++ name 4.
 
+Off-CPU time (`offcpu=True` only; the other tests' file has none): thread 4242 sleeps in
+idle_wait 600 ms per checkpoint (3 switch-outs, state S), worker-1 is preempted in
+compute_hash 5 ms (state R).
+
 Heap: leaky_cache_insert allocates 8 KiB per checkpoint and never frees; make_buffer churns
 64 KiB per checkpoint and keeps 16 KiB; load_config allocates 1 MiB at checkpoint 1 and
 frees half of it at checkpoint 60. By allocating thread (heap_deltas' tid): 4243 does
@@ -79,6 +83,11 @@ def cpu_pattern(i: int) -> list[tuple[int, int, int]]:
     return rows
 
 
+def offcpu_pattern(i: int) -> list[tuple[int, int, str, int, int]]:
+    """(tid, stack, state, switches, ns) for checkpoint i of a file with off-CPU time."""
+    return [(4242, 8, "S", 3, 600_000_000), (4243, 2, "R", 2, 5_000_000)]
+
+
 def heap_pattern(i: int) -> list[tuple[int, int, int, int, int, int]]:
     """(location, alloc_bytes, alloc_count, free_bytes, free_count, live_bytes) for i."""
     rows = [(10, 8192, 2, 0, 0, 8192 * i)]
@@ -133,7 +142,8 @@ def _write_static(conn: sqlite3.Connection, heap_mode: str) -> None:
                      [(loc, loc) for loc in HEAP_THREADS])
 
 
-def _write_checkpoint(conn: sqlite3.Connection, i: int, with_heap: bool) -> None:
+def _write_checkpoint(conn: sqlite3.Connection, i: int, with_heap: bool,
+                      offcpu: bool = False) -> None:
     cpu = cpu_pattern(i)
     samples = sum(c for _t, _f, c in cpu)
     heap = heap_pattern(i) if with_heap else []
@@ -154,6 +164,12 @@ def _write_checkpoint(conn: sqlite3.Connection, i: int, with_heap: bool) -> None
         "INSERT INTO cpu_stack_samples VALUES (?, ?, ?, ?)",
         [(i, frame, tid, count) for tid, frame, count in cpu],
     )
+    if offcpu:
+        conn.executemany(
+            "INSERT INTO offcpu_stack_samples VALUES (?, ?, ?, ?, ?, ?)",
+            [(i, stack, tid, state, switches, ns)
+             for tid, stack, state, switches, ns in offcpu_pattern(i)],
+        )
     conn.execute(
         "INSERT INTO cpu_samples SELECT s.checkpoint_id, fl.location_id, SUM(s.count)"
         " FROM cpu_stack_samples s"
@@ -183,13 +199,17 @@ def build_profile(
     heap_mode: str = "full",
     state: str = "finished",
     stop_reason: str = "duration",
+    offcpu: bool = False,
 ) -> Path:
-    """Writes the fixture profile with checkpoints 1..`checkpoints` and returns its path."""
+    """Writes the fixture profile with checkpoints 1..`checkpoints` and returns its path;
+    with `offcpu`, off-CPU time too (`offcpu_pattern`, meta offcpu_event)."""
     path = Path(path)
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA journal_mode=WAL")
     create_schema(conn)
     _write_static(conn, heap_mode)
+    if offcpu:
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('offcpu_event', 'sched:sched_switch')")
     conn.commit()
     conn.close()
     append_checkpoints(path, checkpoints)
@@ -202,9 +222,10 @@ def append_checkpoints(path: str | Path, upto: int) -> None:
     """Adds the next checkpoints up to id `upto`, one commit each, like the recorder."""
     conn = sqlite3.connect(path)
     with_heap = conn.execute("SELECT value FROM meta WHERE key = 'heap_mode'").fetchone()[0]
+    offcpu = bool(conn.execute("SELECT 1 FROM meta WHERE key = 'offcpu_event'").fetchone())
     last = conn.execute("SELECT COALESCE(MAX(id), 0) FROM checkpoints").fetchone()[0]
     for i in range(last + 1, upto + 1):
-        _write_checkpoint(conn, i, with_heap != "none")
+        _write_checkpoint(conn, i, with_heap != "none", offcpu)
         conn.commit()
     conn.close()
 

@@ -63,6 +63,15 @@ def bytes_unit(top: float) -> tuple[str, float]:
     return "B", 1.0
 
 
+def fmt_seconds(seconds: float) -> str:
+    """A duration as the Wall view states time: `850 µs`, `12.3 ms`, `4.56 s`."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds:.2f} s"
+
+
 def fmt_count(n: int) -> str:
     """`1,924`, then `12.3M` / `4.5G` once it gets too wide for a column."""
     if n < 10_000_000:

@@ -24,7 +24,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Static
 
 from .export import ExportFailed, export_view
-from .format import fmt_offset
+from .format import fmt_offset, fmt_seconds
 from .model import (
     COLUMNS,
     HEAP_TREE_COLUMNS,
@@ -97,6 +97,7 @@ class MainScreen(Screen[None]):
         Binding("escape", "escape", "Back/Quit", show=False),
         Binding("1", "view('cpu')", "CPU", show=False),
         Binding("2", "view('memory')", "Memory", show=False),
+        Binding("3", "view('wall')", "Wall", show=False),
         Binding("m", "toggle_view", "Toggle view", show=False),
         Binding("f", "toggle_tree", "Tree"),
         Binding("F", "toggle_flame", "Flame"),
@@ -272,7 +273,8 @@ class MainScreen(Screen[None]):
         flame = self.query_one(FlameView)
         flame.display = q.flame and not no_heap
         if q.flame:
-            flame.show(snapshot.flame, bytes_=q.view is View.MEMORY, reset=previous is None)
+            unit = {View.MEMORY: "bytes", View.WALL: "ns"}.get(q.view, "samples")
+            flame.show(snapshot.flame, unit=unit, reset=previous is None)
         page = self.query_one("#no-heap", Static)
         page.display = no_heap
         text = no_heap_text(snapshot.info.heap_off_reason)
@@ -287,9 +289,9 @@ class MainScreen(Screen[None]):
         elif q.filter:
             empty = f"no sample goes through a frame matching “{q.filter}” (--focus)"
         else:
-            empty = "no samples yet" if q.view is View.CPU else "no allocations yet"
+            empty = "no samples yet" if q.view.timed else "no allocations yet"
         if q.tree:
-            columns = TREE_COLUMNS if q.view is View.CPU else HEAP_TREE_COLUMNS
+            columns = TREE_COLUMNS if q.view.timed else HEAP_TREE_COLUMNS
         else:
             columns = COLUMNS[q.view]
         table.set_rows(columns, snapshot.rows, "" if q.tree else q.sort, q.descending,
@@ -299,9 +301,9 @@ class MainScreen(Screen[None]):
         if self.state.chart_open and q.chart is not None:
             chart.show(self._chart_state(snapshot))
         peek = self.query_one(PeekPanel)
-        peek.display = self.state.peek_open and q.view is View.CPU
+        peek.display = self.state.peek_open and q.view.timed
         if peek.display:
-            peek.show(snapshot.peek, snapshot.window_label)
+            peek.show(snapshot.peek, snapshot.window_label, wall=q.view is View.WALL)
         # A hidden widget cannot keep focus: after the "no heap" page (or a closed panel)
         # the keys go back to the table, never to nothing.
         focused = self.focused
@@ -321,7 +323,8 @@ class MainScreen(Screen[None]):
         if q.flame:
             node = self.query_one(FlameView).selected_node
             name = node.function if node is not None and node.key == q.chart.key else name
-        metric = "live bytes" if q.view is View.MEMORY else "Total % of samples"
+        metric = {View.MEMORY: "live bytes", View.WALL: "Total % of wall time"}.get(
+            q.view, "Total % of samples")
         back = q.chart.pan * q.chart.window_ms / 2000
         where = f", {fmt_offset(back)} back" if q.chart.pan else ""
         style = "bar" if self.state.bar else "line"
@@ -337,6 +340,7 @@ class MainScreen(Screen[None]):
             bytes=q.view is View.MEMORY,
             bar=self.state.bar,
             from_zero=self.state.from_zero,
+            ylabel="% wall time" if q.view is View.WALL else "% samples",
         )
 
     def _announce_exit(self, previous: Snapshot | None, snapshot: Snapshot) -> None:
@@ -419,7 +423,7 @@ class MainScreen(Screen[None]):
                 thread=thread,
                 filter=self.state.filter,
                 window=(snap.window_label if snap.query.window is not None
-                        and snap.query.view is View.CPU else ""),
+                        and snap.query.view.timed else ""),
                 cpu_pct=cpu,
                 rss_bytes=rss,
                 show_target=app.live or info.state == "recording",
@@ -429,6 +433,7 @@ class MainScreen(Screen[None]):
                 kernel_sampled=info.kernel_sampled,
                 runtime_hidden=runtime_hidden(self.state.hide_runtime, info),
                 heap_since=info.heap_since_attach,
+                wall=snap.wall_available,
             )
         )
 
@@ -439,11 +444,11 @@ class MainScreen(Screen[None]):
         if action in self.CHART_ACTIONS:
             return state.chart_open
         if action in ("zoom", "pan"):
-            return state.chart_open or (state.window_on and state.view is View.CPU)
+            return state.chart_open or (state.window_on and state.view.timed)
         if action == "pause":
             return self.rsprof.live
         if action in ("toggle_peek", "toggle_window"):
-            return state.view is View.CPU
+            return state.view.timed
         if action == "toggle_chart":
             # the Memory chart is per call site; the allocation tree's nodes are functions
             return not ((state.tree_open or state.flame_open) and state.view is View.MEMORY)
@@ -490,11 +495,19 @@ class MainScreen(Screen[None]):
 
 
     def action_view(self, view: str) -> None:
+        snap = self.snapshot
+        if View(view) is View.WALL and snap is not None and not snap.wall_available:
+            # The Wall view would be the CPU view again: say why there is nothing to add.
+            self.notify(f"Wall view: {snap.no_wall_reason}", timeout=6)
+            return
         if View(view) is not self.state.view:
             self.state = replace(self.state, view=View(view), pan=0)
             self.refresh_bindings()
             self._show_header()
             self.request_update()
+
+    def _view_name(self) -> str:
+        return "Wall view" if self.state.view is View.WALL else "CPU view"
 
     def action_toggle_view(self) -> None:
         self.action_view(View.MEMORY if self.state.view is View.CPU else View.CPU)
@@ -730,8 +743,8 @@ class MainScreen(Screen[None]):
         self.state = replace(self.state, window_on=not self.state.window_on)
         self.refresh_bindings()
         self.notify(
-            f"CPU view: last {ZOOM_LEVELS[self.state.zoom][0]} (+/- zoom, h/l pan)"
-            if self.state.window_on else "CPU view: whole recording", timeout=3)
+            f"{self._view_name()}: last {ZOOM_LEVELS[self.state.zoom][0]} (+/- zoom, h/l pan)"
+            if self.state.window_on else f"{self._view_name()}: whole recording", timeout=3)
         self.request_update()
 
     def action_expand(self, state: int | None = None) -> None:
@@ -795,9 +808,11 @@ class MainScreen(Screen[None]):
             self.app.call_from_thread(
                 self.notify, f"export failed: {message}", severity="error", timeout=8)
             return
-        what = "samples" if selection.kind == "cpu" else "allocations"
-        self.app.call_from_thread(
-            self.notify, f"wrote {path} ({count:,} {what})", timeout=10)
+        if selection.kind == "wall":  # the first sample type: nanoseconds of wall time
+            amount = f"{fmt_seconds(count / 1e9)} of wall time"
+        else:
+            amount = f"{count:,} {'samples' if selection.kind == 'cpu' else 'allocations'}"
+        self.app.call_from_thread(self.notify, f"wrote {path} ({amount})", timeout=10)
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())

@@ -55,11 +55,21 @@ Row = CpuRow | HeapRow | TreeRow
 class View(StrEnum):
     CPU = "cpu"
     MEMORY = "memory"
+    WALL = "wall"  # on-CPU + off-CPU time (`rsprof top wall`): the CPU view's shape
 
     @property
     def slot(self) -> int:
-        """Its place in per-view pairs (`ScreenState.sorts`)."""
-        return 0 if self is View.CPU else 1
+        """Its place in per-view triples (`ScreenState.sorts`)."""
+        return _SLOTS[self]
+
+    @property
+    def timed(self) -> bool:
+        """A view of time per function and stack (CPU, Wall): table, tree, flame, callers,
+        charts and window alike; Memory is of call sites and bytes."""
+        return self is not View.MEMORY
+
+
+_SLOTS = {View.CPU: 0, View.MEMORY: 1, View.WALL: 2}
 
 
 class DataSource(Protocol):
@@ -80,13 +90,19 @@ class DataSource(Protocol):
     def summary(self) -> CheckpointSummary: ...
     def threads(self) -> list[ThreadInfo]: ...
     def time_range(self, start_ms: int, end_ms: int) -> TimeRange: ...
-    def cpu_rows(self, filters: FrameFilter = ..., time_range: TimeRange = ...) -> list[CpuRow]: ...
+    @property
+    def has_offcpu_data(self) -> bool: ...
+
+    def no_offcpu_reason(self) -> str: ...
+    def cpu_rows(self, filters: FrameFilter = ..., time_range: TimeRange = ..., *,
+                 wall: bool = ...) -> list[CpuRow]: ...
     def heap_rows(self, filters: FrameFilter = ...) -> list[HeapRow]: ...
     def cpu_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int,
-                   filters: FrameFilter = ...) -> Series: ...
-    def call_tree(self, time_range: TimeRange = ..., filters: FrameFilter = ...) -> CallNode: ...
+                   filters: FrameFilter = ..., *, wall: bool = ...) -> Series: ...
+    def call_tree(self, time_range: TimeRange = ..., filters: FrameFilter = ..., *,
+                  wall: bool = ...) -> CallNode: ...
     def peek(self, key: int, time_range: TimeRange = ...,
-             filters: FrameFilter = ...) -> PeekInfo: ...
+             filters: FrameFilter = ..., *, wall: bool = ...) -> PeekInfo: ...
     def heap_timeline(self, points: int = 120) -> HeapTimeline: ...
     def heap_tree(self, filters: FrameFilter = ..., allocated: bool = False) -> CallNode: ...
     def heap_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int,
@@ -126,6 +142,17 @@ COLUMNS: dict[View, tuple[Column, ...]] = {
         LOCATION,
         TREND,
     ),
+    # The CPU view's columns, of the wall time (on + off CPU) of the thread shown, and the
+    # time itself as `top wall` states it, where the table is wide enough
+    View.WALL: (
+        Column("self", "Self %", 8),
+        Column("total", "Total %", 9),
+        Column("total_time", "Time", 10, min_table=WIDE_TABLE),
+        Column("live", "Live %", 8),
+        FUNCTION,
+        LOCATION,
+        TREND,
+    ),
     View.MEMORY: (
         Column("live_bytes", "Live", 10),
         Column("alloc_bytes", "Allocated", 11, min_table=WIDE_TABLE),
@@ -153,7 +180,7 @@ HEAP_TREE_COLUMNS: tuple[Column, ...] = (
 )
 # Total (inclusive) first: a program's own functions (main, its workers) lead the table,
 # not only the leaf it spends its time in.
-DEFAULT_SORT = {View.CPU: "total", View.MEMORY: "live_bytes"}
+DEFAULT_SORT = {View.CPU: "total", View.MEMORY: "live_bytes", View.WALL: "total"}
 
 _CELLS: dict[str, Callable[[Any, float | None], str]] = {
     "self": lambda r, _t: fmt_pct(r.self_pct),
@@ -173,6 +200,7 @@ _CELLS: dict[str, Callable[[Any, float | None], str]] = {
     "alloc_count": lambda r, _t: fmt_count(r.alloc_count),
     "free_count": lambda r, _t: fmt_count(r.free_count),
     "growing": lambda r, _t: "▲ yes" if r.growing else "",
+    "total_time": lambda r, _t: f"{r.total_samples / 1e9:.3f}s",  # as `top wall`
     "total_bytes": lambda r, _t: fmt_bytes(r.total_value),
     "self_bytes": lambda r, _t: fmt_bytes(r.self_value),
 }
@@ -182,6 +210,7 @@ _SORT_KEYS: dict[str, Callable[[Any], Any]] = {
     "live": lambda r: (r.live_samples, r.total_samples),
     "function": lambda r: r.function.lower(),
     "location": attrgetter("location"),
+    "total_time": lambda r: (r.total_samples, r.self_samples),
     "live_bytes": attrgetter("live_bytes"),
     "alloc_bytes": attrgetter("alloc_bytes"),
     "alloc_count": attrgetter("alloc_count"),
@@ -314,11 +343,11 @@ class Query:
     filter: str = ""  # the filter box: a `--focus` regex, as typed
     thread: int | None = None
     chart: ChartRequest | None = None
-    tree: bool = False  # the call tree (CPU) or allocation tree (Memory) instead of the table
+    tree: bool = False  # the call tree (CPU, Wall) or allocation tree (Memory), not the table
     expanded: frozenset[tuple[int, ...]] = frozenset()
     collapsed: frozenset[tuple[int, ...]] = frozenset()
     peek: int | None = None  # function key whose callers and callees to show
-    window: tuple[int, int] | None = None  # CPU view's (zoom, pan) window; None: everything
+    window: tuple[int, int] | None = None  # CPU/Wall (zoom, pan) window; None: everything
     timeline_points: int = 0  # Memory view: the heap timeline's width in cells (0: none)
     trend_per_row: bool = False  # CPU Trend: each row its own scale, not the column's
     flame: bool = False  # the icicle of the call tree (CPU) or allocation tree (Memory)
@@ -329,6 +358,8 @@ class Query:
 
 Nodes = frozenset[tuple[int, ...]]
 """Tree nodes (paths of function keys from the root)."""
+PerView = tuple[Nodes, Nodes, Nodes]
+_NO_NODES: PerView = (frozenset(), frozenset(), frozenset())
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,8 +370,9 @@ class ScreenState:
     view (`View.slot`), so each view keeps its own when the other is shown."""
 
     view: View = View.CPU
-    sorts: tuple[tuple[str, bool], tuple[str, bool]] = (
-        (DEFAULT_SORT[View.CPU], True), (DEFAULT_SORT[View.MEMORY], True))
+    sorts: tuple[tuple[str, bool], ...] = (
+        (DEFAULT_SORT[View.CPU], True), (DEFAULT_SORT[View.MEMORY], True),
+        (DEFAULT_SORT[View.WALL], True))
     filter: str = ""  # the filter box: a `--focus` regex, as typed
     thread: int | None = None
     tree_open: bool = False  # the call tree (CPU) or allocation tree (Memory) for the table
@@ -357,8 +389,8 @@ class ScreenState:
     trend_per_row: bool = False
     paused: bool = False
     hide_runtime: bool | None = None  # H; None: on for Python programs (runtime_hidden())
-    expanded: tuple[Nodes, Nodes] = (frozenset(), frozenset())
-    collapsed: tuple[Nodes, Nodes] = (frozenset(), frozenset())
+    expanded: PerView = _NO_NODES
+    collapsed: PerView = _NO_NODES
 
     @property
     def sort(self) -> tuple[str, bool]:
@@ -368,7 +400,7 @@ class ScreenState:
     def with_sort(self, key: str, descending: bool) -> ScreenState:
         sorts = list(self.sorts)
         sorts[self.view.slot] = (key, descending)
-        return replace(self, sorts=(sorts[0], sorts[1]))
+        return replace(self, sorts=tuple(sorts))
 
     def with_node(self, path: tuple[int, ...], is_open: bool) -> ScreenState:
         """The state with tree node `path` of the view shown opened or closed."""
@@ -378,8 +410,8 @@ class ScreenState:
             expanded[i], collapsed[i] = expanded[i] | {path}, collapsed[i] - {path}
         else:
             expanded[i], collapsed[i] = expanded[i] - {path}, collapsed[i] | {path}
-        return replace(self, expanded=(expanded[0], expanded[1]),
-                       collapsed=(collapsed[0], collapsed[1]))
+        return replace(self, expanded=(expanded[0], expanded[1], expanded[2]),
+                       collapsed=(collapsed[0], collapsed[1], collapsed[2]))
 
     def query(self, selected_key: int | None, timeline_points: int) -> Query:
         """What the next snapshot is built for: this state, the function (or call site) of
@@ -388,16 +420,16 @@ class ScreenState:
         chart = None
         if self.chart_open and selected_key is not None:
             chart = ChartRequest(selected_key, self.zoom, self.pan)
-        cpu = self.view is View.CPU
+        timed = self.view.timed
         i = self.view.slot
         return Query(
             self.view, sort, descending, self.filter, self.thread, chart,
             tree=self.tree_open,
             expanded=self.expanded[i] if self.tree_open else frozenset(),
             collapsed=self.collapsed[i] if self.tree_open else frozenset(),
-            peek=selected_key if self.peek_open and cpu else None,
+            peek=selected_key if self.peek_open and timed else None,
             window=(self.zoom, self.pan) if self.window_on else None,
-            timeline_points=timeline_points if not cpu else 0,
+            timeline_points=timeline_points if not timed else 0,
             trend_per_row=self.trend_per_row,
             flame=self.flame_open,
             hide_runtime=self.hide_runtime,
@@ -425,12 +457,15 @@ class Snapshot:
     # Display names of the table rows' functions (short_functions); keys stay full names.
     names: Mapping[str, str] = field(default_factory=dict)
     filter_error: str = ""
+    # The Wall view has off-CPU time to add (else `3` says why: `no_wall_reason`)
+    wall_available: bool = False
+    no_wall_reason: str = ""
 
 
 def query_window(query: Query, summary: CheckpointSummary, interval_ms: int) -> (
         tuple[int | None, int | None, str]):
-    """(start_ms, end_ms, label) of the CPU view's time window."""
-    if query.window is None or summary.last_timestamp_ms is None or query.view is not View.CPU:
+    """(start_ms, end_ms, label) of the CPU (or Wall) view's time window."""
+    if query.window is None or summary.last_timestamp_ms is None or not query.view.timed:
         return None, None, "whole recording"
     zoom, pan = query.window
     request = ChartRequest(0, zoom, pan)
@@ -466,7 +501,8 @@ def build_snapshot(
     start, end, window_label = query_window(query, summary, info.interval_ms)
     filters, filter_error = compile_filter(query.filter,
                                            runtime_hidden(query.hide_runtime, info))
-    cpu = query.view is View.CPU
+    cpu = query.view.timed  # CPU or Wall: the same queries, of samples or of time
+    wall = query.view is View.WALL
     time_range = (source.time_range(start, end) if start is not None and end is not None
                   else TimeRange())
     # A file from before the heap kept its thread shows (and exports) the whole heap.
@@ -480,7 +516,8 @@ def build_snapshot(
                                            summary.last_timestamp_ms)
         selected_range = TimeRange(None, selected_range.until_s)
     selection = None if filter_error else SampleQuery(
-        kind="cpu" if cpu else "heap", tid=tid, time_range=selected_range, filters=filters)
+        kind="wall" if wall else "cpu" if cpu else "heap", tid=tid, time_range=selected_range,
+        filters=filters)
     rows: list[Row]
     trend_top = None
     flame = None
@@ -488,13 +525,15 @@ def build_snapshot(
         rows = []
     elif query.flame:
         # The icicle replaces the table: no rows to build.
-        flame = source.call_tree(time_range, filters) if cpu else source.heap_tree(filters)
+        flame = (source.call_tree(time_range, filters, wall=wall) if cpu
+                 else source.heap_tree(filters))
         rows = []
     elif query.tree:
-        root = source.call_tree(time_range, filters) if cpu else source.heap_tree(filters)
+        root = (source.call_tree(time_range, filters, wall=wall) if cpu
+                else source.heap_tree(filters))
         rows = list(flatten_tree(root, query.expanded, query.collapsed))
     elif cpu:
-        rows = list(source.cpu_rows(filters, time_range))
+        rows = list(source.cpu_rows(filters, time_range, wall=wall))
     else:
         rows = list(source.heap_rows(filters))
     heap_available = info.heap_mode not in ("", "none") and source.has_heap_data
@@ -506,12 +545,13 @@ def build_snapshot(
     if query.chart is not None and summary.last_timestamp_ms is not None:
         c_start, c_end, bucket = query.chart.window(summary.last_timestamp_ms, info.interval_ms)
         if cpu:
-            series = source.cpu_series(query.chart.key, c_start, c_end, bucket, filters)
+            series = source.cpu_series(query.chart.key, c_start, c_end, bucket, filters,
+                                       wall=wall)
         else:
             series = source.heap_series(query.chart.key, c_start, c_end, bucket, filters)
     peek = None
     if query.peek is not None and cpu:
-        peek = source.peek(query.peek, time_range, filters)
+        peek = source.peek(query.peek, time_range, filters, wall=wall)
     timeline = None
     if query.view is View.MEMORY and query.timeline_points and heap_available:
         timeline = source.heap_timeline(query.timeline_points)
@@ -532,4 +572,6 @@ def build_snapshot(
         flame=flame,
         names={} if query.tree else short_functions(r.function for r in rows),
         filter_error=filter_error,
+        wall_available=source.has_offcpu_data,
+        no_wall_reason=source.no_offcpu_reason(),
     )

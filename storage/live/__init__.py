@@ -2,8 +2,10 @@
 
 `LiveProfile` follows one file (`follow.FollowedFile`: meta, checkpoints, threads, frames)
 and keeps the CPU (`cpu.CpuModel`) and heap (`heap.HeapModel`) numbers of the thread
-shown. Each `refresh()` reads only the checkpoints newer than the last one it saw; older
-history is never kept per checkpoint: charts and time windows query the file.
+shown, and its wall-clock numbers (`wall.WallModel`) once they are first asked for (they
+read every CPU sample again: a session that never opens the Wall view does not pay).
+Each `refresh()` reads only the checkpoints newer than the last one it saw; older history
+is never kept per checkpoint: charts and time windows query the file.
 
 It reads through the reports' model: stacks are `storage.samples` frames, functions and
 call sites are `storage.granularity` entries, filters are `storage.filters.FrameFilter`
@@ -39,6 +41,7 @@ from rsprof.storage.live.rows import (
     Series,
     ThreadInfo,
 )
+from rsprof.storage.live.wall import WallModel
 from rsprof.storage.samples import TimeRange
 
 __all__ = [
@@ -60,6 +63,10 @@ class LiveProfile:
         labels = FunctionLabels()
         self.cpu = CpuModel(self.file, labels, trend_len)
         self.heap = HeapModel(self.file, labels, trend_len)
+        # its own labels: a function's hottest line is where its time goes, not its samples
+        self.wall = WallModel(self.file, FunctionLabels(), trend_len)
+        self._wall_wanted = False
+        self._offcpu_seen = False
 
     @property
     def info(self) -> ProfileInfo:
@@ -78,6 +85,7 @@ class LiveProfile:
                 self.thread = tid
                 self.cpu.reset(tid)
                 self.heap.reset(tid)
+                self.wall.reset(tid)
 
     def refresh(self) -> bool:
         """Reads what was committed since the last call. Returns True if anything was new."""
@@ -104,6 +112,9 @@ class LiveProfile:
             changed = True
         if self.heap.last_id < last:
             self.heap.read(last)
+        if self._wall_wanted and self.wall.last_id < last and self._has_offcpu_table():
+            self.wall.read(last)
+            changed = True
         if new:
             self.file.read_threads()
         return bool(changed or new)
@@ -128,25 +139,62 @@ class LiveProfile:
         with self._lock:
             return self.heap.has_data
 
-    def cpu_rows(self, filters: FrameFilter = NO_FILTER,
-                 time_range: TimeRange = WHOLE_RECORDING) -> list[CpuRow]:
+    def _has_offcpu_table(self) -> bool:
+        return self.file.has_table("offcpu_stack_samples")
+
+    @property
+    def has_offcpu_data(self) -> bool:
+        """The file holds off-CPU time (some `offcpu_stack_samples` row): the Wall view has
+        more to show than the CPU view."""
         with self._lock:
-            return self.cpu.rows(filters, time_range)
+            if not self._offcpu_seen and self._has_offcpu_table():
+                self._offcpu_seen = bool(self.file.rows(
+                    "SELECT 1 FROM offcpu_stack_samples LIMIT 1"))
+            return self._offcpu_seen
+
+    def no_offcpu_reason(self) -> str:
+        """Why the file has no off-CPU time ('' when it has some), as the TUI says it."""
+        if self.has_offcpu_data:
+            return ""
+        info = self.file.info
+        if info.offcpu_error:
+            return f"off-CPU time was not recorded: {info.offcpu_error}"
+        if not self._has_offcpu_table():
+            return "no off-CPU time: the file is from before rsprof recorded it"
+        if not info.offcpu_event:
+            return "no off-CPU time: recorded with --no-off-cpu"
+        return "no off-CPU time yet: no thread has waited"
+
+    def _model(self, wall: bool) -> CpuModel:
+        """The CPU model, or the wall model read up to the last checkpoint read."""
+        if not wall:
+            return self.cpu
+        self._wall_wanted = True
+        last = self.file.last_id
+        if self.wall.last_id < last and self._has_offcpu_table():
+            self.wall.read(last)
+        return self.wall
+
+    def cpu_rows(self, filters: FrameFilter = NO_FILTER,
+                 time_range: TimeRange = WHOLE_RECORDING, *, wall: bool = False) -> list[CpuRow]:
+        """Functions by CPU samples, or (`wall`) by wall-clock nanoseconds."""
+        with self._lock:
+            return self._model(wall).rows(filters, time_range)
 
     def call_tree(self, time_range: TimeRange = WHOLE_RECORDING,
-                  filters: FrameFilter = NO_FILTER) -> CallNode:
+                  filters: FrameFilter = NO_FILTER, *, wall: bool = False) -> CallNode:
         with self._lock:
-            return self.cpu.call_tree(time_range, filters)
+            return self._model(wall).call_tree(time_range, filters)
 
     def peek(self, key: int, time_range: TimeRange = WHOLE_RECORDING,
-             filters: FrameFilter = NO_FILTER) -> PeekInfo:
+             filters: FrameFilter = NO_FILTER, *, wall: bool = False) -> PeekInfo:
         with self._lock:
-            return self.cpu.peek(key, time_range, filters)
+            return self._model(wall).peek(key, time_range, filters)
 
     def cpu_series(self, key: int, start_ms: int, end_ms: int, bucket_ms: int,
-                   filters: FrameFilter = NO_FILTER) -> Series:
+                   filters: FrameFilter = NO_FILTER, *, wall: bool = False) -> Series:
         with self._lock:
-            return self.cpu.series(key, start_ms, end_ms, bucket_ms, filters)
+            return self._model(wall).series(key, start_ms, end_ms, bucket_ms, filters)
 
     def heap_rows(self, filters: FrameFilter = NO_FILTER) -> list[HeapRow]:
         with self._lock:

@@ -27,6 +27,12 @@ _CHUNK = 500  # stack ids per statement
 
 
 class CpuModel:
+    """The CPU samples of the followed file (`cpu_stack_samples`, one per sample). The
+    wall-clock model (`storage.live.wall.WallModel`) is this model over another table of
+    weighted stacks: subclasses override `source()` and `load_stacks()`."""
+
+    ROOT_NAME = "all samples"  # the call tree's root
+
     def __init__(self, file: FollowedFile, labels: FunctionLabels, trend_len: int) -> None:
         self.file = file
         self.labels = labels
@@ -52,11 +58,24 @@ class CpuModel:
 
     # -- reading ------------------------------------------------------------------------------
 
+    def source(self) -> str:
+        """The FROM clause of the weighted stacks: columns checkpoint_id, stack_id, tid and
+        count (the weight)."""
+        return "cpu_stack_samples"
+
+    def whole_from_checkpoints(self) -> bool:
+        """Whether `checkpoints.samples` is the whole process's weight per checkpoint."""
+        return True
+
+    def load_stacks(self, stack_ids: list[int]) -> dict[int, tuple[Frame, ...]]:
+        """Frames of the source's stack ids, leaf first."""
+        return self.file.frames.stacks(stack_ids)
+
     def _load(self, stack_ids: set[int]) -> None:
         missing = sorted(stack_ids - self._paths.keys())
         for start in range(0, len(missing), _CHUNK):
             chunk = missing[start:start + _CHUNK]
-            loaded = self.file.frames.stacks(chunk)
+            loaded = self.load_stacks(chunk)
             for stack_id in chunk:
                 frames = loaded.get(stack_id, ())
                 self._frames[stack_id] = frames
@@ -71,7 +90,7 @@ class CpuModel:
             params += (self.thread,)
         columns = "stack_id" if grouped else "checkpoint_id, stack_id"
         rows = self.file.rows(
-            f"SELECT {columns}, SUM(count) FROM cpu_stack_samples WHERE {where}"
+            f"SELECT {columns}, SUM(count) FROM {self.source()} WHERE {where}"
             f" GROUP BY {columns}", params)
         self._load({row[-2] for row in rows})
         return rows
@@ -196,7 +215,7 @@ class CpuModel:
         weights = self.stack_weights(time_range)
         paths = ((self.call_path(stack_id, filters), count) for stack_id, count in weights.items())
         root = call_tree((stack.path, count) for stack, count in paths if stack is not None)
-        return self.labels.tree(root, "all samples", sum(weights.values()))
+        return self.labels.tree(root, self.ROOT_NAME, sum(weights.values()))
 
     def peek(self, key: int, time_range: TimeRange, filters: FrameFilter) -> PeekInfo:
         """Callers and callees of function `key` (pprof's -peek): each edge counted once
@@ -248,19 +267,19 @@ class CpuModel:
         if len(wanted) <= 2000:
             marks = ",".join("?" * len(wanted))
             selected = dict(self.file.rows(
-                f"SELECT checkpoint_id, SUM(count) FROM cpu_stack_samples WHERE {where}"
+                f"SELECT checkpoint_id, SUM(count) FROM {self.source()} WHERE {where}"
                 f" AND stack_id IN ({marks}) GROUP BY checkpoint_id", (*params, *wanted)))
         else:  # too many for one statement's parameters: pick them here
             for cid, stack_id, count in self.file.rows(
-                    "SELECT checkpoint_id, stack_id, SUM(count) FROM cpu_stack_samples"
+                    f"SELECT checkpoint_id, stack_id, SUM(count) FROM {self.source()}"
                     f" WHERE {where} GROUP BY 1, 2", params):
                 if stack_id in wanted:
                     selected[cid] = selected.get(cid, 0) + count
-        if self.thread is None:
+        if self.thread is None and self.whole_from_checkpoints():
             whole = {ids[i]: self.file.checkpoint_samples[i] for i in range(lo, hi)}
         else:
             whole = dict(self.file.rows(
-                f"SELECT checkpoint_id, SUM(count) FROM cpu_stack_samples WHERE {where}"
+                f"SELECT checkpoint_id, SUM(count) FROM {self.source()} WHERE {where}"
                 " GROUP BY checkpoint_id", params))
         sums: dict[int, list[int]] = {}
         for i in range(lo, hi):

@@ -122,6 +122,9 @@ class FollowedFile:
             launched=meta.get("target_launched") == "1",
             heap_since_attach=heap_since_attach(meta),
             heap_off_reason=meta.get("heap_off_reason") or "",
+            cpu_freq_hz=_int(meta.get("cpu_freq_hz")) or 99,
+            offcpu_event=meta.get("offcpu_event") or "",
+            offcpu_error=meta.get("offcpu_error") or "",
         )
         changed, self.info = info != self.info, info
         return changed

@@ -30,6 +30,9 @@ class ProfileInfo:
     # then (local HH:MM:SS; meta heap_attached_at), "" otherwise.
     heap_since_attach: str = ""
     heap_off_reason: str = ""  # why heap tracking could not start in it (meta)
+    cpu_freq_hz: int = 99  # a CPU sample stands for 1 / cpu_freq_hz s on the CPU (wall time)
+    offcpu_event: str = ""  # meta offcpu_event: '' when off-CPU time was not recorded
+    offcpu_error: str = ""  # meta offcpu_error: why it could not be
 
 
 @dataclass(frozen=True, slots=True)

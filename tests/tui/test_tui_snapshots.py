@@ -106,3 +106,21 @@ def test_memory_thread(snap_compare: Any, profile: Path, size: tuple[int, int]) 
 @SIZES
 def test_memory_flame(snap_compare: Any, profile: Path, size: tuple[int, int]) -> None:
     assert snap_compare(make_app(profile), terminal_size=size, run_before=keys("2", "F"))
+
+
+@pytest.fixture(scope="module")
+def offcpu_profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_profile(tmp_path_factory.mktemp("snap-wall") / "rsprof.myserver.261123101530.db",
+                         offcpu=True)
+
+
+@SIZES
+def test_wall_view(snap_compare: Any, offcpu_profile: Path, size: tuple[int, int]) -> None:
+    """`3`: on-CPU + off-CPU time; [sleeping] (idle_wait's off-CPU time) leads it."""
+    assert snap_compare(make_app(offcpu_profile), terminal_size=size, run_before=keys("3"))
+
+
+@SIZES
+def test_wall_tree(snap_compare: Any, offcpu_profile: Path, size: tuple[int, int]) -> None:
+    assert snap_compare(make_app(offcpu_profile), terminal_size=size,
+                        run_before=keys("3", "f"))

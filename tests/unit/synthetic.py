@@ -94,13 +94,18 @@ class Synth:
                    heap: Mapping[int, tuple[int, int, int, int]] | None = None, *,
                    heap_by_tid: Mapping[int, Mapping[int, tuple[int, int, int, int]]]
                    | None = None, threads: Mapping[int, str] | None = None,
-                   step_ms: int = 1000) -> int:
+                   step_ms: int = 1000,
+                   offcpu: Mapping[tuple[int, int, str], tuple[int, int]] | None = None,
+                   ) -> int:
         """cpu: (stack, tid) -> count; heap: stack -> (alloc bytes, allocs, freed bytes,
         frees), all by the main thread (tid PID) unless heap_by_tid splits it: tid -> the
-        same per stack, adding up to `heap`."""
+        same per stack, adding up to `heap`; offcpu: (stack, tid, state) -> (switch-outs,
+        ns off the CPU), as `offcpu_stack_samples` keeps them."""
         self.time_ms += step_ms
         cpu = dict(cpu or {})
-        tids = {tid for _stack, tid in cpu} | set(heap_by_tid or {})
+        offcpu = dict(offcpu or {})
+        tids = ({tid for _stack, tid in cpu} | set(heap_by_tid or {})
+                | {tid for _stack, tid, _state in offcpu})
         names = {tid: f"t{tid}" for tid in tids} | dict(threads or {})
         split = dict(heap_by_tid or {PID: heap or {}})
         totals: dict[int, list[int]] = {}
@@ -115,7 +120,7 @@ class Synth:
         return self.writer.write_checkpoint(Checkpoint(
             timestamp_ms=self.time_ms, samples=sum(cpu.values()), cpu=cpu, heap=deltas,
             heap_call_sites={stack: self.site(stack) for stack in totals},
-            threads=names, thread_pids={tid: PID for tid in names}))
+            threads=names, thread_pids={tid: PID for tid in names}, offcpu=offcpu))
 
     def finish(self) -> Path:
         self.writer.finish("duration")

@@ -24,6 +24,7 @@ class ChartState:
     bytes: bool  # heap (bytes) or CPU (%)
     bar: bool = False
     from_zero: bool = False
+    ylabel: str = "% samples"  # of a percentage chart (the Wall view's: % wall time)
 
 
 class ProfileChart(PlotextPlot, can_focus=True):
@@ -128,7 +129,7 @@ class ProfileChart(PlotextPlot, can_focus=True):
             ys = [y / size for y in ys]
             plt.ylabel(unit)
         else:
-            plt.ylabel("% samples")
+            plt.ylabel(state.ylabel)
         if xs:
             if state.bar:
                 # Full-width bars: at 0.8 the gaps between them fall on cell boundaries

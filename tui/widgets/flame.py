@@ -16,7 +16,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from ..format import fmt_bytes, short_function
+from ..format import fmt_bytes, fmt_seconds, short_function
 
 # Warm colours as in flame graphs (hashed by function name, so a function keeps its colour
 # across refreshes and zooms); dark text on them.
@@ -96,25 +96,28 @@ class FlameView(Widget, can_focus=True):
         self.root: CallNode | None = None
         self.whole = 1  # samples (or bytes) the percentages are of
         self.bytes = False  # heap tree: values are bytes
+        self.unit = "samples"  # what the values are: samples, bytes, ns (the Wall view)
         self.zoom: tuple[int, ...] = ()  # path of the frame shown full width
         self.selected: tuple[int, ...] = ()  # path of the selected frame
         self._rows: list[list[Box]] = []
         self._layout_key: tuple[object, ...] | None = None
         self._top = 0  # first row shown (deep stacks scroll)
-        # per view (bytes: Memory): (zoom, selected, top) while the other view is shown
-        self._saved: dict[bool, tuple[tuple[int, ...], tuple[int, ...], int]] = {}
+        # per view (its unit): (zoom, selected, top) while another view is shown
+        self._saved: dict[str, tuple[tuple[int, ...], tuple[int, ...], int]] = {}
 
     # -- data -------------------------------------------------------------------------------
 
-    def show(self, root: CallNode | None, *, bytes_: bool = False, reset: bool = False) -> None:
+    def show(self, root: CallNode | None, *, bytes_: bool = False, reset: bool = False,
+             unit: str = "") -> None:
         """New data (a refresh): zoom and selection stay on the same paths when they still
-        exist, else on the nearest ancestor that does. Another tree (the other view,
-        `bytes_`; or `reset`): the zoom and selection it had when last shown, else its
-        root (each view keeps its own, as the tables do)."""
-        if reset or bytes_ != self.bytes:
-            self._saved[self.bytes] = (self.zoom, self.selected, self._top)
-            self.zoom, self.selected, self._top = self._saved.get(bytes_, ((), (), 0))
-        self.root, self.bytes = root, bytes_
+        exist, else on the nearest ancestor that does. Another tree (another view: its
+        `unit`, "bytes" with `bytes_`; or `reset`): the zoom and selection it had when last
+        shown, else its root (each view keeps its own, as the tables do)."""
+        unit = unit or ("bytes" if bytes_ else "samples")
+        if reset or unit != self.unit:
+            self._saved[self.unit] = (self.zoom, self.selected, self._top)
+            self.zoom, self.selected, self._top = self._saved.get(unit, ((), (), 0))
+        self.root, self.bytes, self.unit = root, unit == "bytes", unit
         self.whole = max(root.base_samples, root.total_samples, 1) if root else 1
         self.zoom = self._existing(self.zoom)
         if not self._within(self.selected, self.zoom):
@@ -247,6 +250,8 @@ class FlameView(Widget, can_focus=True):
         return 100.0 * node.total_samples / self.whole
 
     def _value(self, value: int) -> str:
+        if self.unit == "ns":
+            return fmt_seconds(value / 1e9)
         return fmt_bytes(value) if self.bytes else f"{value:,} samples"
 
     def render_line(self, y: int) -> Strip:

@@ -49,6 +49,7 @@ class HeaderState:
     tab_suffix: str = ""  # e.g. " tree": the CPU view's current mode
     kernel_sampled: bool = True  # False: say that time in the kernel is missing
     heap_since: str = ""  # `rsprof -p` loaded the heap shim at this time (HH:MM:SS)
+    wall: bool = False  # the file has off-CPU time: the Wall view's tab is shown
 
 
 @dataclass(slots=True)
@@ -110,7 +111,10 @@ def header_lines(state: HeaderState, width: int) -> tuple[Text, Text]:
                              f" PID {state.pid}" if state.pid is not None else ""), 20),
     ]
     tabs = Text(" ")
-    for view, label in ((View.CPU, "1 CPU"), (View.MEMORY, "2 Memory")):
+    views = [(View.CPU, "1 CPU"), (View.MEMORY, "2 Memory")]
+    if state.wall or state.view is View.WALL:
+        views.append((View.WALL, "3 Wall"))
+    for view, label in views:
         suffix = state.tab_suffix if view is state.view else ""
         tabs.append(f" {label}{suffix} ", "bold reverse" if view is state.view else "dim")
         tabs.append(" ")
