@@ -39,6 +39,7 @@
 #define PYF_FRAME 128             /* bytes of an _PyInterpreterFrame read at once */
 #define PYF_CACHE 1024            /* code objects remembered (direct mapped) */
 #define PYF_PAGE 4096
+#define PYF_TSTATE 512           /* bytes of a thread state read at once, at most */
 #define PYF_WINDOW_PAGES 4        /* frame memory read at once by a walk (see pyf_frame_read) */
 
 /* Offsets, in the order of pyf_offset_names. -1: not in this version. */
@@ -592,20 +593,42 @@ int rs_pyreader_walk(rs_pyreader *self, uint32_t tid, rs_pyframe *out, int max) 
     self->gone = 0;
     if (max > RS_PY_MAX_DEPTH) max = RS_PY_MAX_DEPTH;
     /* The thread state found last time saves the list walk (2+ reads) while it still
-     * holds this native thread id (ids are unique among live threads). */
+     * holds this native thread id (ids are unique among live threads). Its fields the walk
+     * needs (native id, cframe or current frame) are read together, in one read. */
     uint64_t ts = 0, native;
     int hint = (int)(tid % 64);
-    if (self->threads[hint].tid == tid && self->threads[hint].tstate != 0 &&
-        pyf_ptr(self, self->threads[hint].tstate + (uint64_t)self->off[O_TSTATE_NATIVE_THREAD_ID],
-                &native) == 0 && native == tid)
-        ts = self->threads[hint].tstate;
+    long o_native = self->off[O_TSTATE_NATIVE_THREAD_ID];
+    long o_current = self->off[O_TSTATE_CURRENT_FRAME] >= 0 ? self->off[O_TSTATE_CURRENT_FRAME]
+                                                           : self->off[O_TSTATE_CFRAME];
+    long tslen = (o_native > o_current ? o_native : o_current) + 8;
+    uint8_t tsbuf[PYF_TSTATE];
+    int have_block = 0;
+    if (self->threads[hint].tid == tid && self->threads[hint].tstate != 0) {
+        uint64_t hinted = self->threads[hint].tstate;
+        if (o_current >= 0 && tslen <= PYF_TSTATE) {
+            have_block = pyf_read(self, hinted, tsbuf, (size_t)tslen) == 0 &&
+                         u64_at(tsbuf, o_native) == tid;
+            if (have_block) ts = hinted;
+        } else if (pyf_ptr(self, hinted + (uint64_t)o_native, &native) == 0 && native == tid) {
+            ts = hinted;
+        }
+    }
     if (ts == 0) ts = pyf_tstate(self, tid);
     if (ts == 0) return self->gone ? RS_PY_GONE : RS_PY_NOTHREAD;
     self->threads[hint].tid = tid;
     self->threads[hint].tstate = ts;
     uint64_t slot, top;
-    if (pyf_top_slot(self, ts, &slot) < 0 || pyf_ptr(self, slot, &top) < 0)
+    if (have_block && self->off[O_TSTATE_CURRENT_FRAME] >= 0) {
+        slot = ts + (uint64_t)o_current;
+        top = u64_at(tsbuf, o_current);
+    } else if (have_block) {
+        uint64_t cframe = u64_at(tsbuf, o_current);
+        if (cframe == 0) return pyf_failed(self);
+        slot = cframe + (uint64_t)self->off[O_CFRAME_CURRENT_FRAME];
+        if (pyf_ptr(self, slot, &top) < 0) return pyf_failed(self);
+    } else if (pyf_top_slot(self, ts, &slot) < 0 || pyf_ptr(self, slot, &top) < 0) {
         return pyf_failed(self);
+    }
     uint64_t frame = top;
     /* The two innermost frames as read: (address, code, instr), checked again at the end. */
     uint64_t seen[2][3] = {{0, 0, 0}, {0, 0, 0}};
@@ -669,13 +692,27 @@ int rs_pyreader_walk(rs_pyreader *self, uint32_t tid, rs_pyframe *out, int max) 
      * the frame stack (seen: `light` at its return line over `main` at the line calling
      * `heavy`), so the top frame must still run the same code and its caller still wait
      * at the same instruction. */
+    /* The slot and the two frames, read afresh in one call. */
     uint64_t again;
-    if (pyf_ptr(self, slot, &again) < 0 || again != top) return pyf_failed(self);
+    uint8_t bufs[2][PYF_FRAME];
+    struct iovec local[3] = {{&again, 8}, {bufs[0], PYF_FRAME}, {bufs[1], PYF_FRAME}};
+    struct iovec remote[3] = {{(void *)(uintptr_t)slot, 8}, {NULL, PYF_FRAME}, {NULL, PYF_FRAME}};
+    int parts = 1;
+    size_t want = 8;
+    for (int k = 0; k < 2 && k < depth; k++, parts++) {
+        if (seen[k][0] == 0 || seen[k][0] + PYF_FRAME < seen[k][0]) return pyf_failed(self);
+        remote[1 + k].iov_base = (void *)(uintptr_t)seen[k][0];
+        want += PYF_FRAME;
+    }
+    if (slot == 0 || slot + 8 < slot) return pyf_failed(self);
+    self->reads++;
+    ssize_t got = process_vm_readv(self->pid, local, (unsigned long)parts, remote,
+                                   (unsigned long)parts, 0);
+    if (got < 0 && errno == ESRCH) self->gone = 1;
+    if (got != (ssize_t)want || again != top) return pyf_failed(self);
     for (int k = 0; k < 2 && k < depth; k++) {
-        uint8_t buf[PYF_FRAME];
-        if (pyf_read(self, seen[k][0], buf, PYF_FRAME) < 0) return pyf_failed(self);
-        if (u64_at(buf, self->off[O_FRAME_CODE]) != seen[k][1]) return pyf_failed(self);
-        if (k == 1 && u64_at(buf, self->off[O_FRAME_INSTR]) != seen[k][2])
+        if (u64_at(bufs[k], self->off[O_FRAME_CODE]) != seen[k][1]) return pyf_failed(self);
+        if (k == 1 && u64_at(bufs[k], self->off[O_FRAME_INSTR]) != seen[k][2])
             return pyf_failed(self);
     }
     return n;
