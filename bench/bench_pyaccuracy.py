@@ -28,8 +28,13 @@ Printed per row (the repeats pooled):
   share of the target's CPU time; py-spy: its samples x the loop's share of the target's
   lifetime).
 
+Also asked for by --configs only (printed on stderr, with the profiler CPU per sample of
+every configuration and rsprof's off-CPU switch-outs per CPU sample): `rsprof-no-offcpu`
+(`--no-off-cpu`: CPU samples only, as py-spy records) and `rsprof-base` (rsprof run by
+--rsprof-base PYTHON, another install: before/after a change in one interleaved run).
+
 Usage: python bench/bench_pyaccuracy.py [--seconds 3] [--repeat 3] [--freq 499]
-       [--workloads reentry mail] [PYTHON...]
+       [--workloads reentry mail] [--configs ...] [--rsprof-base PYTHON] [PYTHON...]
 """
 
 from __future__ import annotations
