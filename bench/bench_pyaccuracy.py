@@ -377,13 +377,16 @@ def summarize(workload: str, version: str, rounds: int,
                     f"{100 * spy.self[k] / max(spy.samples, 1):.1f} "
                     f"({100 * drain.self[k] / max(drain.samples, 1):.1f})" for k in worst),
           f"; py-spy's longest run of identical samples: {longest}", file=sys.stderr, flush=True)
-    switches = [int(r["meta"].get("offcpu_switches") or 0)  # type: ignore[attr-defined]
-                / max(int(r["all_samples"]), 1)  # type: ignore[call-overload]
-                for r in results.get("rsprof", [])]
+    def switches(config: str) -> str:
+        per = [int(r["meta"].get("offcpu_switches") or 0)  # type: ignore[attr-defined]
+               / max(int(r["all_samples"]), 1)  # type: ignore[call-overload]
+               for r in results.get(config, [])]
+        return f"{statistics.median(per):.1f}" if per else "-"
+
     print(f"{workload} {version}: profiler CPU per sample: "
           + ", ".join(f"{c} {per_sample(c)}" for c in results if c != "plain")
-          + f"; rsprof off-CPU switch-outs per CPU sample: "
-          f"{statistics.median(switches) if switches else math.nan:.1f}",
+          + "; off-CPU switch-outs per CPU sample: "
+          + ", ".join(f"{c} {switches(c)}" for c in results if c.startswith("rsprof")),
           file=sys.stderr, flush=True)
     return (f"| {workload} | {version} | {on.samples} / {spy.samples} | {distance(on, 'self')} | "
             f"{distance(on, 'total')} | "
