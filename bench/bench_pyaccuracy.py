@@ -28,8 +28,13 @@ Printed per row (the repeats pooled):
   share of the target's CPU time; py-spy: its samples x the loop's share of the target's
   lifetime).
 
+Also asked for by --configs only (printed on stderr, with the profiler CPU per sample of
+every configuration and rsprof's off-CPU switch-outs per CPU sample): `rsprof-no-offcpu`
+(`--no-off-cpu`: CPU samples only, as py-spy records) and `rsprof-base` (rsprof run by
+--rsprof-base PYTHON, another install: before/after a change in one interleaved run).
+
 Usage: python bench/bench_pyaccuracy.py [--seconds 3] [--repeat 3] [--freq 499]
-       [--workloads reentry mail] [PYTHON...]
+       [--workloads reentry mail] [--configs ...] [--rsprof-base PYTHON] [PYTHON...]
 """
 
 from __future__ import annotations
@@ -53,6 +58,10 @@ TARGETS = HERE / "targets"
 PYTHONS = ["/usr/bin/python3.11", os.path.expanduser("~/.pyenv/versions/3.12.1/bin/python3.12"),
            os.path.expanduser("~/.pyenv/versions/3.13.0/bin/python3.13")]
 CONFIGS = ["plain", "rsprof", "rsprof-drain", "py-spy", "py-spy-nonblocking"]
+# Asked for by --configs only, reported on stderr (the table keeps its columns):
+# `rsprof run --no-off-cpu` (CPU samples only, as py-spy records), and rsprof run by
+# another interpreter (--rsprof-base: an older install, for before/after in one run).
+EXTRA_CONFIGS = ["rsprof-no-offcpu", "rsprof-base"]
 LOST = "[no Python frames]"
 PY_FRAME_TAG = 0xFFFE  # a Python frame's address >> 48 in the profile (stackwords.h)
 
@@ -159,7 +168,7 @@ def noise(a: Counter[Key], na: int, b: Counter[Key], nb: int, deff_b: float = 1.
 
 
 def run_once(config: str, python: str, script: Path, rounds: int, freq: str, work: Path,
-             tag: str, nice: int) -> dict[str, object]:
+             tag: str, nice: int, rsprof_base: str = "") -> dict[str, object]:
     timing = work / f"{tag}.json"
     target = [python, str(script), str(rounds), str(timing)]
     output = work / tag
@@ -168,8 +177,10 @@ def run_once(config: str, python: str, script: Path, rounds: int, freq: str, wor
     elif config.startswith("rsprof"):
         mode = "drain" if config == "rsprof-drain" else "on"
         output = work / f"{tag}.db"
-        command = [sys.executable, "-P", "-m", "rsprof", "run", "-qq", "--no-heap", "-F", freq,
-                   f"--python={mode}", "-o", str(output), "--", *target]
+        rsprof = rsprof_base if config == "rsprof-base" else sys.executable
+        offcpu = ["--no-off-cpu"] if config == "rsprof-no-offcpu" else []
+        command = [rsprof, "-P", "-m", "rsprof", "run", "-qq", "--no-heap", "-F", freq,
+                   *offcpu, f"--python={mode}", "-o", str(output), "--", *target]
     else:
         output = work / f"{tag}.json.speedscope"
         nonblocking = ["--nonblocking"] if config.endswith("nonblocking") else []
@@ -194,7 +205,7 @@ def read_run(config: str, work: Path, tag: str) -> dict[str, object]:
         samples = conn.execute("SELECT SUM(count) FROM cpu_stack_samples").fetchone()[0] or 0
         conn.close()
         in_loop = samples * float(result["cpu"]) / max(target_cpu, 1e-9)  # type: ignore[arg-type]
-        result.update(profile=profile, meta=meta, loop_samples=in_loop)
+        result.update(profile=profile, meta=meta, loop_samples=in_loop, all_samples=samples)
     elif config.startswith("py-spy"):
         profile, longest = read_py_spy(work / f"{tag}.json.speedscope")
         result["longest_run"] = longest
@@ -210,7 +221,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--freq", default="499")
     parser.add_argument("--workloads", nargs="+", default=["reentry", "mail"])
-    parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
+    parser.add_argument("--configs", nargs="+", default=CONFIGS,
+                        choices=CONFIGS + EXTRA_CONFIGS)
+    parser.add_argument("--rsprof-base", default="", metavar="PYTHON",
+                        help="the interpreter (with its rsprof) that config rsprof-base runs")
     parser.add_argument("--nice", type=int, default=-10,
                         help="niceness of each run, tool and target (0: as the shell's). Under"
                              " other sessions' load a target at 0 waits 10-250 ms at a time"
@@ -250,7 +264,8 @@ def main() -> None:
                     for config in configs:
                         tag = f"{workload}-{version}-{config}-{repeat}"
                         results[config].append(run_once(config, python, script, rounds,
-                                                        args.freq, work, tag, args.nice))
+                                                        args.freq, work, tag, args.nice,
+                                                        args.rsprof_base))
                         loads.append(os.getloadavg()[0])
                 rows.append(summarize(workload, version, rounds, results, loads))
                 print(rows[-1], flush=True)
@@ -362,6 +377,17 @@ def summarize(workload: str, version: str, rounds: int,
                     f"{100 * spy.self[k] / max(spy.samples, 1):.1f} "
                     f"({100 * drain.self[k] / max(drain.samples, 1):.1f})" for k in worst),
           f"; py-spy's longest run of identical samples: {longest}", file=sys.stderr, flush=True)
+    def switches(config: str) -> str:
+        per = [int(r["meta"].get("offcpu_switches") or 0)  # type: ignore[attr-defined]
+               / max(int(r["all_samples"]), 1)  # type: ignore[call-overload]
+               for r in results.get(config, [])]
+        return f"{statistics.median(per):.1f}" if per else "-"
+
+    print(f"{workload} {version}: profiler CPU per sample: "
+          + ", ".join(f"{c} {per_sample(c)}" for c in results if c != "plain")
+          + "; off-CPU switch-outs per CPU sample: "
+          + ", ".join(f"{c} {switches(c)}" for c in results if c.startswith("rsprof")),
+          file=sys.stderr, flush=True)
     return (f"| {workload} | {version} | {on.samples} / {spy.samples} | {distance(on, 'self')} | "
             f"{distance(on, 'total')} | "
             f"{spy_control[0]:.1f} ({spy_control[1]:.1f}) / "

@@ -412,3 +412,79 @@ def test_stack_words_are_the_documented_ones() -> None:
              1 << 63 | (1 << 18) - 1 << 32 | (-1 & 0xFFFFFFFF))
     assert split_python((*native, *words)) == (native, [(7, 42, True), ((1 << 18) - 1, -1, False)])
     assert split_python(native) == (native, [])
+
+
+DEEP_SCRIPT = '''
+import sys, time
+
+
+def leaf():
+    time.sleep(60)
+
+
+def gen():
+    yield leaf()
+
+
+def keyed(x):
+    return next(gen())
+
+
+def deep(n):
+    if n:
+        return deep(n - 1)
+    return sorted([1], key=keyed)
+
+
+print("ready", flush=True)
+deep(int(sys.argv[1]))
+'''
+
+
+@pytest.mark.parametrize("name", ["debian-3.11", "pyenv-3.12", "pyenv-3.13"])
+def test_deep_stack_agrees_with_py_spy_dump_in_few_reads(name: str, tmp_path: Path) -> None:
+    """A walk reads its frames through a window of frame memory and every code header in one
+    call (native/pyframes.c): a 600-deep stack (its data stack spans several chunks and
+    many windows), a generator frame (in its object, outside the data stack) and frames
+    entered from C (`sorted(key=)`, `next()`) must come out as py-spy reads them, frame by
+    frame, entry flags included; and in far fewer reads than frames."""
+    import re
+    import shutil
+
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        pytest.skip("py-spy is not installed (pip install py-spy)")
+    script = tmp_path / "deep.py"
+    script.write_text(DEEP_SCRIPT)
+    proc = subprocess.Popen([str(_python(name)), str(script), "600"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
+        reader = open_reader(proc.pid)
+        assert reader is not None
+        deadline = time.monotonic() + 10
+        frames = None
+        while time.monotonic() < deadline:  # until it sleeps in leaf
+            frames = reader.frames(proc.pid)
+            if frames and frames[0].function == "leaf" and frames[0].line == 6:
+                break
+            time.sleep(0.02)
+        assert frames and frames[0].function == "leaf", frames
+        reads = reader.reads
+        again = reader.frames(proc.pid)
+        assert again == frames
+        assert reader.reads - reads <= len(frames) // 8, (reader.reads - reads, len(frames))
+        ours = [(frame.function, frame.line) for frame in frames]
+        assert [frame.function for frame in frames[:4]] == ["leaf", "gen", "keyed", "deep"]
+        assert len(frames) == 4 + 600 + 1  # leaf gen keyed, 601 deep, <module>
+        # Entered from C: the generator (next()), the key function (sorted()), <module>.
+        assert [frame.entry for frame in frames] == [False, True, True] + [False] * 601 + [True]
+        dump = subprocess.run([py_spy, "dump", "--pid", str(proc.pid), "--nonblocking"],
+                              capture_output=True, text=True, timeout=60)
+        assert dump.returncode == 0, dump.stderr
+        theirs = [(m.group(1), int(m.group(2))) for m in
+                  (re.match(r"\s+(\S+) \(.+:(\d+)\)$", line) for line in dump.stdout.splitlines())
+                  if m]
+        assert theirs == ours, dump.stdout[:2000]
+    finally:
+        _stop(proc)
