@@ -120,12 +120,55 @@ def test_a_bindings_refresh_that_shows_the_same_keys_keeps_the_footer() -> None:
                     break
             after = list(screen.query(FooterKey))
             kept = all(a is b for a, b in zip(before, same, strict=True))
+            # the keys that stay keep their widgets when others come or go
+            kept = kept and all(a is b for a, b in zip(before, after, strict=False))
             compact = any(key.has_class("-compact") for key in after)
             return ([k.key for k in before], [k.key for k in same], [k.key for k in after],
                     kept, compact)
 
     before, same, after, kept, compact = asyncio.run(run())
     assert before == same == ["a", "b"]
-    assert kept  # the same widgets: no recompose
+    assert kept  # the same widgets: no recompose, not even when a key is added
     assert after == ["a", "b", "c"]  # a key that appears is shown
     assert not compact  # the wide style, as Textual's footer draws it by default
+
+
+class MiddleGoes(Ranked):
+    """`two` leaves when `mode` is on: the widget that showed it shows `three`."""
+
+    mode = False
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not (self.mode and action == "two")
+
+
+def test_a_key_that_leaves_hands_its_widget_to_the_next() -> None:
+    class Tiny(App[None]):
+        def on_mount(self) -> None:
+            self.push_screen(MiddleGoes())
+
+    async def run() -> tuple[list[str], list[FooterKey], list[FooterKey], str]:
+        app = Tiny()
+        async with app.run_test(size=(80, 4)) as pilot:
+            screen = app.screen
+            assert isinstance(screen, MiddleGoes)
+            for _ in range(20):
+                await pilot.pause()
+                if len(list(screen.query(FooterKey))) == 3:
+                    break
+            before = list(screen.query(FooterKey))
+            keys = [k.key for k in before]
+            screen.mode = True
+            screen.refresh_bindings()
+            for _ in range(20):
+                await pilot.pause()
+                if len(list(screen.query(FooterKey))) == 2:
+                    break
+            after = list(screen.query(FooterKey))
+            return keys, before, after, str(after[1].render())
+
+    keys, before, after, drawn = asyncio.run(run())
+    assert keys == ["a", "b", "c"]
+    assert [k.key for k in after] == ["a", "c"]
+    assert after[0] is before[0] and after[1] is before[1]  # reused, not mounted again
+    assert drawn == " c Charlie three "  # and it draws its new key

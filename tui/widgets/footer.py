@@ -23,6 +23,18 @@ class WideFooterKey(FooterKey):
     def _watch_compact(self, compact: bool) -> None:
         pass
 
+    def show_key(self, key: str, key_display: str, description: str, action: str,
+                 disabled: bool, tooltip: str) -> None:
+        """Shows another key in this widget (cheaper than a new widget: no mount, no
+        styling beyond the `-disabled` class)."""
+        changed = (key_display, description) != (self.key_display, self.description)
+        self.key, self.key_display, self.description, self.action = (
+            key, key_display, description, action)
+        self._disabled = disabled
+        self.set_class(disabled, "-disabled")
+        self.tooltip = tooltip or None
+        self.refresh(layout=changed)
+
 
 class FitFooter(Footer):
     """Textual's footer, but a key that does not fit is left out instead of cut: the
@@ -58,9 +70,35 @@ class FitFooter(Footer):
         self._bindings_ready = True
         if not screen.app.app_focus or not (self.is_attached and screen is self.screen):
             return
-        if self._shown_keys is not None and self._same(self._fitting_keys(), self._shown_keys):
+        if self._shown_keys is None:
+            self.call_after_refresh(self.recompose)
+        elif not self._same(self._fitting_keys(), self._shown_keys):
+            self.call_after_refresh(self._update_keys)
+
+    def _update_keys(self) -> None:
+        """The keys to show changed (a view opened or closed): the key widgets there are
+        take the new keys in order, and only the keys beyond them are new widgets. A
+        recompose mounted and styled every key again: 10 % of the UI thread's time while
+        `c` opened and closed the chart (py-spy)."""
+        if not self.is_attached:
             return
-        self.call_after_refresh(self.recompose)
+        shown = self._fitting_keys()
+        if self._shown_keys is not None and self._same(shown, self._shown_keys):
+            return
+        widgets = [child for child in self.children if isinstance(child, WideFooterKey)]
+        for widget, (binding, enabled, tooltip) in zip(widgets, shown, strict=False):
+            widget.show_key(binding.key, self.app.get_key_display(binding),
+                            binding.description, binding.action, not enabled, tooltip)
+        for widget in widgets[len(shown):]:
+            widget.remove()
+        new = [WideFooterKey(binding.key, self.app.get_key_display(binding),
+                             binding.description, binding.action, disabled=not enabled,
+                             tooltip=tooltip)
+               for binding, enabled, tooltip in shown[len(widgets):]]
+        if new:
+            self.mount(*new)
+        self.styles.grid_size_columns = len(shown)
+        self._shown_keys = shown
 
     @staticmethod
     def _same(a: list[tuple[Binding, bool, str]], b: list[tuple[Binding, bool, str]]) -> bool:
