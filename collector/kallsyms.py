@@ -78,14 +78,16 @@ class KernelSymbols:
         text symbols: 0.3 s loaded, of which 0.1 s is the kernel writing the file); chunks,
         not the whole text, so that the matches of one chunk only are held at a time."""
         symbols = KernelSymbols([], None, hidden=False)
-        starts, modules = symbols._starts, symbols._modules
-        names: list[str] = []
+        starts, modules, ends = symbols._starts, symbols._modules, symbols._name_ends
+        blobs: list[str] = []  # each chunk's names, "\n"-joined: no str per symbol kept
+        end = -1
         module_index: dict[str, int] = {}
         bounds: dict[str, int] = {}
         listed = nonzero = False
         for chunk in chunks:
             listed = listed or bool(chunk.strip())
             nonzero = nonzero or NONZERO_ADDRESS.search(chunk) is not None
+            names = []
             for address_hex, name, module in TEXT_SYMBOL.findall(chunk):
                 address = int(address_hex, 16)
                 if name in ("__sched_text_start", "__sched_text_end"):
@@ -97,16 +99,22 @@ class KernelSymbols:
                         at = module_index[label] = len(symbols._module_names)
                         symbols._module_names.append(label)
                     starts.append(address)
-                    names.append(name)
                     modules.append(at)
+                    names.append(name)
+                    end += len(name) + 1
+                    ends.append(end)
+            if names:
+                blobs.append("\n".join(names))
+        symbols._names = "\n".join(blobs)
         if any(starts[i] > starts[i + 1] for i in range(len(starts) - 1)):
+            # Not in address order (not seen on 6.18: one list, ascending): sorted once.
             order = sorted(range(len(starts)), key=starts.__getitem__)
+            listed_names = symbols._names.split("\n")
             symbols._starts = array("Q", (starts[i] for i in order))
-            names = [names[i] for i in order]
             symbols._modules = array("H", (modules[i] for i in order))
-        symbols._pack_names(names)
-        start, end = bounds.get("__sched_text_start"), bounds.get("__sched_text_end")
-        symbols.sched_text = (start, end) if start and end and start < end else None
+            symbols._pack_names([listed_names[i] for i in order])
+        start, end_ = bounds.get("__sched_text_start"), bounds.get("__sched_text_end")
+        symbols.sched_text = (start, end_) if start and end_ and start < end_ else None
         symbols.hidden = listed and not nonzero
         return symbols
 
@@ -115,7 +123,7 @@ class KernelSymbols:
         """Reads /proc/kallsyms; unreadable, it is as if every address were hidden."""
         try:
             with open(path) as f:
-                return cls._parse_chunks(iter(lambda: "".join(f.readlines(1 << 20)), ""))
+                return cls._parse_chunks(iter(lambda: "".join(f.readlines(1 << 18)), ""))
         except OSError:
             return cls([], None, hidden=True)
 

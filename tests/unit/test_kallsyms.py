@@ -136,3 +136,17 @@ def test_hidden_kernel_addresses_keep_the_kernel_leaf_and_say_so(
     assert _names(resolver, stored[1]) == [(KERNEL_FUNCTION, ""), ("read_one", "/bin/app")]
     assert stored[1] == stored[2]
     assert len(warnings) == 1 and "kptr_restrict" in warnings[0]
+
+
+@pytest.mark.parametrize("chunk_lines", [1, 3, 100], ids=["line", "chunks", "whole"])
+def test_any_order_and_any_chunking_name_the_same(chunk_lines: int) -> None:
+    """The file is read in chunks of lines, the names packed into one string; a file not
+    in address order is sorted once: every lookup is the same as on the whole sorted text."""
+    lines = KALLSYMS.splitlines(keepends=True)
+    shuffled = lines[7:] + lines[:7]  # modules and the scheduler first: not in order
+    chunks = ["".join(shuffled[i:i + chunk_lines])
+              for i in range(0, len(shuffled), chunk_lines)]
+    whole, parsed = KernelSymbols.parse(KALLSYMS), KernelSymbols._parse_chunks(chunks)
+    assert len(parsed) == len(whole) and parsed.sched_text == whole.sched_text
+    for address in range(K, K + 0x21000, 0x80):
+        assert parsed.function(address) == whole.function(address), hex(address)
