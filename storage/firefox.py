@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from rsprof.storage.callsite import is_python_address
-from rsprof.storage.samples import Frame, Sample, SampleSet
+from rsprof.storage.samples import Frame, Sample, SampleSet, is_kernel_frame
 
 # The format version fxprof-processed-profile 0.8 writes (the profiler upgrades older
 # versions when it loads a file, never newer ones).
@@ -34,16 +34,13 @@ GECKO_PROFILE_VERSION = 24  # meta.version: the profiler ignores it for processe
 CATEGORIES = (("Other", "grey"), ("User", "yellow"), ("Kernel", "orange"),
               ("Python", "blue"))
 OTHER, USER, KERNEL, PYTHON = range(len(CATEGORIES))
-KERNEL_FUNCTION = "[kernel]"  # collector.frames.KERNEL_FUNCTION
-KERNEL_MODULE = "[kernel.kallsyms]"  # collector.kallsyms.KERNEL_MODULE: a waited-in function
 RESOURCE_TYPE_LIBRARY = 1
 
 
 def frame_category(frame: Frame) -> int:
     """Kernel for the `[kernel]` frame, Python for a Python function, User for native code
     in a mapped module, Other for the rest (an address outside every mapping)."""
-    if (frame.lines and frame.lines[0].function == KERNEL_FUNCTION) or (
-            frame.module == KERNEL_MODULE):
+    if is_kernel_frame(frame):
         return KERNEL
     if is_python_address(frame.address):
         return PYTHON

@@ -17,12 +17,10 @@ from typing import Any, TextIO
 
 from rsprof.storage.callsite import is_python_address
 from rsprof.storage.flame import thread_label
-from rsprof.storage.samples import Frame, SampleSet
+from rsprof.storage.samples import Frame, SampleSet, is_kernel_frame
 
 # Node categories, as the page colours them (HUES in flamegraph.html).
 NATIVE, PYTHON, KERNEL, OTHER = range(4)
-KERNEL_FUNCTION = "[kernel]"  # collector.frames.KERNEL_FUNCTION
-KERNEL_MODULE = "[kernel.kallsyms]"  # collector.kallsyms.KERNEL_MODULE: a waited-in function
 DATA_MARK = "/*RSPROF_DATA*/"
 TITLE_MARK = "/*RSPROF_TITLE*/"
 
@@ -44,8 +42,7 @@ class _Node:
 
 
 def _category(frame: Frame) -> int:
-    if (frame.lines and frame.lines[0].function == KERNEL_FUNCTION) or (
-            frame.module == KERNEL_MODULE):
+    if is_kernel_frame(frame):
         return KERNEL
     if is_python_address(frame.address):
         return PYTHON

@@ -39,6 +39,19 @@ OFFCPU_STATES = {
     "I": "[idle]",
     "T": "[stopped]",
 }
+# The `[kernel]` frame (collector.frames.KERNEL_FUNCTION: time in the kernel, an off-CPU
+# stack's leaf before its state's frame) and the module of a waited-in kernel function
+# (collector.kallsyms.KERNEL_MODULE).
+KERNEL_FUNCTION = "[kernel]"
+KERNEL_MODULE = "[kernel.kallsyms]"
+
+
+def is_kernel_frame(frame: Frame) -> bool:
+    """The kernel's time: the `[kernel]` frame, or a kernel function an off-CPU wait is in."""
+    return bool(frame.lines and frame.lines[0].function == KERNEL_FUNCTION) or (
+        frame.module == KERNEL_MODULE)
+
+
 # A CPython thread asleep in the GIL's condition variable (take_gil, or drop_gil waiting for
 # the switch): the leaf of its off-CPU stack instead of [sleeping] (offcpu_stack).
 GIL_WAIT = "[waiting for the GIL]"
@@ -392,7 +405,7 @@ def offcpu_stack(stack: tuple[Frame, ...], state: str) -> tuple[Frame, ...]:
     directly under the frame that waited: the interpreter's, libc's and the kernel's frames
     in between are dropped."""
     leaf = stack[0] if stack else None
-    if leaf is not None and leaf.lines and leaf.lines[0].function == "[kernel]":
+    if leaf is not None and leaf.lines and leaf.lines[0].function == KERNEL_FUNCTION:
         stack = stack[1:]
     if state == "S":
         caller = gil_wait_caller(stack)
