@@ -155,9 +155,12 @@ def test_gil_keeps_the_samples_of_the_thread_holding_it(
     kept_python = sum(s.values[0] for s in load_samples(
         Profile(db), "cpu", tid=int(python["tid"])).samples)
     zlib_kept = [s for s in load_samples(Profile(db), "cpu", tid=int(zipper["tid"])).samples]
+    # zlib.compress calls deflate() without the GIL and nothing else: its own copying
+    # of the output (_BlocksOutputBuffer_Finish) and deflateInit/deflateEnd hold it, and
+    # those samples stay (up to 10 of ~300 beside four hogs; deflate was 501 of 535
+    # samples of that thread without --gil).
     in_zlib = sum(s.values[0] for s in zlib_kept
-                  if any("libz" in f.module or "zlib" in f.module for f in s.frames)
-                  and "compress" not in {f.lines[0].function for f in s.frames[:1]})
+                  if "deflate" in {line.function for f in s.frames for line in f.lines})
     assert kept_python >= 0.75 * expected_python, (kept_python, expected_python)
     assert int(meta["python_gil_dropped"]) >= 0.6 * expected_zlib, (meta, expected_zlib)
     assert in_zlib <= 0.05 * expected_zlib + 3, (in_zlib, expected_zlib)
