@@ -8,8 +8,11 @@ pipes for SECONDS; it prints its round trips (two switch-outs each). Slowdown: r
 alone / round trips recorded, both medians of the rounds; every round runs every row once,
 in order, so the machine's load drifts over all rows alike.
 
-Rows: the target alone; rsprof (CPU + off-CPU, --no-heap) at each --stack-bytes asked
-(16 KiB is the default), and without the kernel call chain (--no-off-cpu-kernel); perf on
+Rows: the target alone; rsprof (CPU + off-CPU, --no-heap) as it runs by default at each
+--stack-bytes asked (16 KiB is the default; as root the kernel call chain names the waited-in
+function until the switch rate passes --off-cpu-kernel-max-rate, 20 k/s: the storm sheds it
+after its first 0.25 s), with the chain kept (--off-cpu-kernel-max-rate 0) and without it
+(--no-off-cpu-kernel); perf on
 the tracepoint with its default 8 KiB dwarf copy; perf on
 the software `context-switches` event (-c 1) with the same copy, the mechanism that needs
 no tracepoint permission (measured with perf: the cost of the event, not of a reader).
@@ -17,7 +20,7 @@ no tracepoint permission (measured with perf: the cost of the event, not of a re
 Losses: rsprof's meta offcpu_lost of offcpu_switches + offcpu_lost; perf's lost samples
 (`perf report --stats`, the last LOST_SAMPLES figure) of those plus its SAMPLE events.
 
-Usage: python bench/bench_offcpu.py [--rounds 3] [--seconds 2] [--stack-bytes 16384,8192]
+Usage: python bench/bench_offcpu.py [--rounds 3] [--seconds 2] [--stack-bytes 16384]
        [--hogs 0] [--baseline PYTHON]
   --hogs N: N busy loops beside every run, as the tests' four hogs;
   --baseline: an interpreter with another commit's rsprof installed (e.g. one without the
@@ -93,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=2)
-    parser.add_argument("--stack-bytes", default="16384,8192",
+    parser.add_argument("--stack-bytes", default="16384",
                         help="rsprof rows, comma-separated")
     parser.add_argument("--hogs", type=int, default=0)
     parser.add_argument("--no-perf", action="store_true", help="rsprof rows only")
@@ -105,6 +108,8 @@ def main() -> None:
         ("alone", alone)]
     for size in (int(s) for s in args.stack_bytes.split(",") if s):
         rows.append((f"rsprof, sched_switch, {size // 1024} KiB copies", rsprof(size)))
+    rows.append(("rsprof --off-cpu-kernel-max-rate 0 (chain kept), 16 KiB copies",
+                 rsprof(16384, sys.executable, "--off-cpu-kernel-max-rate", "0")))
     rows.append(("rsprof --no-off-cpu-kernel, 16 KiB copies",
                  rsprof(16384, sys.executable, "--no-off-cpu-kernel")))
     if args.baseline:

@@ -15,6 +15,12 @@ from dataclasses import dataclass
 TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 EVENT = "events/sched/sched_switch"
 
+# Switch-outs per second (all the target's threads, over 0.25 s of record time) above which
+# the kernel call chain of each switch-out is shed (`--off-cpu-kernel-max-rate`): its unwind
+# costs the target 1-2 us a switch-out (docs/benchmarks.md, "Off-CPU: context-switch storm"),
+# 2-4 % of a CPU at this rate, and a storm of 100-400 k/s ran 1.3-2.2x slower with it.
+OFFCPU_KERNEL_MAX_RATE = 20_000
+
 # prev_state's letter as stored in offcpu_stack_samples.state, and its meaning
 STATES = {
     "S": "sleeping",

@@ -26,7 +26,12 @@ from rsprof.collector.errors import PERMISSION_HINT, PermissionDenied, ProcessNo
 from rsprof.collector.frames import FrameResolver
 from rsprof.collector.heap import HeapParts, HeapTracker, PythonNotYet
 from rsprof.collector.maps import Mapping, read_executable_maps
-from rsprof.collector.offcpu import OffCpuUnavailable, Tracepoint, find_tracepoint
+from rsprof.collector.offcpu import (
+    OFFCPU_KERNEL_MAX_RATE,
+    OffCpuUnavailable,
+    Tracepoint,
+    find_tracepoint,
+)
 from rsprof.collector.process import Target
 from rsprof.collector.pyframes import PythonImages, find_runtime, program_runs_python
 from rsprof.collector.symbols import Symbolizer
@@ -88,6 +93,10 @@ class RecordOptions:
     # ... with the kernel function each wait is in (`--off-cpu-kernel`), when kernel stacks
     # are allowed: the kernel call chain of every switch-out (docs/native.md, "Off-CPU time")
     offcpu_kernel: bool = True
+    # ... until the target switches out more than this many times a second (0: always):
+    # then the chain is shed (meta offcpu_kernel_shed_*), as each switch-out's kernel unwind
+    # costs the target 1-2 us
+    offcpu_kernel_max_rate: int = OFFCPU_KERNEL_MAX_RATE
     # `--gil` (py-spy's): CPU samples of a CPython's threads are kept only when the thread
     # held the GIL at sample time (decided by the BPF program; meta python_gil_*).
     gil: bool = False
@@ -272,7 +281,8 @@ class Recorder:
         # Off-CPU: the tracepoint (None: not asked for, or unavailable: _offcpu_error says)
         self._offcpu_tracepoint: Tracepoint | None = None
         self._offcpu_error = ""
-        self._offcpu_meta: dict[str, int] = {}
+        self._offcpu_meta: dict[str, int | float] = {}
+        self._started = time.monotonic()  # the recording's start, CLOCK_MONOTONIC as samples'
         self.resolver.on_warning = self.warn  # a refused perf map (symlink, other owner)
         self._python: PythonImages | None = None
         self._python_meta: dict[str, object] = {}
@@ -417,6 +427,7 @@ class Recorder:
                 offcpu_tracepoint=tracepoint.id if tracepoint else -1,
                 offcpu_state_offset=tracepoint.state_offset if tracepoint else 32,
                 offcpu_kernel=self.options.offcpu_kernel,
+                offcpu_kernel_max_rate=self.options.offcpu_kernel_max_rate,
                 gil_only=self.options.gil,
             )
         except PermissionError as error:  # CFI mode reads /proc/PID/maps
@@ -537,7 +548,7 @@ class Recorder:
     def _loop(self, drain: threading.Thread) -> None:
         """Writes a checkpoint every interval until the recording stops, then stops the
         drain thread."""
-        started = time.monotonic()
+        started = self._started = time.monotonic()
         next_checkpoint = started + self.options.interval_s
         deadline = started + self.options.duration_s if self.options.duration_s else None
         first = self.options.first_checkpoint_s
@@ -942,6 +953,14 @@ class Recorder:
                                 ("offcpu_lost", batch.offcpu_lost),
                                 ("offcpu_unpaired", batch.offcpu_unpaired)):
             off_meta[meta_key] = off_meta.get(meta_key, 0) + value
+        shed = self.sampler.offcpu_kernel_shed
+        if shed is not None and "offcpu_kernel_shed_rate" not in off_meta:
+            at = round(max(0.0, shed[0] / 1e9 - self._started), 3)
+            off_meta["offcpu_kernel_shed_s"], off_meta["offcpu_kernel_shed_rate"] = at, shed[1]
+            self.warn(f"off-CPU kernel functions are not recorded after {at:.1f} s:"
+                      f" {shed[1]:,} switch-outs/s passed --off-cpu-kernel-max-rate"
+                      f" {self.options.offcpu_kernel_max_rate:,} (each cost the target 1-2 us);"
+                      " later waits name none")
         if off_meta != self._offcpu_meta:
             self._offcpu_meta = off_meta
             self.writer.set_meta(dict(off_meta))

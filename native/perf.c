@@ -144,7 +144,19 @@ typedef struct {
     bool owns_ring;          /* this event's fd is the CPU's ring: kept open until close() */
     bool hup;                /* POLLHUP: the thread and everything that inherited it are gone */
     bool off;                /* an off-CPU (sched_switch) event, feeding off_rings */
+    uint8_t off_role;        /* PERF_OFF_* below: which off-CPU event of the pair it is */
 } perf_event_fd;
+
+/* With the kernel call chain, each thread has two off-CPU events per CPU: the one with the
+ * chain runs until the switch rate passes off_kernel_max_rate, then the one without it (its
+ * standby, opened disabled) takes over: an unwind of the kernel stack at every switch-out
+ * costs ~1-2 us, which a context-switch storm pays 100-400 k times a second
+ * (docs/benchmarks.md, "Off-CPU: context-switch storm"). */
+#define PERF_OFF_ONLY 0      /* no kernel chain asked: the one off-CPU event */
+#define PERF_OFF_CHAIN 1     /* with the kernel chain, until shed */
+#define PERF_OFF_STANDBY 2   /* without it, from the shedding on */
+/* The switch rate is measured over windows of this much record time. */
+#define PERF_OFF_RATE_WINDOW_NS 250000000ull
 
 /* Off-CPU: a thread switched out, waiting for its switch-in (docs/native.md, "Off-CPU"). */
 typedef struct {
@@ -295,6 +307,12 @@ typedef struct {
     int64_t off_tracepoint;  /* the tracepoint's id (tracefs events/sched/sched_switch/id) */
     int off_state_offset;    /* offset of prev_state in its raw data */
     bool off_kernel;         /* with the kernel call chain (when kernel is allowed too) */
+    uint32_t off_kernel_max_rate;  /* switch-outs per second above which the chain is
+                                      shed (0: never) */
+    bool off_shed;           /* the chain was shed: the standby events record */
+    uint64_t off_shed_time;  /* when (record time, CLOCK_MONOTONIC ns); 0: not shed */
+    uint64_t off_shed_rate;  /* the switch-outs per second that passed the bound */
+    uint64_t off_window_start, off_window_end, off_window_count;
     perf_ring *off_rings;    /* one per entry of cpus */
     char off_error[256];     /* why off-CPU recording stopped ('' while it runs) */
     perf_off_pending *off_pending;
@@ -437,7 +455,8 @@ static void perf_fill_attr(const PerfSampler *self, struct perf_event_attr *attr
 /* The off-CPU event: sched:sched_switch on the thread (it fires in the thread being switched
  * out, so its user registers and stack are the waiting thread's), with the raw record for
  * prev_state, and context-switch records for the switch-in that ends the wait. */
-static void perf_fill_off_attr(const PerfSampler *self, struct perf_event_attr *attr) {
+static void perf_fill_off_attr(const PerfSampler *self, struct perf_event_attr *attr,
+                               uint8_t role) {
     memset(attr, 0, sizeof(*attr));
     attr->size = sizeof(*attr);
     attr->type = PERF_TYPE_TRACEPOINT;
@@ -453,12 +472,14 @@ static void perf_fill_off_attr(const PerfSampler *self, struct perf_event_attr *
      * futex_wait, do_nanosleep: docs/native.md, "Off-CPU time"), when kernel stacks are
      * allowed; in CFI mode the user part is left out (the stack copy is unwound). */
     bool kchain = self->kernel && self->off_kernel;
+    /* The standby asks for the chain too, with its kernel part left out (an empty chain in
+     * CFI mode): both events' records have one layout. */
     if (self->stack_bytes <= 0 || kchain) attr->sample_type |= PERF_SAMPLE_CALLCHAIN;
     attr->disabled = 1;
     attr->inherit = 1;
     attr->exclude_kernel = 0;           /* a tracepoint fires in the kernel */
     attr->exclude_hv = 1;
-    attr->exclude_callchain_kernel = kchain ? 0 : 1;
+    attr->exclude_callchain_kernel = kchain && role != PERF_OFF_STANDBY ? 0 : 1;
     attr->exclude_callchain_user = self->stack_bytes > 0 ? 1 : 0;
     /* CFI mode: the chain is the kernel part only, and the waited-in function is within its
      * first few frames; the kernel stops unwinding there */
@@ -493,16 +514,18 @@ static void perf_off_fail(PerfSampler *self, const char *what, int err) {
     }
 }
 
-/* Opens thread tid's off-CPU event on cpu index c. Lock held. A refusal of the first one
- * (no permission for tracepoints, no tracefs) turns off-CPU recording off; ESRCH is the
+static bool perf_event_active(const PerfSampler *self, const perf_event_fd *e);
+
+/* Opens one of thread tid's off-CPU events on cpu index c. Lock held. A refusal of the first
+ * one (no permission for tracepoints, no tracefs) turns off-CPU recording off; ESRCH is the
  * thread's exit, the CPU event's business. */
-static void perf_open_off(PerfSampler *self, int32_t tid, size_t c) {
+static void perf_open_off_one(PerfSampler *self, int32_t tid, size_t c, uint8_t role) {
     if (self->off_tracepoint < 0) return;
     if (!perf_vec_reserve((void **)&self->events, &self->cap_events, self->n_events + 1,
                           sizeof(perf_event_fd)))
         return;
     struct perf_event_attr attr;
-    perf_fill_off_attr(self, &attr);
+    perf_fill_off_attr(self, &attr, role);
     long fd = sys_perf_event_open(&attr, tid, self->cpus[c], -1);
     if (fd < 0) {
         int err = errno;
@@ -528,7 +551,9 @@ static void perf_open_off(PerfSampler *self, int32_t tid, size_t c) {
         perf_off_fail(self, "PERF_EVENT_IOC_SET_OUTPUT (off-CPU)", err);
         return;
     }
-    if (self->enabled && ioctl((int)fd, PERF_EVENT_IOC_ENABLE, 0) < 0) {
+    perf_event_fd event = {tid, self->cpus[c], (int)fd, owns, false, true, role};
+    if (self->enabled && perf_event_active(self, &event) &&
+        ioctl((int)fd, PERF_EVENT_IOC_ENABLE, 0) < 0) {
         int err = errno;
         if (owns) {
             munmap(ring->base, self->map_len);
@@ -538,7 +563,61 @@ static void perf_open_off(PerfSampler *self, int32_t tid, size_t c) {
         perf_off_fail(self, "PERF_EVENT_IOC_ENABLE (off-CPU)", err);
         return;
     }
-    self->events[self->n_events++] = (perf_event_fd){tid, self->cpus[c], (int)fd, owns, false, true};
+    self->events[self->n_events++] = event;
+}
+
+/* Thread tid's off-CPU events on cpu index c: one, or with the kernel chain and a rate bound
+ * the chain's event and its standby (only the standby once the chain is shed). */
+static void perf_open_off(PerfSampler *self, int32_t tid, size_t c) {
+    if (!(self->kernel && self->off_kernel && self->off_kernel_max_rate > 0)) {
+        perf_open_off_one(self, tid, c, PERF_OFF_ONLY);
+        return;
+    }
+    if (!self->off_shed) perf_open_off_one(self, tid, c, PERF_OFF_CHAIN);
+    perf_open_off_one(self, tid, c, PERF_OFF_STANDBY);
+}
+
+/* The switch rate passed off_kernel_max_rate: the standby events record from now on, the
+ * chain's stop. Standbys first: a switch-out in between is recorded twice (the second is
+ * counted unpaired, its wait charged once), never lost. Lock held. */
+static void perf_off_shed(PerfSampler *self, uint64_t time, uint64_t rate) {
+    self->off_shed = true;
+    self->off_shed_time = time;
+    self->off_shed_rate = rate;
+    if (!self->enabled) return;  /* enable() starts the standbys */
+    for (size_t i = 0; i < self->n_events; i++)
+        if (self->events[i].off_role == PERF_OFF_STANDBY && !self->events[i].hup)
+            ioctl(self->events[i].fd, PERF_EVENT_IOC_ENABLE, 0);
+    for (size_t i = 0; i < self->n_events; i++)
+        if (self->events[i].off_role == PERF_OFF_CHAIN)
+            ioctl(self->events[i].fd, PERF_EVENT_IOC_DISABLE, 0);
+}
+
+/* One more switch-out (or lost ones) at record time `time`: the rate over windows of
+ * PERF_OFF_RATE_WINDOW_NS; records of several CPUs' rings arrive out of time order, so a
+ * window spans from its first record to the latest time seen. */
+static void perf_off_rate(PerfSampler *self, uint64_t time, uint64_t switches) {
+    if (self->off_shed || self->off_kernel_max_rate == 0 || !self->kernel || !self->off_kernel)
+        return;
+    if (self->off_window_start == 0) {
+        self->off_window_start = self->off_window_end = time;
+        self->off_window_count = 0;
+    }
+    self->off_window_count += switches;
+    if (time > self->off_window_end) self->off_window_end = time;
+    uint64_t span = self->off_window_end - self->off_window_start;
+    if (span < PERF_OFF_RATE_WINDOW_NS) return;
+    uint64_t rate = self->off_window_count * 1000000000ull / span;
+    self->off_window_start = 0;
+    if (rate > self->off_kernel_max_rate) perf_off_shed(self, time, rate);
+}
+
+/* The event records now (enable() and a thread opened later start it): a chain event
+ * until the chain is shed, its standby from then on. */
+static bool perf_event_active(const PerfSampler *self, const perf_event_fd *e) {
+    if (e->off_role == PERF_OFF_CHAIN) return !self->off_shed;
+    if (e->off_role == PERF_OFF_STANDBY) return self->off_shed;
+    return true;
 }
 
 static ssize_t perf_find_thread(const PerfSampler *self, int32_t tid) {
@@ -1097,6 +1176,7 @@ static void perf_on_off_sample(PerfSampler *self, const uint8_t *rec, size_t siz
     uint32_t image = perf_image_of(self, pid, true);
     if (image == 0) return;
     b->off_switches++;
+    perf_off_rate(self, time, 1);
     if (b->first_time == 0 || time < b->first_time) b->first_time = time;
     if (time > b->last_time) b->last_time = time;
     ssize_t old = perf_off_find(self, tid);
@@ -1331,8 +1411,12 @@ static void perf_on_record(PerfSampler *self, const uint8_t *rec,
     if (off_ring) {
         if (hdr->type == PERF_RECORD_SAMPLE) perf_on_off_sample(self, rec, hdr->size);
         else if (hdr->type == PERF_RECORD_SWITCH) perf_on_switch(self, rec, hdr->size, hdr->misc);
-        else if (hdr->type == PERF_RECORD_LOST && hdr->size >= 24)
-            self->batch.off_lost += rd_u64(rec + 16);
+        else if (hdr->type == PERF_RECORD_LOST && hdr->size >= 24) {
+            uint64_t lost = rd_u64(rec + 16);
+            self->batch.off_lost += lost;
+            /* lost switch-outs count toward the rate (sample_id: pid, tid, time last) */
+            if (hdr->size >= 40) perf_off_rate(self, rd_u64(rec + hdr->size - 8), lost);
+        }
         return;
     }
     switch (hdr->type) {
@@ -1536,17 +1620,19 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
     static char *kwlist[] = {"pid", "freq_hz", "ring_kib", "max_stack", "follow", "stack_bytes",
                              "kernel", "wake_each", "bpf_object", "offcpu_tracepoint",
                              "offcpu_state_offset", "offcpu_kernel",
-                             "gil_only", NULL};
+                             "gil_only", "offcpu_kernel_max_rate", NULL};
     int pid, freq_hz = 99, ring_kib = 128, max_stack = 127, follow = 0, stack_bytes = 0;
     int kernel = 1, wake_each = 0;
     long long offcpu_tracepoint = -1;
     int offcpu_state_offset = 32, offcpu_kernel = 1;
     int gil_only = 0;
+    unsigned int offcpu_kernel_max_rate = 0;
     PyObject *bpf_object = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipippOLipp:PerfSampler", kwlist, &pid,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "i|iiipippOLippI:PerfSampler", kwlist, &pid,
                                      &freq_hz, &ring_kib, &max_stack, &follow, &stack_bytes,
                                      &kernel, &wake_each, &bpf_object, &offcpu_tracepoint,
-                                     &offcpu_state_offset, &offcpu_kernel, &gil_only))
+                                     &offcpu_state_offset, &offcpu_kernel, &gil_only,
+                                     &offcpu_kernel_max_rate))
         return NULL;
     if (offcpu_state_offset < 0 || offcpu_state_offset > 4096) {
         PyErr_SetString(PyExc_ValueError, "offcpu_state_offset must be in 0..4096");
@@ -1604,6 +1690,7 @@ static PyObject *PerfSampler_new(PyTypeObject *type, PyObject *args, PyObject *k
     self->off_tracepoint = offcpu_tracepoint < 0 ? -1 : offcpu_tracepoint;
     self->off_state_offset = offcpu_state_offset;
     self->off_kernel = offcpu_kernel != 0;
+    self->off_kernel_max_rate = offcpu_kernel_max_rate;
     self->gil_only = gil_only != 0;
     self->chain = malloc((PERF_MAX_CHAIN + 1) * sizeof(uint64_t));
     if (self->chain == NULL || !perf_online_cpus(&self->cpus, &self->n_cpus) ||
@@ -1753,7 +1840,7 @@ static PyObject *PerfSampler_enable(PerfSampler *self, PyObject *Py_UNUSED(ignor
      * module's EACCES, say) would leave the recording without samples: undone and raised,
      * as perf_event_open's own errors are. */
     for (size_t i = 0; i < self->n_events; i++) {
-        if (self->events[i].hup) continue;
+        if (self->events[i].hup || !perf_event_active(self, &self->events[i])) continue;
         if (ioctl(self->events[i].fd, PERF_EVENT_IOC_ENABLE, 0) < 0) {
             int err = errno;
             int32_t tid = self->events[i].tid;
@@ -2367,6 +2454,15 @@ static PyObject *PerfSampler_get_offcpu_error(PerfSampler *self, void *closure) 
     return PyUnicode_DecodeUTF8(error, (Py_ssize_t)strlen(error), "replace");
 }
 
+static PyObject *PerfSampler_get_offcpu_kernel_shed(PerfSampler *self, void *closure) {
+    perf_lock(self);
+    uint64_t time = self->off_shed_time, rate = self->off_shed_rate;
+    bool shed = self->off_shed;
+    perf_unlock(self);
+    if (!shed) Py_RETURN_NONE;
+    return Py_BuildValue("(KK)", (unsigned long long)time, (unsigned long long)rate);
+}
+
 static PyObject *PerfSampler_get_stack_bytes(PerfSampler *self, void *closure) {
     return PyLong_FromLong(self->stack_bytes);
 }
@@ -2439,6 +2535,9 @@ static PyGetSetDef PerfSampler_getset[] = {
      "Off-CPU time is recorded (sched:sched_switch opened on every thread).", NULL},
     {"offcpu_error", (getter)PerfSampler_get_offcpu_error, NULL,
      "Why off-CPU time is not recorded ('' when it is, or was not asked for).", NULL},
+    {"offcpu_kernel_shed", (getter)PerfSampler_get_offcpu_kernel_shed, NULL,
+     "(time_ns, switch-outs per second) when the off-CPU kernel chain was shed, or None.",
+     NULL},
     {"stack_bytes", (getter)PerfSampler_get_stack_bytes, NULL,
      "User stack bytes copied per sample (0: frame-pointer call chains).", NULL},
     {NULL, NULL, NULL, NULL, NULL},

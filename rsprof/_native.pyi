@@ -118,6 +118,7 @@ class PerfSampler:
         offcpu_state_offset: int = 32,
         offcpu_kernel: bool = True,
         gil_only: bool = False,
+        offcpu_kernel_max_rate: int = 0,
     ) -> Self: ...
     @property
     def offcpu(self) -> bool:
@@ -125,6 +126,10 @@ class PerfSampler:
     @property
     def offcpu_error(self) -> str:
         """Why off-CPU time is not recorded ('' when it is, or was not asked for)."""
+    @property
+    def offcpu_kernel_shed(self) -> tuple[int, int] | None:
+        """(time_ns, switch-outs per second) when the switch rate passed
+        offcpu_kernel_max_rate and the off-CPU kernel call chain was shed; None until then."""
     @property
     def pid(self) -> int: ...
     @property

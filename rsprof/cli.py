@@ -21,6 +21,7 @@ from rsprof.collector.errors import (
     PermissionDenied,
     ProcessNotFound,
 )
+from rsprof.collector.offcpu import OFFCPU_KERNEL_MAX_RATE
 from rsprof.durations import parse_duration
 from rsprof.exit_codes import (
     EXIT_DATABASE,
@@ -110,8 +111,14 @@ def _record_options(func: click.decorators.FC, *, demo: bool) -> click.decorator
                      show_default=True,
                      help="Name the kernel function each wait is in (pipe_read, futex_wait):"
                           " the kernel call chain of every switch-out, when kernel stacks are"
-                          " allowed. It costs: a 100 k switches/s storm runs 1.3x slower"
-                          " (docs/benchmarks.md)."),
+                          " allowed (until --off-cpu-kernel-max-rate)."),
+        click.option("--off-cpu-kernel-max-rate", "offcpu_kernel_max_rate",
+                     type=click.IntRange(min=0), default=OFFCPU_KERNEL_MAX_RATE,
+                     show_default=True, metavar="N",
+                     help="Stop naming kernel functions once the target switches out more"
+                          " than N times a second (over 0.25 s): each switch-out's kernel"
+                          " unwind costs it 1-2 us, a storm of 100 k/s runs 1.3-2x slower"
+                          " (docs/benchmarks.md); one line says when. 0: never stop."),
         click.option("--gil", is_flag=True, hidden=demo,
                      help="As py-spy's --gil: keep the CPU samples of a CPython's threads only"
                           " when the thread holds the GIL (decided at sample time by the BPF"
@@ -221,6 +228,7 @@ def _record(
     quiet: int,
     offcpu: bool = True,
     offcpu_kernel: bool = True,
+    offcpu_kernel_max_rate: int = OFFCPU_KERNEL_MAX_RATE,
     gil: bool = False,
     append: bool,
     follow: bool | None,
@@ -235,7 +243,7 @@ def _record(
     options = RecordOptions(
         freq_hz=cpu_freq, interval_s=interval, duration_s=duration, stack_bytes=stack_bytes,
         python=python != "off", python_bpf=python == "on", offcpu=offcpu,
-        offcpu_kernel=offcpu_kernel, gil=gil,
+        offcpu_kernel=offcpu_kernel, offcpu_kernel_max_rate=offcpu_kernel_max_rate, gil=gil,
         follow=(child is not None) if follow is None else follow,
         heap=heap,
     )

@@ -276,6 +276,8 @@ def test_a_reader_blocked_on_a_pipe_is_off_cpu_under_the_reads_caller(tmp_path: 
     # the kernel function it waited in: pipe_read (anon_pipe_read since 6.15, as perf
     # script names it here)
     _assert_waits_in(tmp_path / "p.db", tid, "read_one", ("pipe_read", "anon_pipe_read"))
+    # 10 switch-outs a second: the kernel chain is kept throughout
+    assert "offcpu_kernel_shed_rate" not in Profile(tmp_path / "p.db").meta()
     if shutil.which("perf"):
         script = _perf_record(tmp_path, [str(waits), "pipe", str(reads), "perf.txt"],
                               "--call-graph", "dwarf")
@@ -319,6 +321,60 @@ def test_mutex_waits_show_under_the_caller_of_pthread_mutex_lock(tmp_path: Path)
             assert abs(got - waited_ns) <= 0.05 * waited_ns + 20_000_000, (got, waited_ns, tid)
         # off the CPU for all of the wait but the few µs of each lock call on it
         assert abs(got - waited_ns) <= 0.05 * waited_ns + 20_000_000, (got, waited_ns, tid)
+
+
+STORM = Path(__file__).parent.parent.parent / "bench" / "targets" / "switch_storm.c"
+
+
+def _storm_waits(db: Path) -> tuple[dict[str, int], int]:
+    """The storm's pipe waits (sleeping under ping or pong) by kernel function waited in,
+    and the time off the CPU of its 8 ping-pong threads."""
+    samples = load_samples(Profile(db), "offcpu").samples
+    players = {s.tid for s in samples
+               if any(line.function in ("ping", "pong") for f in s.frames for line in f.lines)}
+    waited: dict[str, int] = {}
+    for name in ("ping", "pong"):
+        for kernel, ns in _waited_in(db, None, name).items():
+            waited[kernel] = waited.get(kernel, 0) + ns
+    return waited, sum(s.values[0] for s in samples if s.tid in players)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sched:sched_switch needs root")
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+def test_a_switch_storm_sheds_the_kernel_chain_and_keeps_every_wait(tmp_path: Path) -> None:
+    """bench/targets/switch_storm.c (8 threads ping-ponging over pipes, 100-400 k
+    switch-outs a second): past --off-cpu-kernel-max-rate (20 k/s) within its first 0.25 s
+    of records the kernel call chain is shed, which one line and meta say; the waits before
+    are named (anon_pipe_read), those after are not, and every wait is still counted: the 8
+    threads are off the CPU most of their 2 s. With the bound at 0 every wait is named."""
+    storm = tmp_path / "storm"
+    subprocess.run(["gcc", "-O2", "-g", "-pthread", "-o", str(storm), str(STORM)], check=True)
+    done = _rsprof("run", "-q", "--no-heap", "-o", "s.db", "--", str(storm), "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    meta = Profile(tmp_path / "s.db").meta()
+    if meta.get("kernel_sampled") != "1" or meta.get("offcpu_kernel") != "1":
+        pytest.skip("kernel stacks not allowed here")
+    assert "off-CPU kernel functions are not recorded after" in done.stderr, done.stderr
+    assert int(meta["offcpu_kernel_shed_rate"]) > 20_000, meta
+    # the first window's end, later if records of the first window were drained late
+    assert 0.0 <= float(meta["offcpu_kernel_shed_s"]) < 1.5, meta
+    waited, off_ns = _storm_waits(tmp_path / "s.db")
+    named = sum(ns for name, ns in waited.items() if "pipe_read" in name)
+    assert 0 < named < 0.9 * sum(waited.values()), waited
+    # 8 threads x 2 s, each on a CPU a share of it (2 CPUs, 9 threads and the recorder)
+    lost = int(meta.get("offcpu_lost") or 0)
+    switches = int(meta["offcpu_switches"])
+    assert off_ns >= 0.5 * 8 * 2e9 * switches / (switches + lost), (off_ns, lost, switches)
+
+    done = _rsprof("run", "-q", "--no-heap", "--off-cpu-kernel-max-rate", "0", "-o", "k.db",
+                   "--", str(storm), "1", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "not recorded after" not in done.stderr
+    meta = Profile(tmp_path / "k.db").meta()
+    assert "offcpu_kernel_shed_rate" not in meta, meta
+    waited, _ = _storm_waits(tmp_path / "k.db")
+    named = sum(ns for name, ns in waited.items() if "pipe_read" in name)
+    assert named >= 0.95 * sum(waited.values()) > 0, waited
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sched:sched_switch needs root")
