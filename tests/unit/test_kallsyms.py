@@ -4,6 +4,7 @@ on a made-up /proc/kallsyms."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,29 @@ def test_any_order_and_any_file_size_name_the_same(tmp_path: Path, copies: int) 
 
 def test_unreadable_file_is_hidden(tmp_path: Path) -> None:
     assert KernelSymbols.load(str(tmp_path / "missing")).hidden
+
+
+def test_a_kernel_chain_met_again_is_named_once(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preempted thread's switch-outs repeat a few kernel chains: each is named once per
+    recording (every image's resolver shares the answer), with the same frame each time."""
+    resolver, _ = _resolver(tmp_path, KALLSYMS)
+    calls: list[tuple[int, ...]] = []
+    original = KernelSymbols.waiting_function
+
+    def counted(self: KernelSymbols, chain: Sequence[int]) -> KernelFunction | None:
+        calls.append(tuple(chain))
+        return original(self, chain)
+
+    monkeypatch.setattr(KernelSymbols, "waiting_function", counted)
+    chain = [SCHEDULE, CALLS_SCHEDULE, PIPE, VFS, SYSCALL]
+    first = resolver.resolve_stacks([(1, [*chain, BASE + 0x1005, BASE + 0x2005])])
+    again = resolver.resolve_stacks([(2, [*chain, BASE + 0x1007, BASE + 0x2005])])
+    child = resolver.for_new_image(1, forked=True)
+    other = child.resolve_stacks([(3, [*chain, BASE + 0x1005, BASE + 0x2005])])
+    assert calls == [tuple(chain)]
+    assert _names(resolver, first[1])[:2] == [(KERNEL_FUNCTION, ""),
+                                              ("anon_pipe_read", KERNEL_MODULE)]
+    wait = resolver.ids.stack_frames[first[1]][1]
+    assert resolver.ids.stack_frames[again[2]][1] == wait
+    assert other[3] == first[1]
