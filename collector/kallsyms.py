@@ -9,7 +9,6 @@ about the wait: the stored stack keeps one kernel frame, the first below them, n
 from __future__ import annotations
 
 import bisect
-import re
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,10 +29,10 @@ SCHEDULER_FUNCTIONS = frozenset({
     "bit_wait", "bit_wait_io",
 })
 SCHEDULER_PREFIXES = ("schedule_timeout_", "wait_for_completion", "__wait_for_completion")
-# A text symbol's line; __pfx_ symbols are the padding before a function
-# (CONFIG_FUNCTION_PADDING): no return address is ever in one
-TEXT_SYMBOL = re.compile(r"^([0-9a-fA-F]+) [tTwW] (?!__pfx_)(\S+)(?:\t\[(\S+)\])?", re.M)
-NONZERO_ADDRESS = re.compile(r"^0*[1-9a-fA-F]", re.M)
+# Which lines are text symbols is native/kallsyms.c's rule (the regular expression
+# ^([0-9a-fA-F]+) [tTwW] (?!__pfx_)(\S+)(?:\t\[(\S+)\])? it replaced): type t, T, w or W;
+# __pfx_ symbols are the padding before a function (CONFIG_FUNCTION_PADDING), no return
+# address is ever in one.
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +75,12 @@ class KernelSymbols:
     @classmethod
     def _from_native(cls, parsed: tuple[bytes, bytes, bytes, str, list[str], int, int, bool,
                                         bool, bool]) -> KernelSymbols:
-        """The text symbols as native/kallsyms.c reads them (the lines TEXT_SYMBOL matches,
+        """The text symbols as native/kallsyms.c reads them (the comment above says which;
         address 0 left out). In C: the regular expression over 6.18's 122 k lines was 127 ms
         of the recorder's main thread at each recording's first off-CPU stack (a 2 s
-        recording at 499 Hz: 127 µs per sample), the C reader 10 ms. The file is read in
-        256 KiB pieces: only the kept symbols are held."""
+        recording at 499 Hz: 127 µs per sample), the C reader 3-5 ms besides the kernel's
+        42-44 ms of writing the file. The file is read in 256 KiB pieces: only the kept
+        symbols are held."""
         (starts_bytes, modules_bytes, ends_bytes, names, module_names, start, end_, listed,
          nonzero, ordered) = parsed
         symbols = KernelSymbols([], None, hidden=False)

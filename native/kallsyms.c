@@ -2,8 +2,8 @@
  * 256 KiB pieces) or from its text (bytes), for collector/kallsyms.py. The Python parse (one
  * regular expression over the file) was 127 ms of the recorder's main thread at the first
  * off-CPU stack of every recording (6.18: 122 k lines, 64 k text symbols; the kernel writes
- * the file in another 40 ms): in a 2 s recording at 499 Hz, 127 µs per sample. This one
- * reads the same lines the same way in a few ms.
+ * the file in another 42-44 ms): in a 2 s recording at 499 Hz, 127 µs per sample. This one
+ * reads the same lines the same way in 3-5 ms.
  *
  * A line is `ADDRESS TYPE NAME[\t[MODULE]]`. Kept: TYPE t, T, w or W (text), NAME not
  * starting with `__pfx_` (a function's padding: no return address is ever in one), ADDRESS
