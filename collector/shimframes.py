@@ -142,7 +142,11 @@ class ShimFrames:
         return found
 
     def rewrite(self, frames: tuple[int, ...]) -> tuple[int, ...]:
-        plan = shim_plan([self.classify(frame) for frame in frames])
+        memo = self._memo
+        classes = [memo[frame] if frame in memo else self.classify(frame) for frame in frames]
+        if classes.count(None) == len(classes):
+            return frames  # the usual stack: no shim frame (shim_plan would say None)
+        plan = shim_plan(classes)
         if plan is None:
             return frames
         out = []

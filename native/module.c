@@ -12,6 +12,7 @@ int rsprof_dwarf_register(PyObject *module);  /* dwarf.c: DWARF line-table helpe
 int rsprof_pyframes_register(PyObject *module); /* pyframes.c: PyFrameReader */
 int rsprof_snapshot_register(PyObject *module); /* snapshot.c: StoppedProcess */
 int rsprof_inject_register(PyObject *module);   /* inject.c: Tracee */
+int rsprof_kallsyms_register(PyObject *module); /* kallsyms.c: kallsyms_text */
 
 /* cfi_functions(path) -> (ranges, rows, build_ms): the FDE function ranges of one ELF
  * file, from the same cached CFI tables the unwinder uses (native/unwind.c). */
@@ -89,7 +90,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (native_add_stack_words(m) < 0 || rsprof_perf_register(m) < 0 ||
         rsprof_heap_register(m) < 0 || rsprof_dwarf_register(m) < 0 ||
         rsprof_pyframes_register(m) < 0 || rsprof_snapshot_register(m) < 0 ||
-        rsprof_inject_register(m) < 0) {
+        rsprof_inject_register(m) < 0 || rsprof_kallsyms_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -985,22 +985,26 @@ static uint32_t perf_add_python_bpf(PerfSampler *self, perf_py *py, int32_t tid,
         return depth;
     }
     size_t room = PERF_MAX_CHAIN > depth + 2 ? PERF_MAX_CHAIN - depth - 2 : 0;
-    if (r->n > room) {
+    if (r->n > room || r->n > RS_BPF_MAX_FRAMES) {
         st->bpf_truncated++;
         return depth;
     }
     uint64_t *out = self->chain + 1 + depth;
     const struct rs_bpf_frame *frames = &self->bpf_frames[r->frames];
-    int rc = 0;
-    pthread_mutex_lock(py->lock);
-    for (uint32_t i = 0; i < r->n && rc == 0; i++) {
-        uint32_t function;
-        int32_t line;
-        rc = rs_pyreader_resolve(py->core, frames[i].code, frames[i].instr & ~1ULL, &function,
-                                 &line);
-        if (rc == 0) out[1 + i] = RS_PY_FRAME(function, line, frames[i].instr & 1);
+    uint64_t codes[RS_BPF_MAX_FRAMES], instrs[RS_BPF_MAX_FRAMES];
+    uint32_t functions[RS_BPF_MAX_FRAMES];
+    int32_t lines[RS_BPF_MAX_FRAMES];
+    uint32_t n = r->n;
+    for (uint32_t i = 0; i < n; i++) {
+        codes[i] = frames[i].code;
+        instrs[i] = frames[i].instr & ~1ULL;
     }
+    pthread_mutex_lock(py->lock);
+    int rc = rs_pyreader_resolve_many(py->core, (int)n, codes, instrs, functions, lines);
     pthread_mutex_unlock(py->lock);
+    if (rc == 0)
+        for (uint32_t i = 0; i < n; i++)
+            out[1 + i] = RS_PY_FRAME(functions[i], lines[i], frames[i].instr & 1);
     if (rc != 0) {
         st->bpf_freed++;  /* never a partial chain: it would not pair up */
         return depth;

@@ -423,7 +423,7 @@ static pyf_code *pyf_code_from(rs_pyreader *self, uint64_t addr, const uint8_t *
 }
 
 /* The code object at `code` (*c), or RS_PY_GONE (the process left) / RS_PY_DROPPED
- * (counted): the lookup rs_pyreader_code and rs_pyreader_resolve share. */
+ * (counted): rs_pyreader_code's lookup. */
 static int pyf_code_lookup(rs_pyreader *r, uint64_t code, pyf_code **c) {
     r->gone = 0;
     *c = pyf_code_at(r, code);
@@ -448,16 +448,32 @@ int rs_pyreader_code(rs_pyreader *r, uint64_t code, uint32_t tag, int64_t unit,
     return 0;
 }
 
-int rs_pyreader_resolve(rs_pyreader *r, uint64_t code, uint64_t instr, uint32_t *function,
-                        int32_t *line) {
-    pyf_code *c;
-    int rc = pyf_code_lookup(r, code, &c);
-    if (rc != 0) return rc;
-    /* The same instruction offset as the walk computes (rs_pyreader_walk). */
-    uint64_t base = code + (uint64_t)r->off[O_CODE_ADAPTIVE];
-    int64_t unit = instr >= base ? (int64_t)((instr - base) / 2) : -1;
-    *function = c->function;
-    *line = pyf_line(c->table, c->table_len, c->first_line, unit);
+static int pyf_read_heads(rs_pyreader *self, int n);
+
+int rs_pyreader_resolve_many(rs_pyreader *r, int n, const uint64_t *codes,
+                             const uint64_t *instrs, uint32_t *functions, int32_t *lines) {
+    if (n <= 0) return 0;
+    if (n > PYF_MAX_DEPTH) return RS_PY_DROPPED;
+    r->gone = 0;
+    memcpy(r->walk_code, codes, (size_t)n * sizeof *codes);
+    int heads = pyf_read_heads(r, n);
+    long hlen = r->off[O_CODE_ADAPTIVE];
+    for (int i = 0; i < n; i++) {
+        /* a header the batch did not reach (unreadable, or after one that was) is read
+         * alone */
+        pyf_code *c = i < heads ? pyf_code_from(r, codes[i], r->walk_heads + (size_t)i * (size_t)hlen)
+                                : pyf_code_at(r, codes[i]);
+        if (c == NULL) {
+            if (r->gone) return RS_PY_GONE;
+            r->dropped++;
+            return RS_PY_DROPPED;
+        }
+        /* The same instruction offset as the walk computes (rs_pyreader_walk). */
+        uint64_t base = codes[i] + (uint64_t)r->off[O_CODE_ADAPTIVE];
+        int64_t unit = instrs[i] >= base ? (int64_t)((instrs[i] - base) / 2) : -1;
+        functions[i] = c->function;
+        lines[i] = pyf_line(c->table, c->table_len, c->first_line, unit);
+    }
     return 0;
 }
 

@@ -298,6 +298,12 @@ class DwarfReader:
 def cfi_functions(path: str, /) -> tuple[list[tuple[int, int]], int, float]:
     """FDE function ranges (link-time addresses, sorted), unwind-table rows, build ms."""
 
+def kallsyms_text(source: str | bytes, /) -> tuple[bytes, bytes, bytes, str, list[str], int, int,
+                                                   bool, bool, bool]:
+    """/proc/kallsyms' text symbols (a path, or the text): starts (uint64s), module indexes
+    (uint16s), each name's end in names (uint32s), names joined by newlines, module names,
+    .sched.text's bounds (0: not listed), listed, nonzero, ordered (native/kallsyms.c)."""
+
 # The heap shim's own CPython offsets (native/shim/shimpy_layout.h), exported only so that
 # tests check them against collector/pyframes.py's: {(3, 11): {field: offset}, (3, 12): ...}
 # and, for 3.13, {field: (index of its uint64 in _Py_DebugOffsets after the cookie, or -1;

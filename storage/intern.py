@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from rsprof.storage.schema import u64_from_sql, u64_to_sql
 
@@ -186,8 +187,7 @@ class InternTable:
         found = self._stacks[key] = self._next("stacks")
         self.stack_frames[found] = key
         self._pending.stacks.append((found, len(key)))
-        self._pending.stack_frames.extend(
-            (found, position, fid) for position, fid in enumerate(key))
+        self._pending.stack_frames.extend(zip(repeat(found), range(len(key)), key))
         if key and key[0] in self.frame_leaf_location:
             self.stack_leaf_location[found] = self.frame_leaf_location[key[0]]
         return found

@@ -4,11 +4,12 @@ on a made-up /proc/kallsyms."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from rsprof.collector.frames import KERNEL_FUNCTION, FrameResolver
-from rsprof.collector.kallsyms import KERNEL_MODULE, KernelSymbols
+from rsprof.collector.kallsyms import KERNEL_MODULE, KernelFunction, KernelSymbols
 from rsprof.collector.maps import Mapping
 from rsprof.storage.writer import ProfileWriter
 
@@ -138,15 +139,54 @@ def test_hidden_kernel_addresses_keep_the_kernel_leaf_and_say_so(
     assert len(warnings) == 1 and "kptr_restrict" in warnings[0]
 
 
-@pytest.mark.parametrize("chunk_lines", [1, 3, 100], ids=["line", "chunks", "whole"])
-def test_any_order_and_any_chunking_name_the_same(chunk_lines: int) -> None:
-    """The file is read in chunks of lines, the names packed into one string; a file not
-    in address order is sorted once: every lookup is the same as on the whole sorted text."""
+@pytest.mark.parametrize("copies", [1, 3000], ids=["small", "over-512KiB"])
+def test_any_order_and_any_file_size_name_the_same(tmp_path: Path, copies: int) -> None:
+    """The file is read in 256 KiB pieces (native/kallsyms.c), lines cut between pieces
+    joined again, the names packed into one string; a file not in address order is sorted
+    once: every lookup is the same as on the whole sorted text."""
     lines = KALLSYMS.splitlines(keepends=True)
-    shuffled = lines[7:] + lines[:7]  # modules and the scheduler first: not in order
-    chunks = ["".join(shuffled[i:i + chunk_lines])
-              for i in range(0, len(shuffled), chunk_lines)]
-    whole, parsed = KernelSymbols.parse(KALLSYMS), KernelSymbols._parse_chunks(chunks)
-    assert len(parsed) == len(whole) and parsed.sched_text == whole.sched_text
+    # modules and the scheduler first (not in order), then filler functions far above,
+    # enough of them to cross several pieces mid-line
+    shuffled = lines[7:] + lines[:7] + [
+        f"{K + 0x100000 + 0x40 * i:016x} t filler_function_{i}\t[filler]\n"
+        for i in range(copies)]
+    path = tmp_path / "kallsyms"
+    path.write_text("".join(shuffled))
+    whole, read = KernelSymbols.parse(KALLSYMS), KernelSymbols.load(str(path))
+    assert len(read) == len(whole) + copies and read.sched_text == whole.sched_text
     for address in range(K, K + 0x21000, 0x80):
-        assert parsed.function(address) == whole.function(address), hex(address)
+        assert read.function(address) == whole.function(address), hex(address)
+    last = K + 0x100000 + 0x40 * (copies - 1)
+    assert read.function(last + 0x11) == KernelFunction(last, f"filler_function_{copies - 1}",
+                                                        "[filler]")
+    assert KernelSymbols.parse("".join(shuffled)).function(last + 1) == read.function(last + 1)
+
+
+def test_unreadable_file_is_hidden(tmp_path: Path) -> None:
+    assert KernelSymbols.load(str(tmp_path / "missing")).hidden
+
+
+def test_a_kernel_chain_met_again_is_named_once(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preempted thread's switch-outs repeat a few kernel chains: each is named once per
+    recording (every image's resolver shares the answer), with the same frame each time."""
+    resolver, _ = _resolver(tmp_path, KALLSYMS)
+    calls: list[tuple[int, ...]] = []
+    original = KernelSymbols.waiting_function
+
+    def counted(self: KernelSymbols, chain: Sequence[int]) -> KernelFunction | None:
+        calls.append(tuple(chain))
+        return original(self, chain)
+
+    monkeypatch.setattr(KernelSymbols, "waiting_function", counted)
+    chain = [SCHEDULE, CALLS_SCHEDULE, PIPE, VFS, SYSCALL]
+    first = resolver.resolve_stacks([(1, [*chain, BASE + 0x1005, BASE + 0x2005])])
+    again = resolver.resolve_stacks([(2, [*chain, BASE + 0x1007, BASE + 0x2005])])
+    child = resolver.for_new_image(1, forked=True)
+    other = child.resolve_stacks([(3, [*chain, BASE + 0x1005, BASE + 0x2005])])
+    assert calls == [tuple(chain)]
+    assert _names(resolver, first[1])[:2] == [(KERNEL_FUNCTION, ""),
+                                              ("anon_pipe_read", KERNEL_MODULE)]
+    wait = resolver.ids.stack_frames[first[1]][1]
+    assert resolver.ids.stack_frames[again[2]][1] == wait
+    assert other[3] == first[1]
