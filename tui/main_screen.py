@@ -664,7 +664,9 @@ class MainScreen(Screen[None]):
             now = time.monotonic()
             if self._follow_timer is None and now - self._last_follow >= FOLLOW_DELAY_S:
                 self._last_follow = now
-                self.request_update()
+                # After the frame: a quick snapshot is built on the UI thread
+                # (request_update), which would otherwise come before the highlight.
+                self.call_after_refresh(self.request_update)
                 return
             if self._follow_timer is not None:
                 self._follow_timer.stop()
