@@ -3,7 +3,8 @@
 Data flow: a timer (live mode) or a key press asks for an update; one worker thread at a
 time runs `model.build_snapshot()` (refreshing the LiveProfile, sorting, querying the
 chart); its result is drawn on the UI thread. Requests made while a worker runs are
-coalesced into one more run.
+coalesced into one more run. A key whose snapshot was quick to build the last time
+(`INLINE_BUILD_S`) builds it on the UI thread instead (see `request_update`).
 """
 
 from __future__ import annotations
@@ -84,6 +85,14 @@ EARLY_TICK_S = 0.05
 FOLLOW_DELAY_S = 0.06
 """How long after the selection moves the chart and callers panel follow it."""
 
+INLINE_BUILD_S = 0.015
+"""A key's snapshot is built on the UI thread, not in a worker, when the same kind of
+snapshot (`_build_kind`) took less than this the last time it was built: the key's whole
+change (new columns, panels, header) is then drawn in one frame. Through the worker the
+key's own changes were drawn in a first frame and the data 7-10 ms later, and Textual's
+screen timer holds a second change that close to the first for one to two frame periods
+(17-33 ms at 60 fps): most of a view key's latency, profiled on `rsprof demo`."""
+
 # Ctrl-C: the TUI's exit code that tells the recording session "interrupted" (as a shell
 # reports SIGINT), where q and Esc mean "the user quit".
 EXIT_INTERRUPTED = 130
@@ -139,6 +148,9 @@ class MainScreen(Screen[None]):
         self._last_follow = 0.0  # when the chart and callers last followed the selection
         self.last_update_s = 0.0  # request to drawn widgets, for the benchmark
         self._no_heap_shown = NO_HEAP  # the text on the "no heap" page
+        # seconds the last snapshot of each kind took to build (`_build_kind`), without
+        # the file's refresh: decides where the next one is built (`request_update`)
+        self._build_s: dict[tuple[object, ...], float] = {}
 
     @property
     def rsprof(self) -> RsprofApp:
@@ -191,13 +203,50 @@ class MainScreen(Screen[None]):
         return self.state.query(key, max(1, timeline - 2))
 
     def request_update(self, *, refresh: bool = False) -> None:
-        """Builds a new snapshot in a worker; coalesces requests made while one runs."""
+        """Builds a new snapshot in a worker; coalesces requests made while one runs.
+
+        A request that reads nothing new from the file (a key, not a timer tick) is built
+        here, on the UI thread, when no worker runs and its kind of snapshot was quick
+        the last time (`INLINE_BUILD_S`). The worker keeps everything else: the file's
+        refresh, another thread's data, and big profiles, whose snapshots take longer
+        (0.1-1 s for 10,000 functions) and must not hold the keys."""
         if self._job_running:
             self._job_pending = bool(self._job_pending) or refresh
             return
-        self._job_running = True
+        query = self.current_query()
         self._job_started = time.perf_counter()
-        self._build(self.current_query(), refresh)
+        if not refresh and self._inline(query):
+            try:
+                snapshot = self._timed_build(query)
+            except Exception as exc:  # keep the UI alive; show what went wrong
+                self._failed(exc)
+                return
+            self._draw(snapshot)
+            return
+        self._job_running = True
+        self._build(query, refresh)
+
+    @staticmethod
+    def _build_kind(query: Query) -> tuple[object, ...]:
+        """What a snapshot's cost depends on, beside the profile's size: the view, the
+        table, tree or flame, a filter or time window (a regex over every frame, a
+        range of samples), the chart's and callers panel's queries."""
+        return (query.view, query.tree, query.flame, bool(query.filter),
+                query.window is not None, query.chart is not None, query.peek is not None)
+
+    def _inline(self, query: Query) -> bool:
+        source = self.rsprof.source
+        if self.snapshot is None or source.thread != query.thread:
+            return False
+        took = self._build_s.get(self._build_kind(query))
+        return took is not None and took < INLINE_BUILD_S
+
+    def _timed_build(self, query: Query) -> Snapshot:
+        """build_snapshot without the file's refresh; remembers how long it took."""
+        start = time.perf_counter()
+        snapshot = build_snapshot(self.rsprof.source, query, refresh=False)
+        self._build_s[self._build_kind(query)] = time.perf_counter() - start
+        return snapshot
 
     @work(thread=True, group="snapshot")
     def _build(self, query: Query, refresh: bool) -> None:
@@ -216,7 +265,10 @@ class MainScreen(Screen[None]):
                     self.app.call_from_thread(self._unchanged)
                     return
                 refresh = False
-            snapshot = build_snapshot(source, query, refresh=refresh)
+            if refresh:
+                snapshot = build_snapshot(source, query, refresh=True)
+            else:
+                snapshot = self._timed_build(query)
         except Exception as exc:  # keep the UI alive; show what went wrong
             self.app.call_from_thread(self._failed, exc)
             return
@@ -612,7 +664,9 @@ class MainScreen(Screen[None]):
             now = time.monotonic()
             if self._follow_timer is None and now - self._last_follow >= FOLLOW_DELAY_S:
                 self._last_follow = now
-                self.request_update()
+                # After the frame: a quick snapshot is built on the UI thread
+                # (request_update), which would otherwise come before the highlight.
+                self.call_after_refresh(self.request_update)
                 return
             if self._follow_timer is not None:
                 self._follow_timer.stop()

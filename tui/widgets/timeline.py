@@ -44,9 +44,17 @@ def timeline_text(timeline: HeapTimeline | None, width: int) -> Text:
     lines = [caption]
     for row in range(ROWS - 1, -1, -1):
         line = Text(" ")
-        for col, h in enumerate(heights):
-            filled = max(0, min(len(BLOCKS) - 1, h - row * (len(BLOCKS) - 1)))
-            line.append(BLOCKS[filled], "bold yellow" if col == peak_col else "cyan")
+        chars = [BLOCKS[max(0, min(len(BLOCKS) - 1, h - row * (len(BLOCKS) - 1)))]
+                 for h in heights]
+        # One span per run of a style, not one per cell: the screen draws the same cells,
+        # and turning 3 x 120 one-cell spans into strips took about a fifth of the UI
+        # thread while `m` (to the Memory view and back) was pressed (py-spy).
+        if 0 <= peak_col:
+            line.append("".join(chars[:peak_col]), "cyan")
+            line.append(chars[peak_col], "bold yellow")
+            line.append("".join(chars[peak_col + 1:]), "cyan")
+        else:
+            line.append("".join(chars), "cyan")
         lines.append(line)
     return Text("\n").join(lines)
 
