@@ -396,8 +396,9 @@ class Recorder:
             self._offcpu_error = reason
             self.warn(f"off-CPU time not recorded: {reason}; CPU samples are"
                       " (--no-off-cpu does not ask)")
-        if self.options.gil and self.sampler.python_stats()["mode"] != "bpf":
-            reason = self.sampler.python_stats()["bpf_error"] or "not built in this install"
+        stats = self.sampler.python_stats() if self.options.gil else None
+        if stats is not None and stats["mode"] != "bpf":
+            reason = stats["bpf_error"] or "not built in this install"
             self.warn(f"--gil needs the BPF program, which is not loaded ({reason}): CPU"
                       " samples are kept whether or not their thread held the GIL"
                       " (meta python_gil_unknown counts them)")

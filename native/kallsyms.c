@@ -22,6 +22,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "perf_tables.h" /* perf_vec_reserve */
+
 #define KS_CHUNK (256u << 10)
 #define KS_MAX_MODULES 65535
 #define KS_KERNEL_MODULE "[kernel.kallsyms]"
@@ -39,17 +41,6 @@ typedef struct {
     bool listed, nonzero, nomem;
     bool unordered;          /* a start below the one before it */
 } ks_state;
-
-static bool ks_grow(void **p, size_t *cap, size_t need, size_t size) {
-    if (need <= *cap) return true;
-    size_t cap2 = *cap ? *cap * 2 : 1024;
-    while (cap2 < need) cap2 *= 2;
-    void *q = realloc(*p, cap2 * size);
-    if (q == NULL) return false;
-    *p = q;
-    *cap = cap2;
-    return true;
-}
 
 static int ks_hex(char c) {
     if (c >= '0' && c <= '9') return c - '0';
@@ -70,7 +61,7 @@ static int ks_module(ks_state *s, const char *label, size_t len) {
         if (strlen(s->module_names[i]) == len && memcmp(s->module_names[i], label, len) == 0)
             return (int)i;
     if (s->n_modules >= KS_MAX_MODULES ||
-        !ks_grow((void **)&s->module_names, &s->cap_modules, s->n_modules + 1, sizeof(char *)))
+        !perf_vec_reserve((void **)&s->module_names, &s->cap_modules, s->n_modules + 1, sizeof(char *)))
         return -1;
     char *copy = malloc(len + 1);
     if (copy == NULL) return -1;
@@ -118,11 +109,11 @@ static void ks_line(ks_state *s, const char *p, const char *end) {
     }
     int module = ks_module(s, label, label_len);
     if (module < 0 ||
-        !ks_grow((void **)&s->starts, &s->cap, s->n + 1, sizeof(uint64_t)) ||
-        !ks_grow((void **)&s->modules, &s->cap_modules_of, s->n + 1, sizeof(uint16_t)) ||
-        !ks_grow((void **)&s->ends, &s->cap_ends, s->n + 1, sizeof(uint32_t)) ||
+        !perf_vec_reserve((void **)&s->starts, &s->cap, s->n + 1, sizeof(uint64_t)) ||
+        !perf_vec_reserve((void **)&s->modules, &s->cap_modules_of, s->n + 1, sizeof(uint16_t)) ||
+        !perf_vec_reserve((void **)&s->ends, &s->cap_ends, s->n + 1, sizeof(uint32_t)) ||
         s->names_len + name_len + 1 > UINT32_MAX ||
-        !ks_grow((void **)&s->names, &s->names_cap, s->names_len + name_len + 1, 1)) {
+        !perf_vec_reserve((void **)&s->names, &s->names_cap, s->names_len + name_len + 1, 1)) {
         s->nomem = true;
         return;
     }

@@ -566,10 +566,16 @@ static void perf_open_off_one(PerfSampler *self, int32_t tid, size_t c, uint8_t 
     self->events[self->n_events++] = event;
 }
 
+/* The kernel chain is asked for with a rate bound: each thread has the chain's off-CPU
+ * event and its standby, and the drain watches the rate. */
+static bool perf_off_paired(const PerfSampler *self) {
+    return self->kernel && self->off_kernel && self->off_kernel_max_rate > 0;
+}
+
 /* Thread tid's off-CPU events on cpu index c: one, or with the kernel chain and a rate bound
  * the chain's event and its standby (only the standby once the chain is shed). */
 static void perf_open_off(PerfSampler *self, int32_t tid, size_t c) {
-    if (!(self->kernel && self->off_kernel && self->off_kernel_max_rate > 0)) {
+    if (!perf_off_paired(self)) {
         perf_open_off_one(self, tid, c, PERF_OFF_ONLY);
         return;
     }
@@ -597,8 +603,7 @@ static void perf_off_shed(PerfSampler *self, uint64_t time, uint64_t rate) {
  * PERF_OFF_RATE_WINDOW_NS; records of several CPUs' rings arrive out of time order, so a
  * window spans from its first record to the latest time seen. */
 static void perf_off_rate(PerfSampler *self, uint64_t time, uint64_t switches) {
-    if (self->off_shed || self->off_kernel_max_rate == 0 || !self->kernel || !self->off_kernel)
-        return;
+    if (self->off_shed || !perf_off_paired(self)) return;
     if (self->off_window_start == 0) {
         self->off_window_start = self->off_window_end = time;
         self->off_window_count = 0;
@@ -732,7 +737,8 @@ static int perf_open_thread(PerfSampler *self, int32_t tid) {
             close((int)fd);
             continue;
         }
-        self->events[self->n_events++] = (perf_event_fd){tid, self->cpus[c], (int)fd, owns, false, false};
+        self->events[self->n_events++] =
+            (perf_event_fd){tid, self->cpus[c], (int)fd, owns, false, false, PERF_OFF_ONLY};
         opened++;
         perf_open_off(self, tid, c);
     }
@@ -841,16 +847,16 @@ static uint32_t perf_unwind_sample(PerfSampler *self, const uint8_t *rec, size_t
     return depth;
 }
 
+static perf_py *perf_py_of(PerfSampler *self, uint32_t image);
+
 /* Interns the sample's chain (depth frames after the image), unless --gil left it out. */
 static void perf_keep_sample(PerfSampler *self, int32_t tid, uint32_t image, uint32_t depth) {
     if (self->gil_only) {
-        bool python = false;
-        for (size_t i = 0; i < self->n_py; i++) python = python || self->py[i].image == image;
         if (self->gil_drop) {
             self->py_stats.gil_dropped++;
             return;
         }
-        if (python && !self->gil_known) self->py_stats.gil_unknown++;
+        if (!self->gil_known && perf_py_of(self, image) != NULL) self->py_stats.gil_unknown++;
     }
     perf_intern_sample(self, tid, depth);
 }
@@ -1020,11 +1026,16 @@ static uint32_t perf_add_python_bpf(PerfSampler *self, perf_py *py, int32_t tid,
  * `bpf`: the BPF program read them at sample time (cpu-clock samples); false: read now
  * (off-CPU samples: the program runs on cpu-clock events only; a waiting thread's frames
  * stay as they were while it waits). */
+/* The CPython reader set for the image (set_python keeps one per image), or NULL. */
+static perf_py *perf_py_of(PerfSampler *self, uint32_t image) {
+    for (size_t i = 0; i < self->n_py; i++)
+        if (self->py[i].image == image) return &self->py[i];
+    return NULL;
+}
+
 static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, uint64_t time,
                                 uint64_t ip, uint32_t depth, bool bpf) {
-    perf_py *py = NULL;
-    for (size_t i = 0; i < self->n_py; i++)
-        if (self->py[i].image == image) py = &self->py[i];
+    perf_py *py = perf_py_of(self, image);
     if (py == NULL || self->pyframes == NULL) {
         size_t had = self->cap_image_samples;
         if (image < (1u << 20) &&

@@ -450,6 +450,24 @@ int rs_pyreader_code(rs_pyreader *r, uint64_t code, uint32_t tag, int64_t unit,
 
 static int pyf_read_heads(rs_pyreader *self, int n);
 
+/* Frame i of a batch whose code objects are walk_code and whose first `heads` headers
+ * pyf_read_heads read: its code object (a header the batch did not reach, unreadable or
+ * after one that was, is read alone), or NULL. */
+static pyf_code *pyf_batch_code(rs_pyreader *self, int i, int heads) {
+    size_t hlen = (size_t)self->off[O_CODE_ADAPTIVE];
+    return i < heads ? pyf_code_from(self, self->walk_code[i], self->walk_heads + (size_t)i * hlen)
+                     : pyf_code_at(self, self->walk_code[i]);
+}
+
+/* The line of the instruction at `instr` in code object c, at `code` (an instr before the
+ * bytecode: the first line), as the walk and the BPF records' frames compute it. */
+static int32_t pyf_instr_line(const rs_pyreader *self, const pyf_code *c, uint64_t code,
+                              uint64_t instr) {
+    uint64_t base = code + (uint64_t)self->off[O_CODE_ADAPTIVE];
+    int64_t unit = instr >= base ? (int64_t)((instr - base) / 2) : -1;
+    return pyf_line(c->table, c->table_len, c->first_line, unit);
+}
+
 int rs_pyreader_resolve_many(rs_pyreader *r, int n, const uint64_t *codes,
                              const uint64_t *instrs, uint32_t *functions, int32_t *lines) {
     if (n <= 0) return 0;
@@ -457,22 +475,15 @@ int rs_pyreader_resolve_many(rs_pyreader *r, int n, const uint64_t *codes,
     r->gone = 0;
     memcpy(r->walk_code, codes, (size_t)n * sizeof *codes);
     int heads = pyf_read_heads(r, n);
-    long hlen = r->off[O_CODE_ADAPTIVE];
     for (int i = 0; i < n; i++) {
-        /* a header the batch did not reach (unreadable, or after one that was) is read
-         * alone */
-        pyf_code *c = i < heads ? pyf_code_from(r, codes[i], r->walk_heads + (size_t)i * (size_t)hlen)
-                                : pyf_code_at(r, codes[i]);
+        pyf_code *c = pyf_batch_code(r, i, heads);
         if (c == NULL) {
             if (r->gone) return RS_PY_GONE;
             r->dropped++;
             return RS_PY_DROPPED;
         }
-        /* The same instruction offset as the walk computes (rs_pyreader_walk). */
-        uint64_t base = codes[i] + (uint64_t)r->off[O_CODE_ADAPTIVE];
-        int64_t unit = instrs[i] >= base ? (int64_t)((instrs[i] - base) / 2) : -1;
         functions[i] = c->function;
-        lines[i] = pyf_line(c->table, c->table_len, c->first_line, unit);
+        lines[i] = pyf_instr_line(r, c, codes[i], instrs[i]);
     }
     return 0;
 }
@@ -515,13 +526,17 @@ void rs_pyreader_bpf_config(const rs_pyreader *r, struct rs_bpf_config *cfg, int
  * read top first, so an unmapped page below only shortens the window; a frame outside it
  * (a generator's, in its object) is read alone. The checks at the end of a walk read
  * afresh, never through the window. */
+/* Copies [addr, addr + len) out of the window when it holds it. */
+static int pyf_window_copy(const rs_pyreader *self, uint64_t addr, void *buf, size_t len) {
+    if (addr < self->win_lo || addr + len > self->win_hi) return 0;
+    uint64_t base = self->win_hi - (uint64_t)PYF_WINDOW_PAGES * PYF_PAGE;
+    memcpy(buf, self->window + (addr - base), len);
+    return 1;
+}
+
 static int pyf_frame_read(rs_pyreader *self, uint64_t addr, void *buf, size_t len) {
     if (addr == 0 || addr + len < addr) return -1;
-    if (addr >= self->win_lo && addr + len <= self->win_hi) {
-        uint64_t base = self->win_hi - (uint64_t)PYF_WINDOW_PAGES * PYF_PAGE;
-        memcpy(buf, self->window + (addr - base), len);
-        return 0;
-    }
+    if (pyf_window_copy(self, addr, buf, len)) return 0;
     uint64_t hi = (addr + len + PYF_PAGE - 1) & ~(uint64_t)(PYF_PAGE - 1);
     if (hi <= addr) return pyf_read(self, addr, buf, len);  /* the top page of the space */
     int pages = PYF_WINDOW_PAGES;
@@ -541,11 +556,7 @@ static int pyf_frame_read(rs_pyreader *self, uint64_t addr, void *buf, size_t le
     uint64_t full = got > 0 ? (uint64_t)got / PYF_PAGE : 0;
     self->win_hi = full > 0 ? hi : 0;
     self->win_lo = full > 0 ? hi - full * PYF_PAGE : 0;
-    if (addr >= self->win_lo && addr + len <= self->win_hi) {
-        uint64_t base = self->win_hi - (uint64_t)PYF_WINDOW_PAGES * PYF_PAGE;
-        memcpy(buf, self->window + (addr - base), len);
-        return 0;
-    }
+    if (pyf_window_copy(self, addr, buf, len)) return 0;
     if (self->gone) return -1;
     return pyf_read(self, addr, buf, len);
 }
@@ -695,17 +706,11 @@ int rs_pyreader_walk(rs_pyreader *self, uint32_t tid, rs_pyframe *out, int max) 
         frame = previous;
     }
     int heads = pyf_read_heads(self, n);
-    long hlen = self->off[O_CODE_ADAPTIVE];
     for (int i = 0; i < n; i++) {
-        uint64_t code = self->walk_code[i], instr = self->walk_instr[i];
-        /* a header the batch did not reach (unreadable, or after one that was) is read alone */
-        pyf_code *c = i < heads ? pyf_code_from(self, code, self->walk_heads + (size_t)i * (size_t)hlen)
-                                : pyf_code_at(self, code);
+        pyf_code *c = pyf_batch_code(self, i, heads);
         if (c == NULL) return pyf_failed(self);
-        uint64_t base = code + (uint64_t)self->off[O_CODE_ADAPTIVE];
-        int64_t unit = instr >= base ? (int64_t)((instr - base) / 2) : -1;
         out[i].function = c->function;
-        out[i].line = pyf_line(c->table, c->table_len, c->first_line, unit);
+        out[i].line = pyf_instr_line(self, c, self->walk_code[i], self->walk_instr[i]);
         out[i].entry = self->walk_entry[i];
     }
     if (frame != 0) self->truncated++;

@@ -64,11 +64,15 @@ def test_offsets_table_matches_the_headers(name: str) -> None:
     assert LAYOUTS[(major, minor)] == printed
 
 
-def _start(binary: Path, *args: str) -> tuple[subprocess.Popen[str], list[int]]:
-    proc = subprocess.Popen([str(binary), str(SCRIPT), *args], stdout=subprocess.PIPE,
+def _start(binary: Path, *args: str,
+           script: Path = SCRIPT) -> tuple[subprocess.Popen[str], list[int]]:
+    """`binary script *args`, once it printed `ready [TID ...]`: the process and the tids."""
+    proc = subprocess.Popen([str(binary), str(script), *args], stdout=subprocess.PIPE,
                             text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().split()
+    if not (line and line[0] == "ready"):
+        _stop(proc)
     assert line and line[0] == "ready", line
     return proc, [int(tid) for tid in line[1:]]
 
@@ -271,10 +275,8 @@ def test_qualified_and_non_ascii_names_and_ids(name: str, tmp_path: Path) -> Non
 
     script = tmp_path / "unicode_names.py"
     script.write_text(UNICODE_SCRIPT, encoding="utf-8")
-    proc = subprocess.Popen([str(_python(name)), str(script), "30"], stdout=subprocess.PIPE,
-                            text=True)
+    proc, _ = _start(_python(name), "30", script=script)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
         reader = open_reader(proc.pid)
         assert reader is not None
         seen: Counter[tuple[str, ...]] = Counter()
@@ -346,10 +348,8 @@ def test_agrees_with_py_spy_dump(name: str, tmp_path: Path) -> None:
         pytest.skip("py-spy is not installed (pip install py-spy)")
     script = tmp_path / "sleepy.py"
     script.write_text(SLEEPY_SCRIPT)
-    proc = subprocess.Popen([str(_python(name)), str(script)], stdout=subprocess.PIPE,
-                            text=True)
+    proc, _ = _start(_python(name), script=script)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
         reader = open_reader(proc.pid)
         assert reader is not None
         tids = reader.threads()
@@ -456,10 +456,8 @@ def test_deep_stack_agrees_with_py_spy_dump_in_few_reads(name: str, tmp_path: Pa
         pytest.skip("py-spy is not installed (pip install py-spy)")
     script = tmp_path / "deep.py"
     script.write_text(DEEP_SCRIPT)
-    proc = subprocess.Popen([str(_python(name)), str(script), "600"], stdout=subprocess.PIPE,
-                            text=True)
+    proc, _ = _start(_python(name), "600", script=script)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().startswith("ready")
         reader = open_reader(proc.pid)
         assert reader is not None
         deadline = time.monotonic() + 10
