@@ -112,10 +112,15 @@ def test_threads_computing_in_python_wait_for_the_gil_under_their_function(
         # keep their native frames only (take_gil's caller under the GIL frame): 5 % of
         # the switch-outs, but 3 of them were 1.19 s of one thread's 1.57 s on 3.13 with
         # load average 13 (the holder preempted 0.8 s): counted in switch-outs.
+        # The thread's own `run` (the Thread target that calls worker) runs Python too: at
+        # the thread's start and end, around its call of worker, it waits for the GIL the other
+        # thread holds (seen 1-2 switch-outs a run: `[waiting for the GIL] >
+        # main.<locals>.run > Thread.run`, on 3.11 and 3.12).
         with_python = [s for s in gil if any(is_python_address(f.address) for f in s.frames)]
         under_python = sum(s.values[1] for s in with_python
                            if is_python_address(s.frames[1].address)
-                           and s.frames[1].lines[0].function in ("spin", "worker"))
+                           and s.frames[1].lines[0].function
+                           in ("spin", "worker", "main.<locals>.run"))
         assert under_python == sum(s.values[1] for s in with_python), role
         switches = sum(s.values[1] for s in gil)
         assert under_python >= 0.8 * switches, (role, under_python, switches)
