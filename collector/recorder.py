@@ -1043,6 +1043,15 @@ class Recorder:
             # samples of an interpreter's process taken before rsprof found the interpreter
             # (its start-up, while libpython was being mapped): native frames only
             "python_before_reader": stats["before_reader"],
+            # off-CPU samples: read at the switch-out by the program ("bpf"), or at drain
+            # time ("drain": python_offcpu_bpf_error says why); preempted ones then keep
+            # their native frames (python_offcpu_unread_preempted)
+            "python_offcpu_mode": "bpf" if stats["bpf_switch"] else "drain",
+            "python_offcpu_bpf_error": stats["bpf_switch_error"],
+            "python_offcpu_bpf_attached": stats["bpf_switch_attached"],
+            "python_offcpu_bpf_missing": stats["bpf_switch_missing"],
+            "python_offcpu_bpf_switches": stats["bpf_switches"],
+            "python_offcpu_unread_preempted": stats["off_unread_preempted"],
             "python_walks": walks,
             "python_spliced": sum(r.python_spliced for r in resolvers.values()),
             "python_between": sum(r.python_between for r in resolvers.values()),

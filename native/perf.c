@@ -130,7 +130,12 @@ typedef struct {
     uint64_t bpf_frames;
     uint64_t bpf_ip_mismatch;  /* records of the thread near the sample with another ip */
     uint64_t bpf_records, bpf_unpaired;  /* records consumed; forgotten without a sample */
-    uint64_t before_reader;  /* samples of a CPython image drained before set_python found it */
+    uint64_t before_reader;  /* samples of a CPython image drained before set_python found it,
+                              * or taken before the BPF program was configured for it */
+    uint64_t bpf_switch_attached, bpf_switch_missing;  /* off-CPU samples among bpf_attached
+                                                        * and bpf_missing */
+    uint64_t off_unread_preempted;  /* off-CPU samples of preempted threads left without
+                                     * Python frames: no program read them at the switch */
     /* gil_only (--gil): CPython samples left out because the thread did not hold the GIL
      * at sample time, and those kept without knowing (no BPF record with the GIL read) */
     uint64_t gil_dropped, gil_unknown;
@@ -229,10 +234,10 @@ typedef struct {
 
 /* A record of the BPF sampler, waiting for its sample. */
 typedef struct {
-    uint64_t time, ip;
+    uint64_t time, ip, sp;
     uint32_t tid;
     uint16_t n, status;
-    uint16_t gil;            /* RS_BPF_GIL_* flags */
+    uint16_t flags;          /* RS_BPF_GIL_*, RS_BPF_SWITCH */
     size_t frames;           /* index of its first frame in PerfSampler.bpf_frames */
     bool used;
 } perf_bpf_rec;
@@ -298,6 +303,11 @@ typedef struct {
     rs_pyframe *pyframes;    /* RS_PY_MAX_DEPTH entries, the walk's output */
     rs_pybpf *bpf;           /* the BPF sampler of Python frames; NULL: drain time only */
     char bpf_error[256];     /* why there is none ('' when not asked for) */
+    /* The program also reads off-CPU samples' frames at the switch-out (its rs_pyswitch on
+     * sched_switch, attached with the first process configured while off-CPU time is
+     * recorded); false: they are read at drain time, bpf_switch_error says why. */
+    bool bpf_switch;
+    char bpf_switch_error[256];
     perf_bpf_rec *bpf_recs;  /* its records not paired with a sample yet */
     size_t n_bpf_recs, cap_bpf_recs;
     struct rs_bpf_frame *bpf_frames;  /* their frames */
@@ -817,7 +827,7 @@ static uint32_t perf_image_of(PerfSampler *self, int32_t pid, bool create) {
  * depth. */
 static void perf_intern_sample(PerfSampler *self, int32_t tid, uint32_t depth);
 static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, uint64_t time,
-                                uint64_t ip, uint32_t depth, bool bpf);
+                                uint64_t ip, uint64_t sp, uint32_t depth, bool off);
 
 static void perf_off_running(PerfSampler *self, int32_t tid, uint64_t time);
 
@@ -895,7 +905,7 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
         if (walked == 0 && !in_kernel) return;
         self->chain[0] = image;
         perf_keep_sample(self, tid, image,
-                         perf_add_python(self, image, tid, time, ip, walked + top, true));
+                         perf_add_python(self, image, tid, time, ip, 0, walked + top, false));
         return;
     }
 
@@ -917,7 +927,7 @@ static void perf_on_sample(PerfSampler *self, const uint8_t *rec, size_t size) {
     }
     self->chain[0] = image;
     perf_keep_sample(self, tid, image,
-                     perf_add_python(self, image, tid, time, ip, depth + top, true));
+                     perf_add_python(self, image, tid, time, ip, 0, depth + top, false));
 }
 
 static uint64_t perf_now_ns(void) {
@@ -927,18 +937,27 @@ static uint64_t perf_now_ns(void) {
 }
 
 /* The BPF record of thread tid's sample at `time` with instruction pointer `ip`: the
- * closest in time within PERF_BPF_PAIR_NS, not used yet. NULL if there is none. */
-static perf_bpf_rec *perf_bpf_find(PerfSampler *self, int32_t tid, uint64_t time, uint64_t ip) {
+ * closest in time within PERF_BPF_PAIR_NS, not used yet, of the sample's kind. at_switch: an
+ * off-CPU sample, whose record rs_pyswitch made at the same switch-out, with the user `ip`
+ * and `sp` the thread entered the kernel with (0, 0 where one side does not have them:
+ * then the time alone pairs). NULL if there is none. */
+static perf_bpf_rec *perf_bpf_find(PerfSampler *self, int32_t tid, uint64_t time, uint64_t ip,
+                                   uint64_t sp, bool at_switch) {
     perf_bpf_rec *best = NULL;
     int64_t best_dt = 0;
     for (size_t i = 0; i < self->n_bpf_recs; i++) {
         perf_bpf_rec *r = &self->bpf_recs[i];
         if (r->used || r->tid != (uint32_t)tid) continue;
+        if (((r->flags & RS_BPF_SWITCH) != 0) != at_switch) continue;
         int64_t dt = (int64_t)(r->time - time);
         int64_t abs_dt = dt < 0 ? -dt : dt;
         if (abs_dt > PERF_BPF_PAIR_NS) continue;
-        if (r->ip != ip) {
-            self->py_stats.bpf_ip_mismatch++;
+        bool other = at_switch ? (ip | sp) != 0 && (r->ip | r->sp) != 0 &&
+                                     (r->ip != ip || r->sp != sp)
+                               : r->ip != ip;
+        if (other) {
+            /* Another switch-out of the thread nearby is no pairing fault: count CPU ones */
+            if (!at_switch) self->py_stats.bpf_ip_mismatch++;
             continue;
         }
         if (best == NULL || abs_dt < (best_dt < 0 ? -best_dt : best_dt)) {
@@ -955,22 +974,24 @@ static perf_bpf_rec *perf_bpf_find(PerfSampler *self, int32_t tid, uint64_t time
     return best;
 }
 
-/* Python frames read at sample time by the BPF program, named now by py's reader. */
+/* Python frames read at sample time by the BPF program, named now by py's reader.
+ * at_switch: an off-CPU sample, read by rs_pyswitch at its switch-out. */
 static uint32_t perf_add_python_bpf(PerfSampler *self, perf_py *py, int32_t tid, uint64_t time,
-                                    uint64_t ip, uint32_t depth) {
+                                    uint64_t ip, uint64_t sp, uint32_t depth, bool at_switch) {
     perf_py_stats *st = &self->py_stats;
-    perf_bpf_rec *r = perf_bpf_find(self, tid, time, ip);
+    perf_bpf_rec *r = perf_bpf_find(self, tid, time, ip, sp, at_switch);
     if (r == NULL) {
         st->bpf_missing++;
+        if (at_switch) st->bpf_switch_missing++;
         return depth;
     }
     r->used = true;
-    if (self->gil_only) {
+    if (self->gil_only && !at_switch) {
         /* py-spy's --gil: only the GIL holder's samples (a thread without a Python thread
          * state cannot hold it); one the program could not decide is kept and counted. */
-        if (!(r->gil & RS_BPF_GIL_KNOWN)) {
+        if (!(r->flags & RS_BPF_GIL_KNOWN)) {
             self->gil_known = false;
-        } else if (!(r->gil & RS_BPF_GIL_HELD)) {
+        } else if (!(r->flags & RS_BPF_GIL_HELD)) {
             self->gil_drop = true;
             return depth;
         } else {
@@ -1017,15 +1038,11 @@ static uint32_t perf_add_python_bpf(PerfSampler *self, perf_py *py, int32_t tid,
     }
     out[0] = RS_PY_MARK_SAMPLED;
     st->bpf_attached++;
+    if (at_switch) st->bpf_switch_attached++;
     st->bpf_frames += r->n;
     return depth + 1 + r->n;
 }
 
-/* Appends thread tid's Python frames after chain[1..depth] when its image runs CPython
- * (set_python); returns the new depth. `time`, `ip`: when and where the sample was taken.
- * `bpf`: the BPF program read them at sample time (cpu-clock samples); false: read now
- * (off-CPU samples: the program runs on cpu-clock events only; a waiting thread's frames
- * stay as they were while it waits). */
 /* The CPython reader set for the image (set_python keeps one per image), or NULL. */
 static perf_py *perf_py_of(PerfSampler *self, uint32_t image) {
     for (size_t i = 0; i < self->n_py; i++)
@@ -1033,8 +1050,14 @@ static perf_py *perf_py_of(PerfSampler *self, uint32_t image) {
     return NULL;
 }
 
+/* Appends thread tid's Python frames after chain[1..depth] when its image runs CPython
+ * (set_python); returns the new depth. `time`, `ip`: when and where the sample was taken.
+ * `off`: an off-CPU sample (a switch-out; `ip`, `sp`: the user registers it entered the
+ * kernel with, 0 if unknown), whose frames the program read at the switch when
+ * self->bpf_switch; otherwise a cpu-clock sample, read in its interrupt. Without the program
+ * they are read now, at drain time. */
 static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, uint64_t time,
-                                uint64_t ip, uint32_t depth, bool bpf) {
+                                uint64_t ip, uint64_t sp, uint32_t depth, bool off) {
     perf_py *py = perf_py_of(self, image);
     if (py == NULL || self->pyframes == NULL) {
         size_t had = self->cap_image_samples;
@@ -1049,9 +1072,17 @@ static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, 
         return depth;
     }
     if (time > self->bpf_last_time) self->bpf_last_time = time;
-    if (bpf && py->bpf_since != 0 && time >= py->bpf_since)
-        return perf_add_python_bpf(self, py, tid, time, ip, depth);
     perf_py_stats *st = &self->py_stats;
+    if (py->bpf_since != 0 && (!off || self->bpf_switch)) {
+        if (time >= py->bpf_since)
+            return perf_add_python_bpf(self, py, tid, time, ip, sp, depth, off);
+        /* Taken before the program was configured for the process, drained after: a read
+         * now would be of another moment (seen: zlib's deflateReset under a function that
+         * alternates with the zlib one every 0.1 ms, 1 sample in about every other
+         * recording of the first ms), so its native frames stay, counted as before_reader. */
+        st->before_reader++;
+        return depth;
+    }
     uint64_t start = perf_now_ns();
     uint64_t stale = start > time ? start - time : 0;
     if (stale > PERF_PY_MAX_STALE_NS) {
@@ -1213,6 +1244,12 @@ static void perf_on_off_sample(PerfSampler *self, const uint8_t *rec, size_t siz
     }
     if (kdepth == 0) self->chain[1 + kdepth++] = RS_KERNEL_ADDRESS;
     uint32_t depth;
+    uint64_t user_ip = 0, user_sp = 0;  /* REGS_USER: abi, bp, sp, ip */
+    if (self->stack_bytes > 0 && raw_at + raw_len + 32 <= size &&
+        rd_u64(rec + raw_at + raw_len) != PERF_SAMPLE_REGS_ABI_NONE) {
+        user_sp = rd_u64(rec + raw_at + raw_len + 16);
+        user_ip = rd_u64(rec + raw_at + raw_len + 24);
+    }
     if (self->stack_bytes > 0) {
         /* perf_unwind_sample reads REGS_USER from offset 32 on: skip the chain and the raw
          * data. batch.truncated (meta truncated_samples) counts CPU samples only: a
@@ -1233,7 +1270,15 @@ static void perf_on_off_sample(PerfSampler *self, const uint8_t *rec, size_t siz
         }
     }
     self->chain[0] = image;
-    depth = perf_add_python(self, image, tid, time, 0, depth + kdepth, false);
+    depth += kdepth;
+    if (state == 'R' && !self->bpf_switch && perf_py_of(self, image) != NULL) {
+        /* Preempted, and no program read its frames at the switch: by the drain it has
+         * likely run on (the alternating zlib/hashlib script: about half of such reads put
+         * one function's C frames under the other), so its native frames stay. */
+        self->py_stats.off_unread_preempted++;
+    } else {
+        depth = perf_add_python(self, image, tid, time, user_ip, user_sp, depth, true);
+    }
     uint32_t id = perf_intern_stack(self, depth);
     if (id == 0 || !perf_vec_reserve((void **)&self->off_pending, &self->cap_off_pending,
                                      self->n_off_pending + 1, sizeof(perf_off_pending))) {
@@ -1538,8 +1583,8 @@ static void perf_bpf_take(void *ctx, const struct rs_bpf_record *rec, size_t siz
         return;  /* out of memory: its sample counts as missing */
     memcpy(&self->bpf_frames[self->n_bpf_frames], rec->frames, n * sizeof(struct rs_bpf_frame));
     self->bpf_recs[self->n_bpf_recs++] = (perf_bpf_rec){
-        rec->time, rec->ip, rec->tid, (uint16_t)n, (uint16_t)(rec->status & RS_BPF_STATUS_MASK),
-        (uint16_t)(rec->status & ~RS_BPF_STATUS_MASK), self->n_bpf_frames, false};
+        rec->time, rec->ip, rec->sp, rec->tid, (uint16_t)n, (uint16_t)(rec->status & RS_BPF_STATUS_MASK),
+        (uint16_t)(rec->status & ~RS_BPF_STATUS_MASK), self->n_bpf_frames, false};  /* flags */
     self->n_bpf_frames += n;
 }
 
@@ -1764,8 +1809,9 @@ static void perf_bpf_fail(PerfSampler *self, const char *what, int err) {
         self->py[i].bpf_since = 0;
         self->py[i].bpf_pid = 0;
     }
-    rs_pybpf_close(self->bpf);
+    rs_pybpf_close(self->bpf);  /* detaches rs_pyswitch too */
     self->bpf = NULL;
+    self->bpf_switch = false;
 }
 
 /* Disables and releases every event and ring.  Lock held.  Lost records the kernel had no
@@ -2344,14 +2390,26 @@ static PyObject *PerfSampler_set_python(PerfSampler *self, PyObject *args) {
             }
             if (self->bpf != NULL) {
                 /* From now on the program reads this process's frames at sample time; the
-                 * samples taken before (the program did not know the process) are read at
-                 * drain time. The offsets are the reader's: one table for both. */
+                 * samples taken before (the program did not know the process) keep their
+                 * native frames (perf_add_python). The offsets are the reader's: one table
+                 * for both. */
                 struct rs_bpf_config cfg;
                 int32_t pid;
                 rs_pyreader_bpf_config(core, &cfg, &pid);
                 /* Without --gil the program need not read the GIL: 3 reads per sample
                  * saved, and no GIL flags in the records. */
                 if (!self->gil_only) cfg.gil_locked = cfg.gil_last_holder = -1;
+                /* The switch program first: every switch-out after the configuration then
+                 * has its record, as every cpu-clock sample has. */
+                if (self->off_tracepoint >= 0 && !self->bpf_switch &&
+                    self->bpf_switch_error[0] == 0) {
+                    int e = rs_pybpf_attach_switch(self->bpf);
+                    if (e == 0)
+                        self->bpf_switch = true;
+                    else
+                        snprintf(self->bpf_switch_error, sizeof self->bpf_switch_error,
+                                 "attaching to sched_switch: %s", strerror(e));
+                }
                 int err = rs_pybpf_configure(self->bpf, (uint32_t)pid, &cfg);
                 if (err != 0) {
                     perf_bpf_fail(self, "configuring the BPF program", err);
@@ -2377,6 +2435,9 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
     if (bpf) rs_pybpf_counters(self->bpf, counters);
     char bpf_error[sizeof self->bpf_error];
     memcpy(bpf_error, self->bpf_error, sizeof bpf_error);
+    bool bpf_switch = self->bpf_switch;
+    char bpf_switch_error[sizeof self->bpf_switch_error];
+    memcpy(bpf_switch_error, self->bpf_switch_error, sizeof bpf_switch_error);
     perf_unlock(self);
     PyObject *hist = PyList_New(24);
     for (int i = 0; hist != NULL && i < 24; i++) {
@@ -2414,8 +2475,14 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
         return NULL;
     }
     Py_DECREF(more);
-    more = Py_BuildValue("{sKsK}", "gil_dropped", (unsigned long long)st.gil_dropped,
-                         "gil_unknown", (unsigned long long)st.gil_unknown);
+    more = Py_BuildValue(
+        "{sKsKsOsssKsKsKsK}", "gil_dropped", (unsigned long long)st.gil_dropped, "gil_unknown",
+        (unsigned long long)st.gil_unknown, "bpf_switch", bpf_switch ? Py_True : Py_False,
+        "bpf_switch_error", bpf_switch_error, "bpf_switches",
+        (unsigned long long)counters[RS_BPF_SWITCHES], "bpf_switch_attached",
+        (unsigned long long)st.bpf_switch_attached, "bpf_switch_missing",
+        (unsigned long long)st.bpf_switch_missing, "off_unread_preempted",
+        (unsigned long long)st.off_unread_preempted);
     if (more == NULL || PyDict_Update(stats, more) < 0) {
         Py_DECREF(stats);
         Py_XDECREF(more);

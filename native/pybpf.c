@@ -19,6 +19,7 @@
 struct rs_pybpf {
     struct bpf_object *obj;
     int prog_fd, configs_fd, counters_fd;
+    struct bpf_link *switch_link; /* rs_pyswitch on sched_switch, once attached */
     struct ring_buffer *ring;
     rs_pybpf_fn fn;              /* set for the duration of rs_pybpf_consume */
     void *ctx;
@@ -73,6 +74,16 @@ int rs_pybpf_attach(rs_pybpf *b, int perf_fd) {
     return ioctl(perf_fd, PERF_EVENT_IOC_SET_BPF, b->prog_fd) < 0 ? errno : 0;
 }
 
+int rs_pybpf_attach_switch(rs_pybpf *b) {
+    if (b->switch_link != NULL) return 0;
+    struct bpf_program *prog = bpf_object__find_program_by_name(b->obj, "rs_pyswitch");
+    if (prog == NULL) return ENOENT;
+    struct bpf_link *link = bpf_program__attach_raw_tracepoint(prog, "sched_switch");
+    if (link == NULL) return errno ? errno : EINVAL;
+    b->switch_link = link;
+    return 0;
+}
+
 int rs_pybpf_configure(rs_pybpf *b, uint32_t tgid, const struct rs_bpf_config *cfg) {
     int rc = cfg != NULL ? bpf_map_update_elem(b->configs_fd, &tgid, cfg, BPF_ANY)
                          : bpf_map_delete_elem(b->configs_fd, &tgid);
@@ -115,6 +126,7 @@ void rs_pybpf_counters(rs_pybpf *b, uint64_t out[RS_BPF_N_COUNTERS]) {
 
 void rs_pybpf_close(rs_pybpf *b) {
     if (b == NULL) return;
+    bpf_link__destroy(b->switch_link);
     ring_buffer__free(b->ring);
     bpf_object__close(b->obj);
     free(b);
@@ -133,6 +145,8 @@ rs_pybpf *rs_pybpf_open(const char *path, size_t ring_bytes, char *err, size_t e
 }
 
 int rs_pybpf_attach(rs_pybpf *b, int perf_fd) { return ENOSYS; }
+
+int rs_pybpf_attach_switch(rs_pybpf *b) { return ENOSYS; }
 
 int rs_pybpf_configure(rs_pybpf *b, uint32_t tgid, const struct rs_bpf_config *cfg) {
     return ENOSYS;

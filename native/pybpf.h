@@ -21,6 +21,11 @@ rs_pybpf *rs_pybpf_open(const char *path, size_t ring_bytes, char *err, size_t e
  * from this one run the program too. */
 int rs_pybpf_attach(rs_pybpf *b, int perf_fd);
 
+/* Attaches the program's rs_pyswitch to the sched_switch tracepoint (once; the whole
+ * system's switches run it, a map lookup for a process not configured): off-CPU samples'
+ * frames are then read at the switch-out. 0, or an errno value. */
+int rs_pybpf_attach_switch(rs_pybpf *b);
+
 /* Process tgid's frames are read (cfg) or no longer (cfg NULL): 0 or an errno value. */
 int rs_pybpf_configure(rs_pybpf *b, uint32_t tgid, const struct rs_bpf_config *cfg);
 

@@ -8,7 +8,8 @@
  * the thread's PyThreadState, walks the frame chain with bpf_probe_read_user and writes
  * (code object, instruction, entry flag) per frame, innermost first, to the `records` ring
  * buffer. Code objects are named at drain time by the PyFrameReader (native/pyframes.c).
- * It always returns 1: the sample itself is kept. docs/native.md. */
+ * It always returns 1: the sample itself is kept. rs_pyswitch does the same at each context
+ * switch, for the off-CPU samples. docs/native.md. */
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 
@@ -257,34 +258,64 @@ static __always_inline unsigned short gil_flags(const struct rs_bpf_config *cfg,
     return RS_BPF_GIL_KNOWN | (locked == 1 && holder == ts ? RS_BPF_GIL_HELD : 0);
 }
 
-SEC("perf_event")
-int rs_pyperf(struct rs_perf_ctx *ctx) {
+/* Reads the current thread's frames into a record and hands it over. `ip`, `sp`: the
+ * interrupted registers of a perf sample (0 at a switch-out); `kind`: RS_BPF_SWITCH for a
+ * record made at a context switch, 0 for one made at a perf sample. */
+static __always_inline void take_record(unsigned long long ip, unsigned long long sp,
+                                        unsigned short kind) {
     unsigned long long pid_tgid = bpf_get_current_pid_tgid();
     unsigned int tgid = (unsigned int)(pid_tgid >> 32), tid = (unsigned int)pid_tgid;
     const struct rs_bpf_config *cfg = bpf_map_lookup_elem(&configs, &tgid);
-    if (!cfg) return 1;
+    if (!cfg) return;
     unsigned int zero = 0;
     struct rs_bpf_record *rec = bpf_map_lookup_elem(&scratch, &zero);
-    if (!rec) return 1;
-    count(RS_BPF_RUNS);
+    if (!rec) return;
+    count(kind ? RS_BPF_SWITCHES : RS_BPF_RUNS);
     rec->time = bpf_ktime_get_ns();
-#if defined(__TARGET_ARCH_x86)
-    rec->ip = ctx->regs[16];
-    rec->sp = ctx->regs[19];
-#else
-    rec->ip = 0;
-    rec->sp = 0;
-#endif
+    rec->ip = ip;
+    rec->sp = sp;
     rec->tid = tid;
     rec->n = 0;
     struct walk_state w = {.cfg = cfg, .rec = rec, .tid = tid};
     unsigned long long ts = find_tstate(&w);
     rec->status = ts ? walk(&w, ts) : RS_BPF_NOTHREAD;
     if (rec->status == RS_BPF_FAULT) rec->n = 0;
-    rec->status |= gil_flags(cfg, ts);
+    rec->status |= kind ? kind : gil_flags(cfg, ts);
     unsigned long long size = RS_BPF_RECORD_HEADER +
         (unsigned long long)(rec->n & (RS_BPF_MAX_FRAMES * 2 - 1)) * sizeof(struct rs_bpf_frame);
     if (size > sizeof *rec) size = sizeof *rec;
     if (bpf_ringbuf_output(&records, rec, size, 0) < 0) count(RS_BPF_RB_FULL);
+}
+
+SEC("perf_event")
+int rs_pyperf(struct rs_perf_ctx *ctx) {
+#if defined(__TARGET_ARCH_x86)
+    take_record(ctx->regs[16], ctx->regs[19], 0);
+#else
+    take_record(0, 0, 0);
+#endif
     return 1;
+}
+
+/* The sched_switch tracepoint runs in the thread being switched out (`current` is prev),
+ * before the switch: its frames are those it waits in (an off-CPU sample's, which the
+ * recorder's sched_switch perf event takes at the same call). Attached once for the whole
+ * system when a process is configured (rs_pybpf_attach_switch), so every context switch
+ * runs it: for a thread of a process not configured it is one map lookup. */
+SEC("raw_tracepoint/sched_switch")
+int rs_pyswitch(void *ctx) {
+    unsigned long long ip = 0, sp = 0;
+#if defined(__TARGET_ARCH_x86)
+    /* The user registers saved at the kernel entry, as the perf sample's REGS_USER holds
+     * them: the record pairs with its sample by them, as a cpu-clock one by its ip
+     * (consecutive switch-outs of one thread can be closer in time than the pairing's
+     * window). */
+    unsigned long long regs = (unsigned long long)bpf_task_pt_regs(bpf_get_current_task_btf());
+    if (regs != 0) {
+        bpf_probe_read_kernel(&ip, sizeof ip, (const void *)(regs + 16 * 8));
+        bpf_probe_read_kernel(&sp, sizeof sp, (const void *)(regs + 19 * 8));
+    }
+#endif
+    take_record(ip, sp, RS_BPF_SWITCH);
+    return 0;
 }

@@ -59,6 +59,9 @@ enum {
 #define RS_BPF_STATUS_MASK 0xff
 #define RS_BPF_GIL_KNOWN 0x100
 #define RS_BPF_GIL_HELD 0x200
+/* A record made at a context switch (rs_pyswitch: the thread leaves the CPU) rather than
+ * at a perf sample: it pairs with an off-CPU sample, never with a CPU one. No GIL flags. */
+#define RS_BPF_SWITCH 0x400
 
 /* Indices of the program's counters (the `counters` per-CPU array). */
 enum {
@@ -66,6 +69,7 @@ enum {
     RS_BPF_RB_FULL = 1,     /* records not written: the ring buffer was full */
     RS_BPF_OUTER = 2,       /* chains read from the caller's _PyCFrame: the innermost one
                              * did not link to it (being set up, 3.11/3.12) */
+    RS_BPF_SWITCHES = 3,    /* context switches of configured processes (rs_pyswitch) */
     RS_BPF_N_COUNTERS = 4,
 };
 
@@ -79,7 +83,8 @@ struct rs_bpf_frame {
 
 struct rs_bpf_record {
     unsigned long long time;          /* bpf_ktime_get_ns(): CLOCK_MONOTONIC, as the samples */
-    unsigned long long ip, sp;        /* the interrupted registers, as the sample's */
+    unsigned long long ip, sp;        /* the interrupted registers, as the sample's (0, 0 at a
+                                       * context switch) */
     unsigned int tid;
     unsigned short n;                 /* frames that follow */
     unsigned short status;            /* RS_BPF_* */
