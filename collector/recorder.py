@@ -1052,6 +1052,13 @@ class Recorder:
             "python_offcpu_bpf_missing": stats["bpf_switch_missing"],
             "python_offcpu_bpf_switches": stats["bpf_switches"],
             "python_offcpu_unread_preempted": stats["off_unread_preempted"],
+            "python_offcpu_unread_ran": stats["off_unread_ran"],
+            # the switch rate passed --off-cpu-kernel-max-rate: the program stopped reading
+            # (s after the start; '' while it reads), and the off-CPU samples since
+            "python_offcpu_shed_s": (round(max(0.0, stats["bpf_switch_shed_ns"] / 1e9
+                                               - self._started), 3)
+                                     if stats["bpf_switch_shed_ns"] else ""),
+            "python_offcpu_shed_unread": stats["off_shed_unread"],
             "python_walks": walks,
             "python_spliced": sum(r.python_spliced for r in resolvers.values()),
             "python_between": sum(r.python_between for r in resolvers.values()),
@@ -1073,6 +1080,13 @@ class Recorder:
             meta["python_gil_dropped"] = stats["gil_dropped"]
             self._totals.gil_dropped = stats["gil_dropped"]
             meta["python_gil_unknown"] = stats["gil_unknown"]
+        if meta["python_offcpu_shed_s"] != "" and \
+                self._python_meta.get("python_offcpu_shed_s", "") == "":
+            self.warn(f"Python frames of off-CPU samples are not read after"
+                      f" {meta['python_offcpu_shed_s']:.1f} s: the switch-outs passed"
+                      f" --off-cpu-kernel-max-rate {self.options.offcpu_kernel_max_rate:,}/s"
+                      " (each read costs the target microseconds); later waits show native"
+                      " frames")
         if meta != self._python_meta:
             self._python_meta = meta
             self.writer.set_meta(meta)

@@ -136,6 +136,9 @@ typedef struct {
                                                         * and bpf_missing */
     uint64_t off_unread_preempted;  /* off-CPU samples of preempted threads left without
                                      * Python frames: no program read them at the switch */
+    uint64_t off_shed_unread;  /* off-CPU samples after the switch program was paused */
+    uint64_t off_unread_ran;   /* ... without the program, of threads that ran again before
+                                * the drain (not preempted ones: off_unread_preempted) */
     /* gil_only (--gil): CPython samples left out because the thread did not hold the GIL
      * at sample time, and those kept without knowing (no BPF record with the GIL read) */
     uint64_t gil_dropped, gil_unknown;
@@ -242,6 +245,13 @@ typedef struct {
     bool used;
 } perf_bpf_rec;
 
+/* A thread seen running (a CPU sample, a switch-in) among a drain's staged records, at the
+ * latest such time: perf_ran_build. */
+typedef struct {
+    int32_t tid;             /* 0: empty slot */
+    uint64_t time;
+} perf_ran;
+
 /* One record copied out of a ring, for the time-ordered pass. */
 typedef struct {
     uint64_t time;
@@ -327,6 +337,12 @@ typedef struct {
     char off_error[256];     /* why off-CPU recording stopped ('' while it runs) */
     perf_off_pending *off_pending;
     size_t n_off_pending, cap_off_pending;
+    /* Off-CPU samples read at drain time (no switch program): tid -> the latest time this
+     * drain's records show the thread running (an open-addressing table, cap_ran a power of
+     * two; ran_built false when not built for this drain) */
+    perf_ran *ran;
+    size_t cap_ran;
+    bool ran_built;
 } PerfSampler;
 
 static void perf_bpf_fail(PerfSampler *self, const char *what, int err);
@@ -582,6 +598,12 @@ static bool perf_off_paired(const PerfSampler *self) {
     return self->kernel && self->off_kernel && self->off_kernel_max_rate > 0;
 }
 
+/* The switch rate is watched: a switch-out costs the target more than the switch itself
+ * (the kernel chain's unwind, the switch program's walk of the Python frames). */
+static bool perf_off_watched(const PerfSampler *self) {
+    return self->off_kernel_max_rate > 0 && (perf_off_paired(self) || self->bpf_switch);
+}
+
 /* Thread tid's off-CPU events on cpu index c: one, or with the kernel chain and a rate bound
  * the chain's event and its standby (only the standby once the chain is shed). */
 static void perf_open_off(PerfSampler *self, int32_t tid, size_t c) {
@@ -593,14 +615,16 @@ static void perf_open_off(PerfSampler *self, int32_t tid, size_t c) {
     perf_open_off_one(self, tid, c, PERF_OFF_STANDBY);
 }
 
-/* The switch rate passed off_kernel_max_rate: the standby events record from now on, the
- * chain's stop. Standbys first: a switch-out in between is recorded twice (the second is
- * counted unpaired, its wait charged once), never lost. Lock held. */
+/* The switch rate passed off_kernel_max_rate: the switch program stops reading Python
+ * frames, and the standby events record from now on, the chain's stop. Standbys first: a
+ * switch-out in between is recorded twice (the second is counted unpaired, its wait charged
+ * once), never lost. Lock held. */
 static void perf_off_shed(PerfSampler *self, uint64_t time, uint64_t rate) {
     self->off_shed = true;
     self->off_shed_time = time;
     self->off_shed_rate = rate;
-    if (!self->enabled) return;  /* enable() starts the standbys */
+    if (self->bpf_switch) (void)rs_pybpf_pause_switch(self->bpf);
+    if (!perf_off_paired(self) || !self->enabled) return;  /* enable() starts the standbys */
     for (size_t i = 0; i < self->n_events; i++)
         if (self->events[i].off_role == PERF_OFF_STANDBY && !self->events[i].hup)
             ioctl(self->events[i].fd, PERF_EVENT_IOC_ENABLE, 0);
@@ -613,7 +637,7 @@ static void perf_off_shed(PerfSampler *self, uint64_t time, uint64_t rate) {
  * PERF_OFF_RATE_WINDOW_NS; records of several CPUs' rings arrive out of time order, so a
  * window spans from its first record to the latest time seen. */
 static void perf_off_rate(PerfSampler *self, uint64_t time, uint64_t switches) {
-    if (self->off_shed || !perf_off_paired(self)) return;
+    if (self->off_shed || !perf_off_watched(self)) return;
     if (self->off_window_start == 0) {
         self->off_window_start = self->off_window_end = time;
         self->off_window_count = 0;
@@ -1073,6 +1097,12 @@ static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, 
     }
     if (time > self->bpf_last_time) self->bpf_last_time = time;
     perf_py_stats *st = &self->py_stats;
+    if (off && self->bpf_switch && self->off_shed && time >= self->off_shed_time) {
+        /* The switch rate passed the bound: the program reads no more, and a read at drain
+         * time would be of another moment in a storm (the thread runs within microseconds) */
+        st->off_shed_unread++;
+        return depth;
+    }
     if (py->bpf_since != 0 && (!off || self->bpf_switch)) {
         if (time >= py->bpf_since)
             return perf_add_python_bpf(self, py, tid, time, ip, sp, depth, off);
@@ -1190,6 +1220,7 @@ static uint8_t perf_off_state(uint64_t prev_state) {
 
 static uint32_t perf_unwind_sample(PerfSampler *self, const uint8_t *rec, size_t size,
                                    uint64_t ip, uint32_t image, int32_t pid, uint64_t *chain);
+static bool perf_ran_after(PerfSampler *self, int32_t tid, uint64_t time);
 
 /* A sched_switch sample: the thread leaves the CPU. Its stack is interned like a CPU
  * sample's (a [kernel] leaf over the user stack that entered the kernel) and its wait starts.
@@ -1271,11 +1302,15 @@ static void perf_on_off_sample(PerfSampler *self, const uint8_t *rec, size_t siz
     }
     self->chain[0] = image;
     depth += kdepth;
-    if (state == 'R' && !self->bpf_switch && perf_py_of(self, image) != NULL) {
-        /* Preempted, and no program read its frames at the switch: by the drain it has
-         * likely run on (the alternating zlib/hashlib script: about half of such reads put
-         * one function's C frames under the other), so its native frames stay. */
-        self->py_stats.off_unread_preempted++;
+    if (!self->bpf_switch && perf_py_of(self, image) != NULL &&
+        (state == 'R' || perf_ran_after(self, tid, time))) {
+        /* No program read its frames at the switch, and by the drain the thread has run
+         * on: preempted (it runs again within a timeslice; the alternating zlib/hashlib
+         * script: about half of such reads put one function's C frames under the other), or
+         * seen running after the switch-out in this drain's records. A read now would be of
+         * another moment, so its native frames stay. A thread still waiting is read. */
+        if (state == 'R') self->py_stats.off_unread_preempted++;
+        else self->py_stats.off_unread_ran++;
     } else {
         depth = perf_add_python(self, image, tid, time, user_ip, user_sp, depth, true);
     }
@@ -1609,6 +1644,52 @@ static void perf_bpf_compact(PerfSampler *self) {
     self->n_bpf_frames = frames;
 }
 
+static perf_ran *perf_ran_slot(PerfSampler *self, int32_t tid) {
+    size_t mask = self->cap_ran - 1;
+    for (size_t i = ((uint32_t)tid * 0x9E3779B1u) & mask;; i = (i + 1) & mask)
+        if (self->ran[i].tid == tid || self->ran[i].tid == 0) return &self->ran[i];
+}
+
+/* Off-CPU samples whose frames are read at drain time: notes, per thread, the latest time
+ * the staged records show it running again (its CPU samples, its switch-ins). Lock held. */
+static void perf_ran_build(PerfSampler *self) {
+    self->ran_built = false;
+    size_t want = 64;
+    while (want < self->n_staged * 2) want <<= 1;
+    if (want > self->cap_ran) {
+        perf_ran *grown = calloc(want, sizeof *grown);
+        if (grown == NULL) return;  /* then no off-CPU sample is read (perf_ran_after) */
+        free(self->ran);
+        self->ran = grown;
+        self->cap_ran = want;
+    } else {
+        memset(self->ran, 0, self->cap_ran * sizeof *self->ran);
+    }
+    for (size_t k = 0; k < self->n_staged; k++) {
+        const uint8_t *rec = self->stage + self->staged[k].off;
+        struct perf_event_header hdr;
+        memcpy(&hdr, rec, sizeof hdr);
+        int32_t tid = 0;
+        if (!self->staged[k].off_ring && hdr.type == PERF_RECORD_SAMPLE && hdr.size >= 24)
+            tid = (int32_t)rd_u32(rec + 20);
+        else if (self->staged[k].off_ring && hdr.type == PERF_RECORD_SWITCH &&
+                 !(hdr.misc & PERF_RECORD_MISC_SWITCH_OUT) && hdr.size >= 24)
+            tid = (int32_t)rd_u32(rec + hdr.size - 12);
+        if (tid <= 0) continue;
+        perf_ran *slot = perf_ran_slot(self, tid);
+        slot->tid = tid;
+        if (self->staged[k].time > slot->time) slot->time = self->staged[k].time;
+    }
+    self->ran_built = true;
+}
+
+/* Whether thread tid ran again after `time` by what this drain staged (true when unknown). */
+static bool perf_ran_after(PerfSampler *self, int32_t tid, uint64_t time) {
+    if (!self->ran_built) return true;
+    const perf_ran *slot = perf_ran_slot(self, tid);
+    return slot->tid == tid && slot->time > time;
+}
+
 /* Drains every ring and handles the records in time order.  Lock held, no GIL needed. */
 static size_t perf_drain_all(PerfSampler *self) {
     self->stage_len = 0;
@@ -1622,6 +1703,8 @@ static size_t perf_drain_all(PerfSampler *self) {
     if (self->bpf != NULL) (void)rs_pybpf_consume(self->bpf, perf_bpf_take, self);
     /* Records of one ring are already in order; merging rings is what the sort is for. */
     qsort(self->staged, self->n_staged, sizeof(perf_staged), perf_staged_cmp);
+    self->ran_built = false;
+    if (self->n_py > 0 && !self->bpf_switch && self->off_tracepoint >= 0) perf_ran_build(self);
     for (size_t k = 0; k < self->n_staged; k++) {
         const uint8_t *rec = self->stage + self->staged[k].off;
         struct perf_event_header hdr;
@@ -1846,6 +1929,7 @@ static void PerfSampler_dealloc(PerfSampler *self) {
     free(self->rings);
     free(self->off_rings);
     free(self->off_pending);
+    free(self->ran);
     free(self->procs);
     free(self->threads);
     perf_stack_table_free(&self->stacks);
@@ -2436,6 +2520,7 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
     char bpf_error[sizeof self->bpf_error];
     memcpy(bpf_error, self->bpf_error, sizeof bpf_error);
     bool bpf_switch = self->bpf_switch;
+    uint64_t switch_shed_ns = self->bpf_switch && self->off_shed ? self->off_shed_time : 0;
     char bpf_switch_error[sizeof self->bpf_switch_error];
     memcpy(bpf_switch_error, self->bpf_switch_error, sizeof bpf_switch_error);
     perf_unlock(self);
@@ -2476,13 +2561,16 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
     }
     Py_DECREF(more);
     more = Py_BuildValue(
-        "{sKsKsOsssKsKsKsK}", "gil_dropped", (unsigned long long)st.gil_dropped, "gil_unknown",
+        "{sKsKsOsssKsKsKsKsKsKsK}", "gil_dropped", (unsigned long long)st.gil_dropped, "gil_unknown",
         (unsigned long long)st.gil_unknown, "bpf_switch", bpf_switch ? Py_True : Py_False,
         "bpf_switch_error", bpf_switch_error, "bpf_switches",
         (unsigned long long)counters[RS_BPF_SWITCHES], "bpf_switch_attached",
         (unsigned long long)st.bpf_switch_attached, "bpf_switch_missing",
         (unsigned long long)st.bpf_switch_missing, "off_unread_preempted",
-        (unsigned long long)st.off_unread_preempted);
+        (unsigned long long)st.off_unread_preempted, "bpf_switch_shed_ns",
+        (unsigned long long)switch_shed_ns, "off_shed_unread",
+        (unsigned long long)st.off_shed_unread, "off_unread_ran",
+        (unsigned long long)st.off_unread_ran);
     if (more == NULL || PyDict_Update(stats, more) < 0) {
         Py_DECREF(stats);
         Py_XDECREF(more);
@@ -2539,7 +2627,7 @@ static PyObject *PerfSampler_get_offcpu_error(PerfSampler *self, void *closure) 
 static PyObject *PerfSampler_get_offcpu_kernel_shed(PerfSampler *self, void *closure) {
     perf_lock(self);
     uint64_t time = self->off_shed_time, rate = self->off_shed_rate;
-    bool shed = self->off_shed;
+    bool shed = self->off_shed && perf_off_paired(self);  /* the chain's, not only Python's */
     perf_unlock(self);
     if (!shed) Py_RETURN_NONE;
     return Py_BuildValue("(KK)", (unsigned long long)time, (unsigned long long)rate);

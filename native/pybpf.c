@@ -84,6 +84,13 @@ int rs_pybpf_attach_switch(rs_pybpf *b) {
     return 0;
 }
 
+int rs_pybpf_pause_switch(rs_pybpf *b) {
+    int fd = bpf_object__find_map_fd_by_name(b->obj, "switch_paused");
+    uint32_t zero = 0, one = 1;
+    if (fd < 0) return ENOENT;
+    return bpf_map_update_elem(fd, &zero, &one, BPF_ANY) < 0 ? errno : 0;
+}
+
 int rs_pybpf_configure(rs_pybpf *b, uint32_t tgid, const struct rs_bpf_config *cfg) {
     int rc = cfg != NULL ? bpf_map_update_elem(b->configs_fd, &tgid, cfg, BPF_ANY)
                          : bpf_map_delete_elem(b->configs_fd, &tgid);
@@ -147,6 +154,8 @@ rs_pybpf *rs_pybpf_open(const char *path, size_t ring_bytes, char *err, size_t e
 int rs_pybpf_attach(rs_pybpf *b, int perf_fd) { return ENOSYS; }
 
 int rs_pybpf_attach_switch(rs_pybpf *b) { return ENOSYS; }
+
+int rs_pybpf_pause_switch(rs_pybpf *b) { return ENOSYS; }
 
 int rs_pybpf_configure(rs_pybpf *b, uint32_t tgid, const struct rs_bpf_config *cfg) {
     return ENOSYS;

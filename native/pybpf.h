@@ -26,6 +26,10 @@ int rs_pybpf_attach(rs_pybpf *b, int perf_fd);
  * frames are then read at the switch-out. 0, or an errno value. */
 int rs_pybpf_attach_switch(rs_pybpf *b);
 
+/* rs_pyswitch reads nothing from now on (a switch storm: the recorder's rate bound). 0, or
+ * an errno value. */
+int rs_pybpf_pause_switch(rs_pybpf *b);
+
 /* Process tgid's frames are read (cfg) or no longer (cfg NULL): 0 or an errno value. */
 int rs_pybpf_configure(rs_pybpf *b, uint32_t tgid, const struct rs_bpf_config *cfg);
 

@@ -115,10 +115,12 @@ def _record_options(func: click.decorators.FC, *, demo: bool) -> click.decorator
         click.option("--off-cpu-kernel-max-rate", "offcpu_kernel_max_rate",
                      type=click.IntRange(min=0), default=OFFCPU_KERNEL_MAX_RATE,
                      show_default=True, metavar="N",
-                     help="Stop naming kernel functions once the target switches out more"
-                          " than N times a second (over 0.25 s): each switch-out's kernel"
-                          " unwind costs it 1-2 us, a storm of 100 k/s runs 1.3-2x slower"
-                          " (docs/benchmarks.md); one line says when. 0: never stop."),
+                     help="Stop naming kernel functions, and reading a Python target's frames"
+                          " at each switch-out, once the target switches out more than N"
+                          " times a second (over 0.25 s): each switch-out's kernel unwind"
+                          " costs it 1-2 us (a storm of 100 k/s runs 1.3-2x slower), a"
+                          " 20-frame Python read ~4.5 us (docs/benchmarks.md); one line says"
+                          " when. 0: never stop."),
         click.option("--gil", is_flag=True, hidden=demo,
                      help="As py-spy's --gil: keep the CPU samples of a CPython's threads only"
                           " when the thread holds the GIL (decided at sample time by the BPF"
