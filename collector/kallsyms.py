@@ -28,7 +28,11 @@ SCHEDULER_FUNCTIONS = frozenset({
     "schedule_hrtimeout", "schedule_hrtimeout_range", "schedule_hrtimeout_range_clock",
     "bit_wait", "bit_wait_io",
 })
-SCHEDULER_PREFIXES = ("schedule_timeout_", "wait_for_completion", "__wait_for_completion")
+# __traceiter_sched_switch: with a second probe on sched_switch beside perf's (rsprof's own
+# BPF program for Python frames, or another tool's), the tracepoint calls its probes through
+# this iterator, which is then the chain's first frame, above __schedule
+SCHEDULER_PREFIXES = ("schedule_timeout_", "wait_for_completion", "__wait_for_completion",
+                      "__traceiter_")
 # Which lines are text symbols is native/kallsyms.c's rule (the regular expression
 # ^([0-9a-fA-F]+) [tTwW] (?!__pfx_)(\S+)(?:\t\[(\S+)\])? it replaced): type t, T, w or W;
 # __pfx_ symbols are the padding before a function (CONFIG_FUNCTION_PADDING), no return

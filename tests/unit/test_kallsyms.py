@@ -26,6 +26,7 @@ KALLSYMS = f"""\
 {K + 0x5000:016x} T hrtimer_nanosleep
 {K + 0x6000:016x} T schedule_timeout.constprop.0
 {K + 0x7000:016x} D some_data
+{K + 0x8000:016x} T __traceiter_sched_switch
 {K + 0x10000:016x} T __sched_text_start
 {K + 0x10000:016x} t __schedule
 {K + 0x11000:016x} T schedule
@@ -60,6 +61,9 @@ def test_names_a_return_address_at_its_call() -> None:
                  "hrtimer_nanosleep", id="nanosleep"),
     # outside .sched.text, skipped by name (a kernel without the section's bounds listed)
     pytest.param([SCHEDULE, K + 0x6010, K + 0x4010, SYSCALL], "futex_wait", id="by-name"),
+    # a second probe on sched_switch (a BPF program) puts the tracepoint's iterator first
+    pytest.param([K + 0x8040, SCHEDULE, CALLS_SCHEDULE, PIPE, VFS], "anon_pipe_read",
+                 id="traceiter"),
     pytest.param([SCHEDULE, CALLS_SCHEDULE], None, id="scheduler-only"),
     pytest.param([], None, id="empty"),
 ])
