@@ -48,6 +48,10 @@
 /* After this many bytes the reader zeroes what it consumed and publishes read_pos, so
  * writers regain space while a long drain is still going on. */
 #define PUBLISH_CHUNK (256u * 1024u)
+/* A reader that has read everything the writers reserved, at this offset of the data area
+ * or past it (at most a quarter of the ring), moves both cursors to the next lap's start:
+ * see lap_jump(). */
+#define LAP_JUMP_AT (128u * 1024u)
 /* A ring file without a valid header whose pid is dead is swept once it is this old
  * (seconds): younger ones may be rings being created in another pid namespace. */
 #define SCRIBBLED_RING_AGE_S 10
@@ -550,6 +554,7 @@ typedef struct {
     uint64_t created_mono_ns; /* header created_mono_ns: which image of the pid made it */
     char name[64];            /* its name in /dev/shm */
     uint64_t again;           /* ALLOC_AGAIN records read (totals since attach) */
+    uint64_t lap_jumps;       /* lap_jump()s made */
     uint32_t *dirty;
     size_t ndirty, dirty_cap;
     uint32_t reported_stacks; /* stacks with id < this were returned by take() */
@@ -817,6 +822,43 @@ static void set_error(HeapReaderObject *r, int error, uint64_t pos, const char *
     r->error_what = what;
 }
 
+/* A lap jump: the reader has read everything up to `pos` and no writer has reserved past
+ * it (write_pos == pos): both cursors move to the next lap's start, so the writers go on
+ * at data offset 0 instead of in the ring's tail.  The shim allocates the ring's tmpfs
+ * pages as the writers reach them (a prefix of the data area), so while the reader keeps
+ * up the target reuses its first pages again and again instead of allocating and mapping
+ * every page of a 64 MiB ring (sqlite3's 3.3 M allocations: ~45 ms of the target's system
+ * time).  Nothing is lost for it: the positions jumped over were never reserved, hold
+ * zeros (or no page yet) and are never read or zeroed, and once read_pos is stored the
+ * writers have the whole ring again, as without the jump.  What was read is published
+ * (zeroed, read_pos stored) before the CAS: between the CAS and the store of the new
+ * read_pos, writers reserve in the new lap below the offset of the published one, at least
+ * lap_jump_at() bytes (published first, the room left in that moment would be the offset
+ * of the previous publication, possibly nothing: events lost).  The CAS fails when a writer
+ * has reserved meanwhile.  True when it jumped (read_pos and *published are the next lap's
+ * start). */
+static uint64_t lap_jump_at(const HeapReaderObject *r) {
+    return r->ring_size / 4 < LAP_JUMP_AT ? r->ring_size / 4 : LAP_JUMP_AT;
+}
+static bool lap_jump(HeapReaderObject *r, uint64_t pos, uint64_t *published) {
+    uint64_t off = pos & (r->ring_size - 1);
+    if (off < lap_jump_at(r) || r->read_pos != pos) return false;
+    publish(r, published);
+    uint64_t expect = pos, next = pos - off + r->ring_size;
+    if (!__atomic_compare_exchange_n(&r->hdr->write_pos, &expect, next, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED))
+        return false;
+    r->read_pos = next;
+    __atomic_store_n(&r->hdr->read_pos, next, __ATOMIC_RELEASE);
+    *published = next;
+    r->lap_jumps++;
+    return true;
+}
+
+/* Tries of lap_jump() per poll: a writer that reserves between the reader's look at the
+ * next commit word and its CAS makes it fail; the reader reads on and tries again. */
+#define LAP_JUMP_TRIES 8
+
 /* Drains committed records, at most one lap.  Runs inside the SIGBUS guard (drain()).
  * Returns the number of events processed. */
 static uint64_t drain_records(HeapReaderObject *r) {
@@ -828,13 +870,22 @@ static uint64_t drain_records(HeapReaderObject *r) {
      * is read (RSPROF_HEAP_EXIT_WAIT_MS): its ring is read as fast as before budgets, so it
      * exits as soon as it did (a shell script's short children), within the per-take
      * bounds. */
-    r->budget_now = (__atomic_load_n(&r->hdr->flags, __ATOMIC_ACQUIRE) & RSPROF_HEAP_HF_EXITED)
-                        ? MAX_NEW_STACKS_PER_TAKE
-                        : r->new_stack_budget;
+    bool exited =
+        (__atomic_load_n(&r->hdr->flags, __ATOMIC_ACQUIRE) & RSPROF_HEAP_HF_EXITED) != 0;
+    unsigned jump_tries = exited ? LAP_JUMP_TRIES : 0; /* an exited ring gets no more records */
+    r->budget_now = exited ? MAX_NEW_STACKS_PER_TAKE : r->new_stack_budget;
     while (pos < limit) {
         uint64_t i = pos >> 3;
         uint64_t head = __atomic_load_n(&d[i & m], __ATOMIC_ACQUIRE);
-        if (head == 0) break; /* not committed yet */
+        if (head == 0) { /* not committed yet */
+            if (jump_tries < LAP_JUMP_TRIES && r->error == RERR_NONE &&
+                (pos & (r->ring_size - 1)) >= lap_jump_at(r)) {
+                if (lap_jump(r, pos, &published)) break;
+                jump_tries++;
+                continue; /* a writer reserved meanwhile: read its record when committed */
+            }
+            break;
+        }
         unsigned kind = RSPROF_HEAP_HEAD_KIND(head);
         unsigned words;
         int err;
@@ -1688,6 +1739,9 @@ static PyObject *HeapReader_get_inode(HeapReaderObject *r, void *c) {
 static PyObject *HeapReader_get_repeated(HeapReaderObject *r, void *c) {
     return PyLong_FromUnsignedLongLong(r->again);
 }
+static PyObject *HeapReader_get_lap_jumps(HeapReaderObject *r, void *c) {
+    return PyLong_FromUnsignedLongLong(r->lap_jumps);
+}
 static PyObject *HeapReader_get_new_stack_budget(HeapReaderObject *r, void *c) {
     lock_nogil(r);
     size_t v = r->new_stack_budget;
@@ -1793,6 +1847,9 @@ static PyGetSetDef HeapReader_getset[] = {
     {"repeated", (getter)HeapReader_get_repeated, NULL,
      "allocations read as a repeat of a stack the same thread sent before (ALLOC_AGAIN)",
      NULL},
+    {"lap_jumps", (getter)HeapReader_get_lap_jumps, NULL,
+     "times the reader, having read everything reserved, moved both cursors to the next "
+     "lap's start (docs/heap-ring.md, Protocol)", NULL},
     {"new_stack_budget", (getter)HeapReader_get_new_stack_budget,
      (setter)HeapReader_set_new_stack_budget,
      "new stacks one take() announces at most (1 .. 65536); the allocations of further new "

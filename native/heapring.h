@@ -69,8 +69,10 @@
 #include <stdint.h>
 
 #define RSPROF_HEAP_MAGIC 0x3150414548505352ULL /* "RSPHEAP1", little-endian */
-#define RSPROF_HEAP_VERSION 4u /* 2: Python frames in ALLOC records; 3: ways, ALLOC_AGAIN;
-                                  4: 64 ways, the way in flags bits 8-15 */
+#define RSPROF_HEAP_VERSION 5u /* 2: Python frames in ALLOC records; 3: ways, ALLOC_AGAIN;
+                                  4: 64 ways, the way in flags bits 8-15; 5: lap jumps (the
+                                  reader may move both cursors to the next lap's start, the
+                                  shim allocates pages in every lap) */
 #define RSPROF_HEAP_HEADER_SIZE 4096u
 #define RSPROF_HEAP_MAX_DEPTH 64u
 /* shm_open() name prefix; the file is /dev/shm/rsprof-heap.<pid>.<suffix>, the suffix

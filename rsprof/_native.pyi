@@ -239,6 +239,10 @@ class HeapReader:
     @property
     def repeated(self) -> int:
         """Allocations read as a repeat of a stack their thread sent before."""
+    @property
+    def lap_jumps(self) -> int:
+        """Times the reader, having read everything reserved, moved both cursors to the
+        next lap's start (docs/heap-ring.md, Protocol)."""
     new_stack_budget: int
     """New stacks one take() announces at most (1 .. 65536, clamped; default 65536). The
     allocation of one more new stack waits in the ring for the next take() (`deferred`);

@@ -1120,10 +1120,14 @@ static ALWAYS_INLINE int reserve(struct rsprof_heap_header *h, uint64_t len, uin
     uint64_t w = __atomic_load_n(&h->write_pos, __ATOMIC_RELAXED);
     uint64_t r = t_read_pos;
     for (;;) {
-        /* In the first lap, the pages the record lands on must be allocated (a record
-         * that wraps needs the rest of the ring; after the first lap all of it is). */
-        if (UNLIKELY(w + len > __atomic_load_n(&g_alloc_bytes, __ATOMIC_ACQUIRE)) &&
-            w < g_ring_bytes && !ring_grow(w + len < g_ring_bytes ? w + len : g_ring_bytes)) {
+        /* The pages the record lands on must be allocated.  They are a prefix of the data
+         * area, and every lap may need more of them: a reader that has read everything
+         * moves both cursors to the next lap's start (a lap jump, see heapreader.c), so
+         * the ring's untouched tail stays unallocated while the reader keeps up.  A record
+         * that wraps around the end needs all of it. */
+        uint64_t off = w & (g_ring_bytes - 1);
+        if (UNLIKELY(off + len > __atomic_load_n(&g_alloc_bytes, __ATOMIC_ACQUIRE)) &&
+            !ring_grow(off + len < g_ring_bytes ? off + len : g_ring_bytes)) {
             __atomic_fetch_add(&h->lost_events, 1, __ATOMIC_RELAXED);
             __atomic_fetch_add(&h->lost_bytes, len, __ATOMIC_RELAXED);
             return 0;

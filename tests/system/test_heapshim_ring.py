@@ -13,6 +13,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -130,6 +131,63 @@ def test_full_shm_growth_stops_after_one_failure() -> None:
     assert shim < 10 * plain + 0.5, (times, result.stderr)
     said = [line for line in result.stderr.splitlines() if "no room in /dev/shm" in line]
     assert len(said) == 2, result.stderr  # once per process
+
+
+LATER_LAP_SCRIPT = """
+import os, pathlib, select, subprocess, sys, time
+from rsprof._native import HeapReader
+binary, flags, shim = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+env = {k: v for k, v in os.environ.items() if not k.startswith("RSPROF_HEAP_")}
+env.update(LD_PRELOAD=shim, RSPROF_HEAP_RING_MB="64", RSPROF_HEAP_DEBUG="1")
+# 40,000 ticks a round, ~2.6 MB of records: more than the tmpfs holds
+target = subprocess.Popen([binary, "40000", str(flags), "2"], env=env, stdout=subprocess.PIPE,
+                          bufsize=0)
+pid = int(target.stdout.readline().split()[1])
+for _ in range(2000):
+    try:
+        reader = HeapReader.attach(pid)
+        break
+    except FileNotFoundError:
+        time.sleep(0.005)
+(flags / "go").touch()
+while not select.select([target.stdout], [], [], 0)[0]:  # round 1: read as it comes
+    reader.poll()
+assert target.stdout.readline().split() == [b"done"]
+while reader.poll():
+    pass
+jumps = reader.lap_jumps
+(flags / "go2").touch()  # round 2: the reader reads nothing meanwhile
+assert target.stdout.readline().split() == [b"done"]
+(flags / "exit").touch()
+code = target.wait()
+while reader.poll():
+    pass
+batch = reader.take()
+print(code, jumps, reader.write_pos, reader.ring_bytes, batch.lost)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare for a private tmpfs")
+def test_full_shm_in_a_later_lap_loses_events_never_kills(tmp_path: Path) -> None:
+    """After a lap jump (the reader moved both cursors to the next lap's start) the shim
+    still allocates the pages a record lands on before writing it. Round 2's ~2.6 MB,
+    written in a later lap while the reader reads nothing, need more pages than a 2 MiB
+    /dev/shm holds: events are lost and counted, the target is never killed by SIGBUS. (A
+    shim that allocated pages in the first lap only wrote the later lap's pages through page
+    faults, and was killed when the tmpfs had no room: checked with that shim.)"""
+    binary = build_target("heap_sites.c")
+    script = tmp_path / "lap.py"
+    script.write_text(LATER_LAP_SCRIPT)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    result = _in_small_shm(f"{sys.executable} -P {script} {binary} {flags} {SHIM}", timeout=120)
+    assert result.returncode == 0, result.stderr
+    code, jumps, write_pos, ring_bytes, lost = map(int, result.stdout.split())
+    assert code == 0, result.stderr  # not killed by SIGBUS (-7)
+    assert jumps >= 1 and write_pos > ring_bytes  # round 2 wrote in a later lap
+    assert lost > 0
+    assert result.stderr.count("no room in /dev/shm") == 1, result.stderr
 
 
 # ------------------------------------------------------------------ 5. exec'd images
