@@ -20,8 +20,13 @@ no tracepoint permission (measured with perf: the cost of the event, not of a re
 Losses: rsprof's meta offcpu_lost of offcpu_switches + offcpu_lost; perf's lost samples
 (`perf report --stats`, the last LOST_SAMPLES figure) of those plus its SAMPLE events.
 
+--python-target PYTHON: the storm is bench/targets/py_switch_storm.py run by PYTHON instead (2
+pairs of threads, 20 Python calls deep): rsprof reads their Python frames at every switch-out
+(its BPF switch program) until the rate passes --off-cpu-kernel-max-rate, the chain-kept row
+never sheds them.
+
 Usage: python bench/bench_offcpu.py [--rounds 3] [--seconds 2] [--stack-bytes 16384]
-       [--hogs 0] [--baseline PYTHON]
+       [--hogs 0] [--baseline PYTHON] [--python-target PYTHON]
   --hogs N: N busy loops beside every run, as the tests' four hogs;
   --baseline: an interpreter with another commit's rsprof installed (e.g. one without the
   kernel call chain), as one more row of the same rounds
@@ -43,44 +48,50 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
-def build(tmp: Path) -> Path:
+Storm = list[str]  # the target's command, without its SECONDS argument
+
+
+def build(tmp: Path) -> Storm:
     binary = tmp / "storm"
     subprocess.run(["gcc", "-O2", "-g", "-pthread", "-o", str(binary),
                     str(HERE / "targets" / "switch_storm.c")], check=True)
-    return binary
+    return [str(binary)]
 
 
 def trips(stdout: str) -> int:
     return int(stdout.strip().splitlines()[-1])
 
 
-def alone(storm: Path, seconds: int, tmp: Path) -> tuple[int, int, int]:
-    done = subprocess.run([str(storm), str(seconds)], capture_output=True, text=True,
+def alone(storm: Storm, seconds: int, tmp: Path) -> tuple[int, int, int]:
+    done = subprocess.run([*storm, str(seconds)], capture_output=True, text=True,
                           check=True)
     return trips(done.stdout), 0, 0
 
 
 def rsprof(stack_bytes: int, python: str = sys.executable, *options: str
-           ) -> Callable[[Path, int, Path], tuple[int, int, int]]:
-    def run(storm: Path, seconds: int, tmp: Path) -> tuple[int, int, int]:
+           ) -> Callable[[Storm, int, Path], tuple[int, int, int]]:
+    def run(storm: Storm, seconds: int, tmp: Path) -> tuple[int, int, int]:
         db = tmp / "r.db"
         done = subprocess.run([python, "-P", "-m", "rsprof", "run", "-q", "--no-heap",
                                "--stack-bytes", str(stack_bytes), *options, "-o", str(db), "--",
-                               str(storm), str(seconds)],
+                               *storm, str(seconds)],
                               capture_output=True, text=True, check=True)
         with sqlite3.connect(db) as con:
             meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
         db.unlink()
         lost = int(meta.get("offcpu_lost") or 0)
+        if meta.get("python_offcpu_bpf_switches"):
+            print(f"  Python frames read at {meta['python_offcpu_bpf_switches']} switch-outs,"
+                  f" shed at {meta.get('python_offcpu_shed_s') or 'never'} s", file=sys.stderr)
         return trips(done.stdout), lost, int(meta.get("offcpu_switches") or 0) + lost
     return run
 
 
-def perf(event: list[str]) -> Callable[[Path, int, Path], tuple[int, int, int]]:
-    def run(storm: Path, seconds: int, tmp: Path) -> tuple[int, int, int]:
+def perf(event: list[str]) -> Callable[[Storm, int, Path], tuple[int, int, int]]:
+    def run(storm: Storm, seconds: int, tmp: Path) -> tuple[int, int, int]:
         data = tmp / "p.data"
         done = subprocess.run(["perf", "record", "-q", *event, "--call-graph", "dwarf",
-                               "-o", str(data), "--", str(storm), str(seconds)],
+                               "-o", str(data), "--", *storm, str(seconds)],
                               capture_output=True, text=True, check=True)
         stats = subprocess.run(["perf", "report", "--stats", "-i", str(data)],
                                capture_output=True, text=True, check=True).stdout
@@ -103,8 +114,10 @@ def main() -> None:
     parser.add_argument("--baseline", default="",
                         help="a Python with another rsprof installed (another commit): one"
                              " more row, its default stack copy")
+    parser.add_argument("--python-target", default="",
+                        help="run bench/targets/py_switch_storm.py with this interpreter")
     args = parser.parse_args()
-    rows: list[tuple[str, Callable[[Path, int, Path], tuple[int, int, int]]]] = [
+    rows: list[tuple[str, Callable[[Storm, int, Path], tuple[int, int, int]]]] = [
         ("alone", alone)]
     for size in (int(s) for s in args.stack_bytes.split(",") if s):
         rows.append((f"rsprof, sched_switch, {size // 1024} KiB copies", rsprof(size)))
@@ -125,7 +138,8 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as name:
             tmp = Path(name)
-            storm = build(tmp)
+            storm = ([args.python_target, str(HERE / "targets" / "py_switch_storm.py")]
+                     if args.python_target else build(tmp))
             for round_ in range(args.rounds):
                 for row, run in rows:
                     results[row].append(run(storm, args.seconds, tmp))
@@ -135,7 +149,9 @@ def main() -> None:
             hog.kill()
             hog.wait()
     base = statistics.median(t for t, _, _ in results["alone"])
-    print(f"{args.rounds} rounds of {args.seconds} s, {args.hogs} hogs; median (min-max)\n")
+    target = f"py_switch_storm.py ({args.python_target})" if args.python_target else "switch_storm"
+    print(f"{target}: {args.rounds} rounds of {args.seconds} s, {args.hogs} hogs;"
+          " median (min-max)\n")
     print("| run | round trips | slowdown | records lost |")
     print("| --- | --- | --- | --- |")
     for row, _ in rows:
