@@ -6,67 +6,18 @@ bounded when it never does."""
 
 from __future__ import annotations
 
-import mmap
 import os
-import struct
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from rsprof.collector.heap import HeapTracker
 
-from rsprof._native import HEAP_RING_HEADER_SIZE, HEAP_RING_VERSION, HeapReader
+from rsprof._native import HeapReader
+from unit.handring import Ring, made_ring
 
-MAGIC = 0x3150414548505352
-RING = 1 << 16
-WRITE_POS = 192  # the header's write_pos (docs/heap-ring.md)
-FREE = 2
-
-
-class Ring:
-    """A ring of this very process, written by hand as the shim would."""
-
-    def __init__(self) -> None:
-        pid = os.getpid()
-        self.path = Path(f"/dev/shm/rsprof-heap.{pid}.{os.urandom(8).hex()}")
-        stat = Path("/proc/self/stat").read_text()
-        start = int(stat[stat.rindex(")") + 2:].split()[19])
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, HEAP_RING_HEADER_SIZE + RING)
-            self.map = mmap.mmap(fd, HEAP_RING_HEADER_SIZE + RING)
-        finally:
-            os.close(fd)
-        struct.pack_into("<QIIQiIQQQI", self.map, 0, MAGIC, HEAP_RING_VERSION,
-                         HEAP_RING_HEADER_SIZE, RING, pid, os.geteuid(), start, 0, 0, 64)
-        self.write_pos = 0
-
-    def reserve_free(self, address: int) -> int:
-        """A FREE record reserved (write_pos moved, body written), not committed."""
-        pos = self.write_pos
-        self.write_pos += 16
-        struct.pack_into("<Q", self.map, HEAP_RING_HEADER_SIZE + pos + 8, address)
-        struct.pack_into("<Q", self.map, WRITE_POS, self.write_pos)
-        return pos
-
-    def commit_free(self, pos: int) -> None:
-        struct.pack_into("<Q", self.map, HEAP_RING_HEADER_SIZE + pos, FREE | 4242 << 32)
-
-    def free(self, address: int) -> None:
-        self.commit_free(self.reserve_free(address))
-
-
-@pytest.fixture
-def ring() -> Iterator[Ring]:
-    made = Ring()
-    try:
-        yield made
-    finally:
-        made.map.close()
-        made.path.unlink(missing_ok=True)
+ring = pytest.fixture(name="ring")(made_ring)
 
 
 def _tracker(ring: Ring) -> HeapTracker:
