@@ -11,7 +11,7 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from itertools import islice, repeat, takewhile
 from pathlib import Path
 from typing import cast
 
@@ -51,6 +51,10 @@ EVAL_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault"})
 # code before the program's first line runs).
 STARTUP_FUNCTIONS = frozenset({"Py_InitializeFromConfig", "Py_InitializeEx", "Py_Initialize",
                                "_Py_InitializeMain", "pymain_init"})
+# An off-CPU stack's kernel call chain: its leading addresses in the upper half.
+_KERNEL_HALF = 1 << 63
+# Leaves that are no code (never looked for in a mapping: no missed mapping either).
+_PSEUDO_LEAVES = (KERNEL_ADDRESS, TRUNCATED_ADDRESS)
 # Kernel call chains whose waited-in function is remembered (FrameResolver._kernel_waits).
 KERNEL_WAITS_MEMO = 1 << 16
 # Python frames are stored as frames of their source file (its `modules` row) at a
@@ -80,6 +84,9 @@ class FrameResolver:
         self.ids = writer.ids  # frames and stacks are interned there, stored at checkpoints
         self.symbolizer = symbolizer
         self.space = AddressSpace()
+        # Addresses found mapped in `space` (cleared when a mapping is added: it may replace
+        # one): a new stack's callers are mostly known ones, checked in one pass in C.
+        self._mapped: set[int] = set()
         self._modules: dict[str, Module | None] = {}
         self._module_ids: dict[str, int] = {}
         # (address, is_caller) -> frame id; callers are looked up at address - 1 (the call).
@@ -154,6 +161,7 @@ class FrameResolver:
         if mapping.path == "[vdso]":
             self._save_vdso(mapping)
         self.space.add(mapping)
+        self._mapped.clear()
         module_id = self._module_id(mapping.path, mapping.build_id)
         self.ids.add_mapping(module_id, mapping.start, mapping.end, mapping.file_offset)
 
@@ -295,10 +303,8 @@ class FrameResolver:
         for i, (native_id, ips, python) in enumerate(split):
             if not ips or ips[0] >> 63 == 0:
                 continue
-            n = 0
-            while n < len(ips) and ips[n] >> 63:
-                n += 1
-            chain = tuple(ips[:n])
+            chain = tuple(takewhile(_KERNEL_HALF.__le__, ips))
+            n = len(chain)
             memo = self._kernel_waits_memo
             if chain in memo:
                 wait = memo[chain]
@@ -484,11 +490,20 @@ class FrameResolver:
         """The stack up to its first unmapped caller, then `[truncated]`. Looks its
         addresses up (memoized in `mapped`) only that far: 8 Ki random 64-deep stacks (a
         flood, tests/targets/ring_abuse.c) were 512 Ki lookups for stacks that end at their
-        second frame, 220-280 ms; 6-7 ms looked up this way (load 9, 2 cores)."""
+        second frame, 220-280 ms; 6-7 ms looked up this way (load 9, 2 cores).
+
+        A stack whose addresses are all known mapped (`_mapped`; a pseudo-address leaf is
+        no mapping and no miss) is whole: checked without a step per frame."""
+        known = self._mapped
+        if ips and (ips[0] in known or ips[0] in _PSEUDO_LEAVES) and all(
+                map(known.__contains__, islice(ips, 1, None))):
+            return ips
         for position, address in enumerate(ips):
             found = mapped.get(address)
             if found is None:
                 found = mapped[address] = self.space.find(address) is not None
+                if found:
+                    known.add(address)
             if not found and position:
                 return (*ips[:position], TRUNCATED_ADDRESS)
         return ips
