@@ -16,6 +16,18 @@ from dataclasses import dataclass, field
 
 from rsprof.storage.schema import u64_from_sql, u64_to_sql
 
+_JSON: list[bool] = []  # whether this process's SQLite has json_each (asked once)
+
+
+def has_json(conn: sqlite3.Connection) -> bool:
+    if not _JSON:
+        try:
+            conn.execute("SELECT json_array_length('[]')").fetchone()
+            _JSON.append(True)
+        except sqlite3.OperationalError:
+            _JSON.append(False)
+    return _JSON[0]
+
 
 @dataclass(frozen=True, slots=True)
 class LocationKey:
@@ -61,12 +73,20 @@ class InternedRows:
             # Python per frame, ~40 µs per stack, most of storing a checkpoint with
             # off-CPU stacks (nearly every preempted switch-out is a new stack). The
             # position is the array index (leaf 0), as the rows were written before.
-            document = json.dumps(self.stacks, separators=(",", ":"))
-            conn.execute("INSERT INTO stacks (id, depth) SELECT CAST(key AS INTEGER),"
-                         " json_array_length(value) FROM json_each(?)", (document,))
-            conn.execute("INSERT INTO stack_frames (stack_id, position, frame_id)"
-                         " SELECT CAST(s.key AS INTEGER), f.key, f.value"
-                         " FROM json_each(?) AS s, json_each(s.value) AS f", (document,))
+            if has_json(conn):
+                document = json.dumps(self.stacks, separators=(",", ":"))
+                conn.execute("INSERT INTO stacks (id, depth) SELECT CAST(key AS INTEGER),"
+                             " json_array_length(value) FROM json_each(?)", (document,))
+                conn.execute("INSERT INTO stack_frames (stack_id, position, frame_id)"
+                             " SELECT CAST(s.key AS INTEGER), f.key, f.value"
+                             " FROM json_each(?) AS s, json_each(s.value) AS f", (document,))
+            else:  # an SQLite built without its JSON functions (before 3.38 they were optional)
+                conn.executemany("INSERT INTO stacks (id, depth) VALUES (?, ?)",
+                                 [(sid, len(frames)) for sid, frames in self.stacks.items()])
+                conn.executemany("INSERT INTO stack_frames (stack_id, position, frame_id)"
+                                 " VALUES (?, ?, ?)",
+                                 [(sid, position, frame) for sid, frames in self.stacks.items()
+                                  for position, frame in enumerate(frames)])
 
 
 class InternTable:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+from rsprof.storage import intern
 from rsprof.storage.intern import InternTable, LocationKey
 from rsprof.storage.reader import Profile
 from rsprof.storage.samples import load_samples
@@ -55,10 +57,14 @@ def test_rows_are_stored_with_the_checkpoint(tmp_path: Path) -> None:
     assert sample.frames[0].mapping is not None
 
 
-def test_stacks_are_stored_as_rows_leaf_first(tmp_path: Path) -> None:
+@pytest.mark.parametrize("json_functions", [True, False])
+def test_stacks_are_stored_as_rows_leaf_first(tmp_path: Path, json_functions: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """InternedRows.store writes a checkpoint's stacks in one statement per table (JSON
-    expanded by SQLite): the rows are those one INSERT per frame wrote, position 0 the
-    leaf, depth the frame count, an empty stack a `stacks` row alone."""
+    expanded by SQLite; a row per frame where SQLite has no JSON functions): the rows are
+    those one INSERT per frame wrote, position 0 the leaf, depth the frame count, an empty
+    stack a `stacks` row alone."""
+    monkeypatch.setattr(intern, "_JSON", [json_functions])
     path = tmp_path / "p.db"
     writer = ProfileWriter(path)
     module = writer.ids.module_id("/bin/app", None)
