@@ -11,20 +11,27 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from itertools import repeat
+from itertools import islice, repeat, takewhile
 from pathlib import Path
+from typing import cast
 
 from rsprof.collector.kallsyms import KernelFunction, KernelSymbols
 from rsprof.collector.maps import AddressSpace, Mapping, read_executable_maps
 from rsprof.collector.perfmap import JitSymbol, PerfMap, is_anonymous, process_start_time
-from rsprof.collector.pyframes import splice_plan, split_python
+from rsprof.collector.pyframes import decode_python, splice_apply, splice_shape, split_words
 from rsprof.collector.shimframes import ShimFrames
 from rsprof.collector.symbols import Module, SourceFrame, Symbolizer
 from rsprof.storage.callsite import PYTHON_ADDRESS_BASE
 from rsprof.storage.intern import LocationKey
 from rsprof.storage.writer import ProfileWriter
 
-from rsprof._native import KERNEL_ADDRESS, PY_MARK_SAMPLED, TRUNCATED_ADDRESS, PyFrameReader
+from rsprof._native import (
+    KERNEL_ADDRESS,
+    PY_FRAME_ENTRY_BIT,
+    PY_MARK_SAMPLED,
+    TRUNCATED_ADDRESS,
+    PyFrameReader,
+)
 
 # The root frame of a stack whose walk stopped at an address outside every mapping
 # (TRUNCATED_ADDRESS, 0: never a caller, so it cannot collide with a real frame) and the
@@ -38,12 +45,16 @@ KERNEL_FUNCTION = "[kernel]"
 # interrupted instruction itself (an interrupt, a page fault).
 SYSCALL_INSTRUCTIONS = (b"\x0f\x05", b"\xcd\x80", b"\x0f\x34")
 # The CPython evaluator: each of its native frames ran a group of Python frames, which take
-# its place in a stack (collector.pyframes.splice_plan).
+# its place in a stack (collector.pyframes.splice_plan, splice_shape).
 EVAL_FUNCTIONS = frozenset({"_PyEval_EvalFrameDefault"})
 # The interpreter's start-up (it imports encodings, io and site through importlib's Python
 # code before the program's first line runs).
 STARTUP_FUNCTIONS = frozenset({"Py_InitializeFromConfig", "Py_InitializeEx", "Py_Initialize",
                                "_Py_InitializeMain", "pymain_init"})
+# An off-CPU stack's kernel call chain: its leading addresses in the upper half.
+_KERNEL_HALF = 1 << 63
+# Leaves that are no code (never looked for in a mapping: no missed mapping either).
+_PSEUDO_LEAVES = (KERNEL_ADDRESS, TRUNCATED_ADDRESS)
 # Kernel call chains whose waited-in function is remembered (FrameResolver._kernel_waits).
 KERNEL_WAITS_MEMO = 1 << 16
 # Python frames are stored as frames of their source file (its `modules` row) at a
@@ -73,6 +84,9 @@ class FrameResolver:
         self.ids = writer.ids  # frames and stacks are interned there, stored at checkpoints
         self.symbolizer = symbolizer
         self.space = AddressSpace()
+        # Addresses found mapped in `space` (cleared when a mapping is added: it may replace
+        # one): a new stack's callers are mostly known ones, checked in one pass in C.
+        self._mapped: set[int] = set()
         self._modules: dict[str, Module | None] = {}
         self._module_ids: dict[str, int] = {}
         # (address, is_caller) -> frame id; callers are looked up at address - 1 (the call).
@@ -92,6 +106,10 @@ class FrameResolver:
         self.python: PyFrameReader | None = None
         self._py_functions: dict[int, tuple[str, str, int]] = {}
         self._py_frames: dict[tuple[int, int], int] = {}
+        # a Python frame's stack word -> its stored frame (the word is its function id,
+        # line and entry flag): one lookup per frame of a new stack instead of a decode
+        # and a call
+        self._py_word_frames: dict[int, int] = {}
         self._py_frame_ids: set[int] = set()
         self._eval_frames: dict[int, bool] = {}
         self._after_syscall: dict[int, bool] = {}
@@ -143,6 +161,7 @@ class FrameResolver:
         if mapping.path == "[vdso]":
             self._save_vdso(mapping)
         self.space.add(mapping)
+        self._mapped.clear()
         module_id = self._module_id(mapping.path, mapping.build_id)
         self.ids.add_mapping(module_id, mapping.start, mapping.end, mapping.file_offset)
 
@@ -236,7 +255,7 @@ class FrameResolver:
         `[truncated]` root, so shares stay honest and no junk name is ever reported."""
         self._perfmap_fresh = False
         stacks_in = stacks
-        split = [(native_id, *split_python(ips)) for native_id, ips in stacks]
+        split = [(native_id, *split_words(ips)) for native_id, ips in stacks]
         waits = self._kernel_waits(split)
         # Each distinct address looked up once (a shell script's stacks are 40 frames deep
         # and share most of them: 1.66 M lookups for 43 k stacks were 2.3 s of 9 s), and
@@ -274,7 +293,7 @@ class FrameResolver:
                 self.heap_tracking_stacks.add(stack_id)
         return resolved
 
-    def _kernel_waits(self, split: list[tuple[int, Sequence[int], list[tuple[int, int, bool]]]]
+    def _kernel_waits(self, split: list[tuple[int, Sequence[int], Sequence[int]]]
                       ) -> dict[int, int]:
         """Off-CPU stacks arrive with their kernel call chain in place of the [kernel] leaf
         (upper-half addresses, leaf first). Rewrites each in `split` to the [kernel] leaf over
@@ -284,10 +303,8 @@ class FrameResolver:
         for i, (native_id, ips, python) in enumerate(split):
             if not ips or ips[0] >> 63 == 0:
                 continue
-            n = 0
-            while n < len(ips) and ips[n] >> 63:
-                n += 1
-            chain = tuple(ips[:n])
+            chain = tuple(takewhile(_KERNEL_HALF.__le__, ips))
+            n = len(chain)
             memo = self._kernel_waits_memo
             if chain in memo:
                 wait = memo[chain]
@@ -354,32 +371,52 @@ class FrameResolver:
 
     # -- Python frames ---------------------------------------------------------------------
 
-    def _splice(self, native: tuple[int, ...], python: list[tuple[int, int, bool]],
+    def _splice(self, native: tuple[int, ...], words: Sequence[int],
                 read_late: bool, at_sample: bool = False) -> tuple[int, ...]:
-        """The native stack with each evaluator frame replaced by the Python frames it ran;
-        the native stack itself when they do not pair up (never a guess).
+        """The native stack with each evaluator frame replaced by the Python frames it ran
+        (`words`: their stack words, innermost first); the native stack itself when they do
+        not pair up (never a guess).
 
         A CPU sample taken while the interpreter starts keeps its native frames: its Python
         frames were read at drain time, and start-up's imports hand over to the program's
         own within milliseconds, in importlib frames of the same shape, so a late read can
         pair up and be wrong (seen once under load: encodings' import at start-up charged
         to the script's `<module>` at its own import line)."""
+        # Per-frame memo lookups through map (in C); a frame met for the first time takes
+        # the comprehension that fills the memo.
         memo = self._eval_frames
-        is_eval = [memo[frame] if frame in memo else self._is_eval(frame) for frame in native]
-        plan = splice_plan(is_eval, [entry for _, _, entry in python], at_sample)
-        if read_late and plan is not None:
+        is_eval = cast("list[bool]", list(map(memo.get, native)))
+        if None in is_eval:
+            is_eval = [memo[frame] if frame in memo else self._is_eval(frame)
+                       for frame in native]
+        shape = splice_shape(is_eval, [word >> PY_FRAME_ENTRY_BIT & 1 for word in words],
+                             at_sample)
+        if read_late and shape is not None:
             startup = self._startup_frames
-            if any([startup[frame] if frame in startup else self._in_startup(frame)
-                    for frame in native]):
-                plan = None
-        if plan is None or self.python is None:
+            in_startup = list(map(startup.get, native))
+            if None in in_startup:
+                in_startup = [startup[frame] if frame in startup else self._in_startup(frame)
+                              for frame in native]
+            if any(in_startup):
+                shape = None
+        if shape is None or self.python is None:
             self.python_unpaired += 1
             return native
         self.python_spliced += 1
-        if any(kind == "native" and is_eval[i] for kind, i in plan):
+        if shape[2]:
             self.python_between += 1
-        return tuple(native[i] if kind == "native" else self._python_frame(*python[i][:2])
-                     for kind, i in plan)
+        # Stored only now, for a stack that pairs (as before: a frame is stored for a
+        # stack that uses it), innermost first.
+        known = self._py_word_frames
+        python = cast("list[int]", list(map(known.get, words)))
+        if None in python:
+            python = [known[word] if word in known else self._python_word_frame(word)
+                      for word in words]
+        return splice_apply(native, python, shape)
+
+    def _python_word_frame(self, word: int) -> int:
+        found = self._py_word_frames[word] = self._python_frame(*decode_python(word))
+        return found
 
     def is_python_frame(self, frame_id: int) -> bool:
         """A frame of Python code (spliced in from a frame reader's walk)."""
@@ -453,11 +490,20 @@ class FrameResolver:
         """The stack up to its first unmapped caller, then `[truncated]`. Looks its
         addresses up (memoized in `mapped`) only that far: 8 Ki random 64-deep stacks (a
         flood, tests/targets/ring_abuse.c) were 512 Ki lookups for stacks that end at their
-        second frame, 220-280 ms; 6-7 ms looked up this way (load 9, 2 cores)."""
+        second frame, 220-280 ms; 6-7 ms looked up this way (load 9, 2 cores).
+
+        A stack whose addresses are all known mapped (`_mapped`; a pseudo-address leaf is
+        no mapping and no miss) is whole: checked without a step per frame."""
+        known = self._mapped
+        if ips and (ips[0] in known or ips[0] in _PSEUDO_LEAVES) and all(
+                map(known.__contains__, islice(ips, 1, None))):
+            return ips
         for position, address in enumerate(ips):
             found = mapped.get(address)
             if found is None:
                 found = mapped[address] = self.space.find(address) is not None
+                if found:
+                    known.add(address)
             if not found and position:
                 return (*ips[:position], TRUNCATED_ADDRESS)
         return ips

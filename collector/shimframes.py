@@ -27,6 +27,8 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from typing import cast
 
 from rsprof.collector.symbols import demangle
 from rsprof.collector.symbols.elf import ElfError, ElfFile
@@ -112,6 +114,10 @@ def entry_address(name: str) -> int:
     return ENTRY_ADDRESS_BASE | int.from_bytes(digest, "little")
 
 
+# A frame not in ShimFrames' memo yet (its entries may be None).
+_UNSEEN = object()
+
+
 class ShimFrames:
     """Applies shim_plan to stored stacks (frame ids) for a FrameResolver.
 
@@ -143,7 +149,11 @@ class ShimFrames:
 
     def rewrite(self, frames: tuple[int, ...]) -> tuple[int, ...]:
         memo = self._memo
-        classes = [memo[frame] if frame in memo else self.classify(frame) for frame in frames]
+        # Memo lookups through map (in C); a frame not classified yet is _UNSEEN.
+        classes = cast("list[ShimFrame | None]", list(map(memo.get, frames, repeat(_UNSEEN))))
+        if _UNSEEN in classes:
+            classes = [memo[frame] if frame in memo else self.classify(frame)
+                       for frame in frames]
         if classes.count(None) == len(classes):
             return frames  # the usual stack: no shim frame (shim_plan would say None)
         plan = shim_plan(classes)

@@ -4,8 +4,17 @@ tests/test_pyframes.py has the first cases of splice_plan; these are the rest of
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
-from rsprof.collector.pyframes import encode_python, splice_plan, split_python
+from rsprof.collector.pyframes import (
+    encode_python,
+    splice_apply,
+    splice_plan,
+    splice_shape,
+    split_python,
+    split_words,
+)
 
 from rsprof._native import PY_FRAME_FUNCTION_BITS, PY_MARK, PY_MARK_SAMPLED
 
@@ -55,6 +64,30 @@ def test_a_plan_uses_every_python_frame_once_in_order() -> None:
                 i for i, is_eval in enumerate(native) if not is_eval]
 
 
+def test_splice_shape_is_splice_plan() -> None:
+    """The recorder splices with splice_shape/splice_apply (slices, for speed); on every
+    shape up to 5 native and 5 Python frames, read late or at the sample, they give what
+    splice_plan's plan gives: the same stack, the same refusals, the same evaluator left
+    native."""
+    shapes = 0
+    for n_native, n_python in itertools.product(range(6), range(6)):
+        for native in itertools.product((N, E), repeat=n_native):
+            for python in itertools.product((N, True), repeat=n_python):
+                for at_sample in (False, True):
+                    plan = splice_plan(native, python, at_sample)
+                    shape = splice_shape(native, [int(entry) for entry in python], at_sample)
+                    assert (plan is None) == (shape is None), (native, python, at_sample)
+                    if plan is None or shape is None:
+                        continue
+                    shapes += 1
+                    names = [f"n{i}" for i in range(n_native)]
+                    frames = [f"p{j}" for j in range(n_python)]
+                    assert splice_apply(names, frames, shape) == tuple(
+                        names[i] if kind == "native" else frames[i] for kind, i in plan)
+                    assert shape[2] == any(kind == "native" and native[i] for kind, i in plan)
+    assert shapes > 100
+
+
 MAX_FUNCTION = (1 << PY_FRAME_FUNCTION_BITS) - 1
 
 
@@ -78,6 +111,7 @@ def test_words_after_the_first_mark_are_python_frames() -> None:
     words = encode_python(frames)
     assert words[0] == PY_MARK
     assert split_python([0x1000, PY_MARK, *words]) == ([0x1000], frames)
+    assert split_words((0x1000, PY_MARK, *words)) == ((0x1000,), tuple(words))
 
 
 def test_native_only_stacks_are_returned_as_they_are() -> None:
