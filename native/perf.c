@@ -1107,9 +1107,9 @@ static uint32_t perf_add_python(PerfSampler *self, uint32_t image, int32_t tid, 
         if (time >= py->bpf_since)
             return perf_add_python_bpf(self, py, tid, time, ip, sp, depth, off);
         /* Taken before the program was configured for the process, drained after: a read
-         * now would be of another moment (seen: zlib's deflateReset under a function that
-         * alternates with the zlib one every 0.1 ms, 1 sample in about every other
-         * recording of the first ms), so its native frames stay, counted as before_reader. */
+         * now would be of another moment (seen: zlib's deflateInit2_ under the function that
+         * alternates with the zlib one every 0.1 ms, in the loop's first milliseconds, in
+         * about one recording in ten), so its native frames stay, counted as before_reader. */
         st->before_reader++;
         return depth;
     }
@@ -1302,8 +1302,9 @@ static void perf_on_off_sample(PerfSampler *self, const uint8_t *rec, size_t siz
     }
     self->chain[0] = image;
     depth += kdepth;
-    if (!self->bpf_switch && perf_py_of(self, image) != NULL &&
-        (state == 'R' || perf_ran_after(self, tid, time))) {
+    perf_py *py = perf_py_of(self, image);
+    bool at_switch = self->bpf_switch && py != NULL && py->bpf_since != 0;
+    if (py != NULL && !at_switch && (state == 'R' || perf_ran_after(self, tid, time))) {
         /* No program read its frames at the switch, and by the drain the thread has run
          * on: preempted (it runs again within a timeslice; the alternating zlib/hashlib
          * script: about half of such reads put one function's C frames under the other), or

@@ -210,7 +210,8 @@ def test_drain_reads_leave_preempted_off_cpu_samples_native(
     thread the drain's records show running again, so they keep their native frames and
     meta counts them. A thread waking between the drain's staging and its read can still be
     read at another moment: 1 sample under the wrong function in 1 of 33 recordings here
-    (docs/native.md), so one is allowed; read at drain time before, 40-60 % were wrong."""
+    (docs/native.md), so a few are allowed (2, or 5 % of those read); read at drain time
+    before, 40-60 % were wrong."""
     script = tmp_path / "alternating.py"
     script.write_text(ALTERNATING)
     profile = _record(python_binary("debian-3.11"), script, "2", tmp_path / "drain.db",
@@ -219,7 +220,9 @@ def test_drain_reads_leave_preempted_off_cpu_samples_native(
     assert meta["python_offcpu_mode"] == "drain", meta
     assert int(meta["python_offcpu_unread_preempted"]) >= 20, meta
     under = _under(_stacks(profile, "offcpu_stack_samples", "switches"), script)
-    assert under["zlib"]["hashing"] + under["hash"]["compressing"] <= 1, under
+    wrong = under["zlib"]["hashing"] + under["hash"]["compressing"]
+    right = under["zlib"]["compressing"] + under["hash"]["hashing"]
+    assert wrong <= max(2, (right + wrong) // 20), under
 
 
 @pytest.mark.parametrize("name", INTERPRETERS)
