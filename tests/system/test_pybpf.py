@@ -288,7 +288,7 @@ def test_python_shares_are_the_work_split_under_load(
     script.write_text(SPLIT)
     profile = _record(python_binary(name), script, "2", tmp_path / "split.db")
     self_samples = {"light": 0, "heavy": 0}
-    evaluating = 0
+    evaluating = without_python = 0
     for count, frames in _stacks(profile):
         if any(function == "pymain_init" for function, _ in frames):
             continue  # before rsprof found the interpreter: see the recursion test
@@ -296,12 +296,19 @@ def test_python_shares_are_the_work_split_under_load(
                   if module.endswith(".py") or module.startswith("<frozen")]
         if python or any(function == "_PyEval_EvalFrameDefault" for function, _ in frames):
             evaluating += count
+            without_python += 0 if python else count
             if python and python[0] in self_samples:
                 self_samples[python[0]] += count
-    assert evaluating >= 400, (evaluating, profile_meta(profile))
+    meta = profile_meta(profile)
+    assert evaluating >= 400, (evaluating, meta)
+    # Samples taken before the BPF program was configured for the process keep their native
+    # frames (meta python_before_reader; under load the loop's first tens of ms: a CI run
+    # had heavy at 0.644 of a whole that counted them): not in the whole, as the recursion
+    # test leaves them out of its bound.
+    evaluating -= min(int(meta.get("python_before_reader") or 0), without_python)
     shares = {function: n / evaluating for function, n in self_samples.items()}
     assert abs(shares["light"] - 0.30) <= 0.05 and abs(shares["heavy"] - 0.70) <= 0.05, (
-        shares, evaluating, profile_meta(profile))
+        shares, evaluating, meta)
 
 
 @pytest.mark.parametrize("name", INTERPRETERS)
