@@ -310,37 +310,29 @@ def splice_plan(native_is_eval: Sequence[bool], python_entry: Sequence[bool],
     between frames: entering (its frame not linked yet) or leaving one (a generator that
     yielded to the C code that resumed it). Only the innermost can be: every outer one is
     inside a call, its frames linked. That frame then stays native, the others pair."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    for index, entry in enumerate(python_entry):
-        current.append(index)
-        if entry:
-            groups.append(current)
-            current = []
-    evals = sum(1 for is_eval in native_is_eval if is_eval)
-    between = at_sample and evals > 0 and len(groups) == evals - 1
-    if current or (len(groups) != evals and not between):
+    shape = splice_shape(native_is_eval, python_entry, at_sample)
+    if shape is None:
         return None
+    evals, ends, between = shape
+    innermost_native = evals[0] if between else -1
     plan: list[tuple[str, int]] = []
-    next_group = 0
+    group = 0
     for index, is_eval in enumerate(native_is_eval):
-        if is_eval and between:
-            plan.append(("native", index))  # the innermost, between frames
-            between = False
-        elif is_eval:
-            plan.extend(("python", j) for j in groups[next_group])
-            next_group += 1
+        if is_eval and index != innermost_native:
+            plan.extend(("python", j) for j in range(ends[group - 1] if group else 0,
+                                                     ends[group]))
+            group += 1
         else:
             plan.append(("native", index))
     return plan
 
 
-
-def splice_shape(native_is_eval: Sequence[bool], python_entry: Sequence[int],
+def splice_shape(native_is_eval: Sequence[bool], python_entry: Sequence[int] | Sequence[bool],
                  at_sample: bool = False) -> tuple[list[int], list[int], bool] | None:
-    """splice_plan's rule, as slices for splice_apply: (the evaluator frames' indices, the
-    end (exclusive) of each Python group, whether the innermost evaluator stays native);
-    None where splice_plan says None. Its loops run in C but one per evaluator frame: the
+    """splice_plan's rule (its docstring says it; it lists frame by frame what this
+    places), as slices for splice_apply: (the evaluator frames' indices, the end
+    (exclusive) of each Python group, whether the innermost evaluator stays native); None
+    when the two do not pair up. Its loops run in C but one per evaluator frame: the
     recorder splices every new stack, ~40 frames, and splice_plan's step and tuple per
     frame were a fifth of resolving an off-CPU stack."""
     evals = list(compress(range(len(native_is_eval)), native_is_eval))
