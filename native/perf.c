@@ -339,10 +339,11 @@ typedef struct {
     size_t n_off_pending, cap_off_pending;
     /* Off-CPU samples read at drain time (no switch program): tid -> the latest time this
      * drain's records show the thread running (an open-addressing table, cap_ran a power of
-     * two; ran_built false when not built for this drain) */
+     * two; built at this drain's first question: ran_asked; ran_built false when the build
+     * failed) */
     perf_ran *ran;
     size_t cap_ran;
-    bool ran_built;
+    bool ran_asked, ran_built;
 } PerfSampler;
 
 static void perf_bpf_fail(PerfSampler *self, const char *what, int err);
@@ -1684,8 +1685,14 @@ static void perf_ran_build(PerfSampler *self) {
     self->ran_built = true;
 }
 
-/* Whether thread tid ran again after `time` by what this drain staged (true when unknown). */
+/* Whether thread tid ran again after `time` by what this drain staged (true when unknown).
+ * The table is built at the first question of a drain (perf_drain_all resets ran_asked):
+ * drains without such an off-CPU sample never scan their records for it. */
 static bool perf_ran_after(PerfSampler *self, int32_t tid, uint64_t time) {
+    if (!self->ran_asked) {
+        self->ran_asked = true;
+        perf_ran_build(self);
+    }
     if (!self->ran_built) return true;
     const perf_ran *slot = perf_ran_slot(self, tid);
     return slot->tid == tid && slot->time > time;
@@ -1704,8 +1711,7 @@ static size_t perf_drain_all(PerfSampler *self) {
     if (self->bpf != NULL) (void)rs_pybpf_consume(self->bpf, perf_bpf_take, self);
     /* Records of one ring are already in order; merging rings is what the sort is for. */
     qsort(self->staged, self->n_staged, sizeof(perf_staged), perf_staged_cmp);
-    self->ran_built = false;
-    if (self->n_py > 0 && !self->bpf_switch && self->off_tracepoint >= 0) perf_ran_build(self);
+    self->ran_asked = self->ran_built = false;
     for (size_t k = 0; k < self->n_staged; k++) {
         const uint8_t *rec = self->stage + self->staged[k].off;
         struct perf_event_header hdr;
