@@ -310,11 +310,15 @@ class FrameResolver:
                 wait = memo[chain]
             else:
                 if not self.kernel:
-                    self.kernel.append(KernelSymbols.load())
+                    self.kernel.append(KernelSymbols.load(cache_dir=self.symbolizer.cache_dir))
                     if self.kernel[0].hidden and self.on_warning is not None:
                         self.on_warning("the kernel functions threads wait in are not named:"
                                         " /proc/kallsyms lists no addresses"
                                         " (kernel.kptr_restrict)")
+                if not self.kernel[0].covers(chain):
+                    # a frame outside the code the cached table is right for (a BPF program
+                    # or trampoline loaded since): the file as it is now
+                    self.kernel[0] = KernelSymbols.load()
                 function = self.kernel[0].waiting_function(chain)
                 wait = None if function is None else self._kernel_frame(function)
                 if len(memo) >= KERNEL_WAITS_MEMO:

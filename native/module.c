@@ -13,6 +13,7 @@ int rsprof_pyframes_register(PyObject *module); /* pyframes.c: PyFrameReader */
 int rsprof_snapshot_register(PyObject *module); /* snapshot.c: StoppedProcess */
 int rsprof_inject_register(PyObject *module);   /* inject.c: Tracee */
 int rsprof_kallsyms_register(PyObject *module); /* kallsyms.c: kallsyms_text */
+int rsprof_symtab_register(PyObject *module);   /* symtab.c: symtab_build */
 
 /* cfi_functions(path) -> (ranges, rows, build_ms): the FDE function ranges of one ELF
  * file, from the same cached CFI tables the unwinder uses (native/unwind.c). */
@@ -90,7 +91,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (native_add_stack_words(m) < 0 || rsprof_perf_register(m) < 0 ||
         rsprof_heap_register(m) < 0 || rsprof_dwarf_register(m) < 0 ||
         rsprof_pyframes_register(m) < 0 || rsprof_snapshot_register(m) < 0 ||
-        rsprof_inject_register(m) < 0 || rsprof_kallsyms_register(m) < 0) {
+        rsprof_inject_register(m) < 0 || rsprof_kallsyms_register(m) < 0 ||
+        rsprof_symtab_register(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

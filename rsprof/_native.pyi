@@ -303,10 +303,18 @@ def cfi_functions(path: str, /) -> tuple[list[tuple[int, int]], int, float]:
     """FDE function ranges (link-time addresses, sorted), unwind-table rows, build ms."""
 
 def kallsyms_text(source: str | bytes, /) -> tuple[bytes, bytes, bytes, str, list[str], int, int,
-                                                   bool, bool, bool]:
-    """/proc/kallsyms' text symbols (a path, or the text): starts (uint64s), module indexes
-    (uint16s), each name's end in names (uint32s), names joined by newlines, module names,
-    .sched.text's bounds (0: not listed), listed, nonzero, ordered (native/kallsyms.c)."""
+                                                   int, int, bool, bool]:
+    """/proc/kallsyms' text symbols (a path, or the text) in address order: starts (uint64s),
+    module indexes (uint16s), each name's end in names (uint32s), names joined by newlines,
+    module names, .sched.text's bounds, the kernel image's code (_stext, _etext; 0: not
+    listed), listed, nonzero (native/kallsyms.c)."""
+
+def symtab_build(sources: list[tuple[memoryview | bytes, bytes, bool, bool]
+                               | list[tuple[str, int, int, int, int, int]]],
+                 section_ends: dict[int, int], /) -> tuple[bytes, bytes, list[str]]:
+    """A SymbolTable's function table (starts and ends as uint64s, names), by start, from ELF
+    symbol sections (entries, string table, is64, big endian) and lists of (name, value,
+    size, type, bind, shndx), with {executable section index: end} (native/symtab.c)."""
 
 # The heap shim's own CPython offsets (native/shim/shimpy_layout.h), exported only so that
 # tests check them against collector/pyframes.py's: {(3, 11): {field: offset}, (3, 12): ...}

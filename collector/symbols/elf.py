@@ -203,26 +203,32 @@ class ElfFile:
         sec = self._by_name.get(".debug_info")
         return sec is not None and sec.type != SHT_NOBITS and sec.size > 0
 
-    def symbols(self, dynamic_only: bool = False) -> list[RawSymbol]:
-        """Entries of .symtab and .dynsym (both: a stripped file keeps only .dynsym), or of
-        .dynsym alone (the exported names: a tenth of libpython's, read in a tenth of the
-        time)."""
-        out: list[RawSymbol] = []
+    def symbol_sections(self, dynamic_only: bool = False
+                        ) -> list[tuple[memoryview | bytes, bytes, bool, bool]]:
+        """(entries, string table, is64, big endian) of .symtab and .dynsym (both: a stripped
+        file keeps only .dynsym), or of .dynsym alone, in section order: what `symbols`
+        decodes, and what native symtab_build reads without decoding every entry."""
+        out: list[tuple[memoryview | bytes, bytes, bool, bool]] = []
         kinds = (SHT_DYNSYM,) if dynamic_only else (SHT_SYMTAB, SHT_DYNSYM)
         for sec in self.sections:
             if sec.type not in kinds or not 0 < sec.link < len(self.sections):
                 continue
             strtab = self.sections[sec.link]
-            names = bytes(self.section_data(strtab))
-            data = self.section_data(sec)
-            if self.is64:
-                fmt = self._e + "IBBHQQ"
-            else:
-                fmt = self._e + "IIIBBH"
+            out.append((self.section_data(sec), bytes(self.section_data(strtab)), self.is64,
+                        not self.little_endian))
+        return out
+
+    def symbols(self, dynamic_only: bool = False) -> list[RawSymbol]:
+        """Entries of .symtab and .dynsym (both: a stripped file keeps only .dynsym), or of
+        .dynsym alone (the exported names: a tenth of libpython's, read in a tenth of the
+        time)."""
+        out: list[RawSymbol] = []
+        for data, names, is64, _ in self.symbol_sections(dynamic_only):
+            fmt = self._e + ("IBBHQQ" if is64 else "IIIBBH")
             entsize = struct.calcsize(fmt)
             usable = len(data) - len(data) % entsize
             for entry in struct.iter_unpack(fmt, data[:usable]):
-                if self.is64:
+                if is64:
                     name_off, info, _, shndx, value, size = entry
                 else:
                     name_off, value, size, info, _, shndx = entry

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import bisect
 import struct
+from array import array
 from collections.abc import Iterable
+
+from rsprof._native import symtab_build
 
 from .elf import SHF_EXECINSTR, SHT_NOBITS, ElfFile, RawSymbol
 
@@ -31,49 +34,43 @@ def _preference(sym: RawSymbol) -> tuple[int, int, int, int]:
 class SymbolTable:
     """Maps an address to the function symbol that covers it.
 
-    Symbols of size 0 (hand-written assembly, some linker-made symbols) cover the space up to
-    the next symbol or the end of their section, whichever comes first.
+    Which symbols count: functions, and untyped labels inside executable sections (not local
+    `.L` labels nor ARM mapping symbols `$x`, `$d`), defined in a section and not at 0. Among
+    aliases at one address, the name shown is the sized one, then typed, global, weak, then
+    the shortest (`_preference`). Symbols of size 0 (hand-written assembly, some
+    linker-made symbols) cover the space up to the next symbol or the end of their
+    section, whichever comes first. The rule runs in C (native/symtab.c: libpython3.13's
+    12.5 k entries in 1-2 ms, against 36-46 ms decoded into objects here).
     """
 
     def __init__(self, symbols: Iterable[RawSymbol], section_ends: dict[int, int]) -> None:
-        best: dict[int, RawSymbol] = {}
-        for sym in symbols:
-            if sym.shndx == 0 or sym.shndx >= SHN_LORESERVE or sym.value == 0:
-                continue
-            if sym.type not in (STT_FUNC, STT_GNU_IFUNC):
-                # Untyped symbols count only inside code sections (assembly labels); local
-                # labels and ARM mapping symbols ($x, $d) are noise.
-                if sym.type != STT_NOTYPE or sym.shndx not in section_ends:
-                    continue
-                if sym.name.startswith(("$", ".L")):
-                    continue
-            cur = best.get(sym.value)
-            if cur is None or _preference(sym) < _preference(cur):
-                best[sym.value] = sym
-        ordered = sorted(best.values(), key=lambda s: s.value)
-        self.starts: list[int] = [s.value for s in ordered]
-        self.ends: list[int] = []
-        self.names: list[str] = [s.name for s in ordered]
-        for i, sym in enumerate(ordered):
-            if sym.size:
-                self.ends.append(sym.value + sym.size)
-                continue
-            limit = section_ends.get(sym.shndx, sym.value + 1)
-            nxt = ordered[i + 1].value if i + 1 < len(ordered) else limit
-            self.ends.append(max(min(nxt, limit), sym.value + 1))
+        self._build([[(s.name, s.value, s.size, s.type, s.bind, s.shndx) for s in symbols]],
+                    section_ends)
+
+    def _build(self, sources: list[tuple[memoryview | bytes, bytes, bool, bool]
+                                  | list[tuple[str, int, int, int, int, int]]],
+               section_ends: dict[int, int]) -> None:
+        starts, ends, names = symtab_build(sources, section_ends)
+        self.starts = array("Q", starts)
+        self.ends = array("Q", ends)
+        self.names: list[str] = names
 
     @classmethod
     def from_elf(cls, *files: ElfFile) -> SymbolTable:
         """Symbols of every given file (a binary and its separate debug file) merged."""
-        symbols: list[RawSymbol] = []
+        sources: list[tuple[memoryview | bytes, bytes, bool, bool]
+                      | list[tuple[str, int, int, int, int, int]]] = []
         exec_ends: dict[int, int] = {}
         for elf in files:
             for index, sec in enumerate(elf.sections):
                 if sec.flags & SHF_EXECINSTR:
                     exec_ends.setdefault(index, sec.addr + sec.size)
-            symbols.extend(elf.symbols())
-            symbols.extend(plt_symbols(elf))
-        return cls(symbols, exec_ends)
+            sources.extend(elf.symbol_sections())
+            sources.append([(s.name, s.value, s.size, s.type, s.bind, s.shndx)
+                            for s in plt_symbols(elf)])
+        table = cls.__new__(cls)
+        table._build(sources, exec_ends)
+        return table
 
     def __len__(self) -> int:
         return len(self.starts)

@@ -4,10 +4,12 @@ on a made-up /proc/kallsyms."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from rsprof.collector import kallsyms
 from rsprof.collector.frames import KERNEL_FUNCTION, FrameResolver
 from rsprof.collector.kallsyms import KERNEL_MODULE, KernelFunction, KernelSymbols
 from rsprof.collector.maps import Mapping
@@ -135,7 +137,8 @@ def test_hidden_kernel_addresses_keep_the_kernel_leaf_and_say_so(
     resolver, warnings = _resolver(tmp_path, "")
     resolver.kernel.clear()  # read at the first kernel chain: this read finds 0 addresses
     monkeypatch.setattr(KernelSymbols, "load",
-                        classmethod(lambda cls, path="": KernelSymbols([], None, hidden=True)))
+                        classmethod(lambda cls, path=None, cache_dir=None:
+                                    KernelSymbols([], None, hidden=True)))
     stacks = [(1, [SCHEDULE, PIPE, BASE + 0x1005]), (2, [SCHEDULE, VFS, BASE + 0x1005])]
     stored = resolver.resolve_stacks(stacks)
     assert _names(resolver, stored[1]) == [(KERNEL_FUNCTION, ""), ("read_one", "/bin/app")]
@@ -194,3 +197,140 @@ def test_a_kernel_chain_met_again_is_named_once(tmp_path: Path,
     wait = resolver.ids.stack_frames[first[1]][1]
     assert resolver.ids.stack_frames[again[2]][1] == wait
     assert other[3] == first[1]
+
+
+# -- the cache of this boot's table -------------------------------------------------------
+
+# The kernel image's code bounds and a BPF program above it (not in any module's range)
+WITH_TEXT = (f"{K:016x} T _stext\n" + KALLSYMS + f"{K + 0x30000:016x} T _etext\n"
+             f"{K + 0x40000000:016x} t bpf_prog_0123_rs_probe\t[bpf]\n")
+BPF = K + 0x40000010
+
+
+@pytest.fixture
+def boot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A made-up boot id and /proc/modules; returns the kallsyms file to read."""
+    (tmp_path / "boot_id").write_text("0f4b6c1e-7d2a-4a51-9c3e-2b8d5f6a7c90\n")
+    (tmp_path / "modules").write_text(
+        f"ext4 1048576 1 - Live 0x{K + 0x20000:x}\nbroken line\n")
+    monkeypatch.setattr(kallsyms, "BOOT_ID", str(tmp_path / "boot_id"))
+    monkeypatch.setattr(kallsyms, "MODULES", str(tmp_path / "modules"))
+    path = tmp_path / "kallsyms"
+    path.write_text(WITH_TEXT)
+    return path
+
+
+def _cache_files(cache: Path) -> list[str]:
+    return sorted(p.name for p in (cache / "kallsyms").glob("*.bin"))
+
+
+def test_the_boots_table_is_read_once_then_taken_from_the_cache(boot: Path,
+                                                                tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = KernelSymbols.load(str(boot), cache_dir=cache)
+    assert first.covered is None and len(_cache_files(cache)) == 1
+    assert (cache / "kallsyms").stat().st_mode & 0o777 == 0o700
+    boot.unlink()  # the second load does not read the file
+    cached = KernelSymbols.load(str(boot), cache_dir=cache)
+    assert cached.covered == ((K, K + 0x30000), (K + 0x20000, K + 0x20000 + 1048576))
+    assert len(cached) == len(first) and cached.sched_text == first.sched_text
+    assert not cached.hidden
+    for address in range(K, K + 0x31000, 0x40):
+        assert cached.function(address) == first.function(address), hex(address)
+    assert cached.covers([SCHEDULE, PIPE, K + 0x20010]) and not cached.covers([SCHEDULE, BPF])
+    assert first.covers([BPF])
+
+
+def test_another_boot_or_other_modules_read_the_file_and_replace_the_table(
+        boot: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    KernelSymbols.load(str(boot), cache_dir=cache)
+    before = _cache_files(cache)
+    (tmp_path / "modules").write_text(f"ext4 1048576 1 - Live 0x{K + 0x28000:x}\n")
+    assert KernelSymbols.load(str(boot), cache_dir=cache).covered is None
+    after_modules = _cache_files(cache)
+    (tmp_path / "boot_id").write_text("5a1e9c3b-0000-4000-8000-000000000001\n")
+    assert KernelSymbols.load(str(boot), cache_dir=cache).covered is None
+    after_boot = _cache_files(cache)
+    assert len({*before, *after_modules, *after_boot}) == 3
+    assert len(after_boot) == 1  # the other boots' and module sets' tables are removed
+
+
+def test_no_cache_without_a_boot_id_or_with_hidden_addresses(boot: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    cache = tmp_path / "cache"
+    hidden = tmp_path / "hidden"
+    hidden.write_text("\n".join(f"{0:016x} {line.split()[1]} {line.split()[2]}"
+                                for line in WITH_TEXT.splitlines()))
+    assert KernelSymbols.load(str(hidden), cache_dir=cache).hidden
+    assert _cache_files(cache) == []
+    monkeypatch.setattr(kallsyms, "BOOT_ID", str(tmp_path / "missing"))
+    assert KernelSymbols.load(str(boot), cache_dir=cache).covered is None
+    assert _cache_files(cache) == []
+
+
+def _spoil(table: Path, how: str) -> None:
+    data = table.read_bytes()
+    if how == "symlink":
+        real = table.with_name("real.data")
+        table.rename(real)
+        table.symlink_to(real)
+    elif how == "group-writable":
+        table.chmod(0o664)
+    elif how == "other-owner":
+        os.chown(table, 65534, 65534)
+    elif how == "truncated":
+        table.write_bytes(data[:-1])
+    elif how == "bad-magic":
+        table.write_bytes(b"x" + data[1:])
+    elif how == "module-index":
+        # the first symbol's module index (after the header and the starts) past the list
+        header = kallsyms._CACHE_HEADER.size
+        n = kallsyms._CACHE_HEADER.unpack_from(data)[1]
+        at = header + 8 * n
+        table.write_bytes(data[:at] + b"\xff\xff" + data[at + 2:])
+    elif how == "fifo":
+        table.unlink()
+        os.mkfifo(table, 0o600)
+    elif how == "directory":
+        table.unlink()
+        table.mkdir()
+
+
+@pytest.mark.parametrize("how", ["symlink", "group-writable", "other-owner", "truncated",
+                                 "bad-magic", "module-index", "fifo", "directory"])
+def test_a_cached_table_not_to_trust_is_not_used(boot: Path, tmp_path: Path, how: str) -> None:
+    """The cache is read as data: only a regular file of this user's that no one else may
+    write, of the format and sizes written, whose module indexes hold; else the file is
+    read as without a cache (a FIFO does not block the read)."""
+    if how == "other-owner" and os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    cache = tmp_path / "cache"
+    KernelSymbols.load(str(boot), cache_dir=cache)
+    (name,) = _cache_files(cache)
+    _spoil(cache / "kallsyms" / name, how)
+    again = KernelSymbols.load(str(boot), cache_dir=cache)
+    assert again.covered is None  # read from the file
+    assert again.function(PIPE).name == "anon_pipe_read"  # type: ignore[union-attr]
+
+
+def test_a_chain_outside_the_cached_code_reads_the_file_again(boot: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """A BPF program loaded since the table was cached is not in it: a chain with a frame
+    outside the kernel's and the modules' code reads /proc/kallsyms as it is now."""
+    cache = tmp_path / "cache"
+    KernelSymbols.load(str(boot), cache_dir=cache)
+    cached = KernelSymbols.load(str(boot), cache_dir=cache)
+    assert cached.covered is not None
+    resolver, _ = _resolver(tmp_path, "")
+    resolver.kernel[0] = cached
+    monkeypatch.setattr(kallsyms, "KALLSYMS", str(boot))
+    user = [BASE + 0x1005]
+    stored = resolver.resolve_stacks([(1, [SCHEDULE, CALLS_SCHEDULE, PIPE, *user])])
+    assert resolver.kernel[0] is cached  # inside the cached code: kept
+    stored.update(resolver.resolve_stacks([(2, [SCHEDULE, BPF, PIPE, *user])]))
+    assert resolver.kernel[0] is not cached and resolver.kernel[0].covered is None
+    assert _names(resolver, stored[1])[1] == ("anon_pipe_read", KERNEL_MODULE)
+    assert _names(resolver, stored[2])[1] == ("bpf_prog_0123_rs_probe", "[bpf]")

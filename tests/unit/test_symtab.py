@@ -65,6 +65,60 @@ def test_lookup(address: int, name: str | None) -> None:
     assert TABLE.lookup(address) == name
 
 
+ENTRIES = [
+    sym("small", 0x1000, 0x10), sym("big", 0x1100, 0x400), sym("nested", 0x1200, 0x20),
+    sym("__alias_weak", 0x1600, 0x40, bind=STB_WEAK), sym("alias_global", 0x1600, 0x40),
+    sym("unsized_alias", 0x1600), sym("asm_label", 0x1700, type=STT_NOTYPE),
+    sym("$x", 0x1900, type=STT_NOTYPE), sym(".Llocal", 0x1A00, type=STT_NOTYPE),
+    sym("data_object", 0x1B00, 0x10, type=1), sym("undefined", 0x2100, shndx=0),
+    sym("absolute", 0x2200, shndx=0xFFF1), sym("at_zero", 0), sym("last_unsized", 0x2800),
+    # two names of equal preference and length in characters, not in bytes: the first wins
+    sym("f\u00e9e", 0x2900, 0x10), sym("fez", 0x2900, 0x10),
+]
+
+
+def _section(symbols: list[RawSymbol], is64: bool, big: bool) -> tuple[bytes, bytes]:
+    """An ELF symbol section and its string table holding `symbols` (entry 0 is the null
+    symbol, skipped as every nameless entry is)."""
+    names, entries = b"\0", [b"\0" * (24 if is64 else 16)]
+    fmt = (">" if big else "<") + ("IBBHQQ" if is64 else "IIIBBH")
+    for s in symbols:
+        offset = len(names)
+        names += s.name.encode() + b"\0"
+        info = s.bind << 4 | s.type
+        entries.append(struct.pack(fmt, offset, info, 0, s.shndx, s.value, s.size) if is64
+                       else struct.pack(fmt, offset, s.value, s.size, info, 0, s.shndx))
+    return b"".join(entries) + b"\x01\x02", names  # and a partial entry, ignored
+
+
+@pytest.mark.parametrize(("is64", "big"), [(True, False), (False, False), (True, True),
+                                           (False, True)],
+                         ids=["elf64-le", "elf32-le", "elf64-be", "elf32-be"])
+def test_symbol_sections_read_in_c_name_as_the_symbols_do(is64: bool, big: bool) -> None:
+    """native/symtab.c reads ELF symbol sections of either class and byte order; the table is
+    the one the same symbols given one by one make."""
+    entries, names = _section(ENTRIES, is64, big)
+    from_section = SymbolTable.__new__(SymbolTable)
+    from_section._build([(entries, names, is64, big)], {TEXT: 0x3000})
+    from_list = SymbolTable(ENTRIES, {TEXT: 0x3000})
+    assert (list(from_section.starts), list(from_section.ends), from_section.names) == (
+        list(from_list.starts), list(from_list.ends), from_list.names)
+    assert from_list.lookup(0x1600) == "alias_global"
+    assert from_list.lookup(0x2900) == "f\u00e9e"
+    # the noise between is dropped: the label runs up to the next symbol
+    assert from_list.lookup(0x1900) == "asm_label" and from_list.lookup(0x28FF) == "last_unsized"
+
+
+def test_a_name_past_its_string_table_is_empty_and_sizes_past_the_end_stop_there() -> None:
+    entries, names = _section([sym("x", 0x1000, 0x10)], True, False)
+    broken = bytearray(entries)
+    struct.pack_into("<I", broken, 24, 10_000)  # the name's offset, past the table
+    struct.pack_into("<Q", broken, 24 + 16, (1 << 64) - 0x800)  # a size past 2**64
+    table = SymbolTable.__new__(SymbolTable)
+    table._build([(bytes(broken), names, True, False)], {TEXT: 0x3000})
+    assert table.names == [""] and list(table.ends) == [(1 << 64) - 1]
+
+
 def test_an_unsized_symbol_covers_at_least_its_own_address() -> None:
     table = SymbolTable([sym("a", 0x10), sym("b", 0x10 + 1)], {TEXT: 0x10})  # section "ends" early
     assert table.lookup(0x10) == "a"
