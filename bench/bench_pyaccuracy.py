@@ -377,6 +377,13 @@ def summarize(workload: str, version: str, rounds: int,
                     f"{100 * spy.self[k] / max(spy.samples, 1):.1f} "
                     f"({100 * drain.self[k] / max(drain.samples, 1):.1f})" for k in worst),
           f"; py-spy's longest run of identical samples: {longest}", file=sys.stderr, flush=True)
+    worst_total = sorted(set(on.total) | set(spy.total), key=lambda k: -abs(
+        on.total[k] / max(on.samples, 1) - spy.total[k] / max(spy.samples, 1)))[:6]
+    print(f"{workload} {version}: largest total differences, rsprof vs py-spy:",
+          ", ".join(f"{k[0]} ({k[1]}) {100 * on.total[k] / max(on.samples, 1):.1f} vs "
+                    f"{100 * spy.total[k] / max(spy.samples, 1):.1f}" for k in worst_total),
+          file=sys.stderr, flush=True)
+
     def switches(config: str) -> str:
         per = [int(r["meta"].get("offcpu_switches") or 0)  # type: ignore[attr-defined]
                / max(int(r["all_samples"]), 1)  # type: ignore[call-overload]

@@ -80,6 +80,15 @@
 /* With a Python reader the rings are drained at least this often (ms): a sample's Python
  * frames are those its thread runs when the drain reads them. */
 #define PERF_PY_DRAIN_MS 1
+/* When every Python reader's frames are read at sample time (by the BPF program, and the
+ * switch-outs' too when off-CPU time is recorded), nothing asks for a quick drain: the
+ * rings are drained this often (ms), not at every sample nor every PERF_PY_DRAIN_MS. Waking
+ * 1,000 + 499 times a second was ~1.5 k context switches a second of the drain thread, on
+ * 2 cores often on the target's own core (a switch-out of the target's, itself recorded).
+ * A pass that drained PERF_BPF_BUSY_RECORDS records or more (a switch storm) wakes again
+ * after PERF_PY_DRAIN_MS, so that the program's ring does not fill. */
+#define PERF_BPF_DRAIN_MS 4
+#define PERF_BPF_BUSY_RECORDS 256
 /* A sample drained later than this after it was taken gets no Python frames (counted as
  * late): its thread has likely moved on. */
 #define PERF_PY_MAX_STALE_NS 10000000ULL
@@ -2043,19 +2052,31 @@ static PyObject *PerfSampler_poll(PerfSampler *self, PyObject *arg) {
      * instead of only when a ring is a quarter full. */
     uint64_t deadline = perf_now_ns() + (uint64_t)timeout_ms * 1000000ULL;
     bool again = !closed && !nomem;
+    size_t last_pass = 0;
     while (again) {
         pthread_mutex_lock(&self->lock);
         bool python = self->n_py > 0;
+        /* frames read at drain time: a reader the program does not serve, or switch-outs
+         * the switch program does not read */
+        bool at_drain = python && self->off_tracepoint >= 0 && !self->bpf_switch;
+        for (size_t i = 0; i < self->n_py; i++) at_drain = at_drain || self->py[i].bpf_pid == 0;
         pthread_mutex_unlock(&self->lock);
         int wait_ms = timeout_ms;
+        bool sleep_only = n == 0;
         if (python) {
             uint64_t now = perf_now_ns();
             uint64_t left = deadline > now ? (deadline - now + 999999) / 1000000 : 0;
-            wait_ms = left < PERF_PY_DRAIN_MS ? (int)left : PERF_PY_DRAIN_MS;
+            int every = at_drain || last_pass >= PERF_BPF_BUSY_RECORDS ? PERF_PY_DRAIN_MS
+                                                                       : PERF_BPF_DRAIN_MS;
+            wait_ms = left < (uint64_t)every ? (int)left : every;
+            /* read at sample time: the fds wake at every sample (wake_each), not waited on */
+            sleep_only = sleep_only || !at_drain;
         }
-        if (n == 0) {
+        if (sleep_only) {
             struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);
+            /* what ended meanwhile (POLLHUP), without waiting */
+            if (n != 0 && poll(pfds, (nfds_t)n, 0) < 0) poll_errno = errno;
         } else if (poll(pfds, (nfds_t)n, wait_ms) < 0) {
             poll_errno = errno;
         }
@@ -2063,7 +2084,8 @@ static PyObject *PerfSampler_poll(PerfSampler *self, PyObject *arg) {
         pthread_mutex_lock(&self->lock);
         closed = self->closed;
         if (!closed) {
-            processed += perf_drain_all(self);
+            last_pass = perf_drain_all(self);
+            processed += last_pass;
             for (size_t k = 0; poll_errno == 0 && k < n; k++) {
                 if (!(pfds[k].revents & (POLLHUP | POLLERR))) continue;
                 hup = true;
