@@ -11,7 +11,6 @@ it against every installed Python). Nothing is written to or stops the target.
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shutil
@@ -181,11 +180,27 @@ def _file_identity(path: str) -> tuple[int, int, int, int] | None:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-@functools.lru_cache(maxsize=256)
+_ELF_PYTHONS: dict[tuple[int, int, int, int], _ElfPython | None] = {}
+_ELF_PYTHONS_MAX = 256
+
+
 def _elf_python(path: str, identity: tuple[int, int, int, int]) -> _ElfPython | None:
-    """The file's CPython, None if it holds none. Cached per file identity: a recording
-    that follows a shell starting a program ten times a second looks at the same two files
-    over and over."""
+    """The file's CPython, None if it holds none. Cached per file identity, whatever the
+    path it was opened by: a recording that follows a shell starting a program ten times a
+    second looks at the same two files over and over, and a launched target's interpreter,
+    looked at before its start (`program_runs_python`) by its own path, is found in its
+    first milliseconds through /proc/PID/root (4.6 ms of parsing saved then: samples taken
+    before the interpreter is found get no Python frames)."""
+    if identity in _ELF_PYTHONS:
+        return _ELF_PYTHONS[identity]
+    found = _read_elf_python(path)
+    if len(_ELF_PYTHONS) >= _ELF_PYTHONS_MAX:
+        _ELF_PYTHONS.clear()
+    _ELF_PYTHONS[identity] = found
+    return found
+
+
+def _read_elf_python(path: str) -> _ElfPython | None:
     try:
         elf = ElfFile(path)
     except (OSError, ValueError, ElfError):
@@ -245,9 +260,39 @@ def program_runs_python(path: str, _depth: int = 0) -> bool:
     if _elf_python(path, identity) is not None:
         return True
     try:
-        return b"libpython3" in bytes(ElfFile(path).data_of(".dynstr") or b"")
+        dynstr = bytes(ElfFile(path).data_of(".dynstr") or b"")
     except (OSError, ValueError, ElfError):
         return False
+    if b"libpython3" not in dynstr:
+        return False
+    _look_at_libpython(path, dynstr)
+    return True
+
+
+_LIBRARY_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/local/lib",
+                 "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+
+
+def _look_at_libpython(program: str, dynstr: bytes) -> None:
+    """Reads, before the program starts, the libpython it links (found as ld.so would,
+    roughly: its RUNPATH/RPATH with $ORIGIN, LD_LIBRARY_PATH, the usual folders), so that
+    finding the interpreter in the running process costs no parsing. A guess that misses
+    costs nothing but this look: what is kept is keyed by the file's identity."""
+    strings = [word.decode(errors="replace") for word in dynstr.split(b"\0") if word]
+    library = next((w for w in strings if _LIBPYTHON.search("/" + w) and "/" not in w), None)
+    if library is None:
+        return
+    origin = os.path.dirname(os.path.realpath(program))
+    folders = [folder.replace("$ORIGIN", origin).replace("${ORIGIN}", origin)
+               for w in strings if w.startswith(("/", "$ORIGIN", "${ORIGIN}"))
+               for folder in w.split(":")]
+    folders += os.environ.get("LD_LIBRARY_PATH", "").split(":") + list(_LIBRARY_DIRS)
+    for folder in folders:
+        candidate = os.path.join(folder, library) if folder else ""
+        identity = _file_identity(candidate) if candidate else None
+        if identity is not None:
+            _elf_python(candidate, identity)
+            return
 
 
 def find_runtime(pid: int) -> PythonRuntime | None:

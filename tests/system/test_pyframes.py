@@ -220,6 +220,36 @@ def test_not_python_and_gone_processes() -> None:
     assert os.path.exists(SCRIPT)
 
 
+@pytest.mark.parametrize("name", ["debian-3.11", "pyenv-3.13"])
+def test_a_launched_interpreter_is_read_before_it_starts_and_found_without_parsing(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rsprof run` looks at the program before starting it (program_runs_python): the
+    interpreter in it, or the libpython it links (its RUNPATH, as ld.so finds it), is
+    parsed then, so that finding it in the running process (through /proc/PID/root, another
+    path to the same file) parses nothing: samples taken before it is found get no Python
+    frames."""
+    from rsprof.collector import pyframes
+
+    monkeypatch.setattr(pyframes, "_ELF_PYTHONS", {})
+    assert pyframes.program_runs_python(str(_python(name)))
+    parsed = list(pyframes._ELF_PYTHONS.values())
+    assert any(found is not None and found.version[:2] >= (3, 11) for found in parsed), parsed
+    reads: list[str] = []
+    original = pyframes._read_elf_python
+    def counted(path: str) -> object:
+        reads.append(path)
+        return original(path)
+
+    monkeypatch.setattr(pyframes, "_read_elf_python", counted)
+    proc, _ = _start(_python(name), "30")
+    try:
+        runtime = find_runtime(proc.pid)
+        assert runtime is not None and runtime.layout is not None
+        assert reads == [], reads
+    finally:
+        _stop(proc)
+
+
 def test_python313_debug_offsets_agree_with_the_table() -> None:
     """3.13 publishes its offsets in _PyRuntime (_Py_DebugOffsets); the reader takes them
     from the file and they must say what the headers say."""
