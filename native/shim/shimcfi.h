@@ -25,12 +25,12 @@ void shimcfi_flush(void);
  * memory of its own (docs/heap-ring.md, "Stack use").  Sizes are checked in shimcfi.c. */
 #define SHIMCFI_WAYS 64
 #define SHIMCFI_SCRATCH_BYTES 768
-#define SHIMCFI_MEMO_BYTES (1224u * SHIMCFI_WAYS + 704u)
+#define SHIMCFI_MEMO_BYTES (1216u * SHIMCFI_WAYS + 768u)
 typedef struct {
     _Alignas(16) unsigned char bytes[SHIMCFI_SCRATCH_BYTES];
 } shimcfi_scratch; /* a rule's computation: module bounds, CIE, CFA program state */
 typedef struct {
-    _Alignas(16) unsigned char bytes[SHIMCFI_MEMO_BYTES];
+    _Alignas(64) unsigned char bytes[SHIMCFI_MEMO_BYTES];
 } shimcfi_memo; /* SHIMCFI_WAYS recent walks of a thread; all zero is empty */
 
 /* Empties a memo that passes to another thread (without touching its ways). */
