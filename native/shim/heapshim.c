@@ -42,6 +42,7 @@
 
 #include "heapring.h"
 #include "shimcfi.h"
+#include "shimmemo.h"
 #include "shimpy.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -958,8 +959,13 @@ static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *fla
         /* The wrapper's frame record gives the caller's registers at the call: its stack
          * pointer just above the return address, its rbp saved by our prologue. */
         int truncated = 0;
-        n = shimcfi_walk(ips, n, max, fp + 16, ((const uintptr_t *)fp)[0], lo, hi, &truncated,
-                         memo, scratch, way, hit);
+        uintptr_t sp = fp + 16, bp = ((const uintptr_t *)fp)[0];
+        unsigned got = memo != NULL ? shimcfi_memo_hit(memo, ips[0], sp, bp, max, &truncated,
+                                                       way, hit)
+                                    : 0;
+        n = LIKELY(got) ? got
+                        : shimcfi_walk(ips, n, max, sp, bp, lo, hi, &truncated, memo, scratch,
+                                       way, hit);
         if (truncated) *flags |= RSPROF_HEAP_RF_TRUNCATED;
         return n;
     }

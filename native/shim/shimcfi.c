@@ -29,6 +29,7 @@
  */
 #define _GNU_SOURCE
 #include "shimcfi.h"
+#include "shimmemo.h"
 
 #include "cfi_eval.h"
 
@@ -311,12 +312,12 @@ int shimcfi_init(void) {
 
 /* Bumped by every flush: a thread's memo of its last walk (below) is only valid for the
  * rules of its generation. */
-static uint64_t g_generation = 1; /* 0 in a memo means "empty" */
+uint64_t shimcfi_generation = 1; /* 0 in a memo means "empty" */
 
 void shimcfi_flush(void) {
     /* Private anonymous memory: DONTNEED gives back zero pages (empty slots). */
     if (g_cache) madvise(g_cache, sizeof(cache_slot) << CACHE_BITS, MADV_DONTNEED);
-    __atomic_add_fetch(&g_generation, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&shimcfi_generation, 1, __ATOMIC_RELEASE);
 }
 
 void shimcfi_get_stats(shimcfi_stats *out) {
@@ -332,62 +333,6 @@ static inline int stack_ok(uintptr_t a, uintptr_t lo, uintptr_t hi) {
     return a >= lo && a < hi && hi - a >= 8;
 }
 
-/* The last walks of this thread, to repeat them without walking.  A walk is a function of
- * the registers it starts from (pc, sp, bp), of the stack words it reads and of the rules
- * (which change only when a dlclose flushes them: g_generation).  So if the registers are
- * the same and every word it read still holds the same value, the result is the same,
- * exactly.  The check is a handful of independent loads, where the walk is a chain of
- * dependent ones (stack word -> rule -> next stack word), ~5 ns a frame.
- *
- * The memo holds MEMO_WAYS walks, fully associative: a walk is found by its tag (a hash of
- * pc and sp) in one compact array, then checked; the way replaced is chosen by a clock
- * (second chance for ways hit since the hand last passed).  A program often allocates from
- * a cycle of a few dozen call paths (sqlite3 makes ~25 distinct allocations per INSERT): a
- * memo of the last 4 walks replaced in turn hit 5 % of them there; sets of a few ways
- * indexed by hash hit between 77 % and 99.99 % as the paths happened to collide.  The
- * first read of a walk is the return address of its second frame, so a way of another
- * path at the same (pc, sp) is rejected at its first words. */
-#define MEMO_WAYS SHIMCFI_WAYS
-_Static_assert(MEMO_WAYS == 64, "a way is a bit of a 64-bit mask");
-#define MEMO_READS 64
-#define MEMO_OUT 48
-/* Laid out by cache line: what a hit reads (the header, then the offsets and values of
- * its ~16 reads) is 4 lines, prefetched before the walk that is predicted to hit it
- * (memo_follow). */
-typedef struct {
-    _Alignas(64) uint64_t generation; /* 0: empty, or being rewritten */
-    uint64_t key;        /* 0, or the hash of its first frames (see shimcfi_walk) */
-    uintptr_t pc, sp, bp;
-    uint32_t serial;     /* the set's serial when written (see memo_set) */
-    uint16_t max, n_reads, n_out;
-    uint8_t overflow, truncated, used_bp; /* used_bp: the walk depended on the starting rbp */
-    _Alignas(64) uint32_t offset[MEMO_READS]; /* stack word read, as its distance above sp */
-    uintptr_t value[MEMO_READS]; /* what it held */
-    uint64_t out[MEMO_OUT];
-} walk_memo;
-_Static_assert(offsetof(walk_memo, offset) == 64 && sizeof(walk_memo) == 19 * 64,
-               "a way's header is one cache line, its offsets start the next");
-_Static_assert(MEMO_READS < 65536 && MEMO_OUT < 65536, "counts fit their fields");
-
-/* A thread's memo lives in the caller's per-thread memory, not in TLS: glibc carves static
- * TLS out of every thread's stack, and 77 KiB of it would cost each thread that much stack.
- * `serial` is bumped when the memory passes to another thread (shimcfi_memo_reset): ways
- * written under an older serial are empty, without touching them (the memory is lazily
- * touched, a page at a time). */
-typedef struct {
-    uint32_t serial;
-    uint32_t hand;             /* the clock's next way */
-    uint8_t tag8[MEMO_WAYS];   /* each tag's top byte, compared 16 at a time */
-    uint64_t tag[MEMO_WAYS];   /* memo_tag() of each way's walk; 0: none */
-    uint8_t used[MEMO_WAYS];   /* hit since the hand last passed */
-    /* The way whose walk came right after each way's last time, + 1 (0: none), and the
-     * way of the thread's last walk + 1: a program that allocates from a cycle of paths
-     * makes its walks in the same order again and again (see memo_predicted). */
-    uint8_t next[MEMO_WAYS];
-    uint32_t last;
-    walk_memo way[MEMO_WAYS]; /* 64-aligned (the memo is: shimcfi.h) */
-} memo_set;
-_Static_assert(sizeof(memo_set) <= sizeof(shimcfi_memo), "SHIMCFI_MEMO_BYTES too small");
 
 void shimcfi_memo_reset(shimcfi_memo *memo) {
     memo_set *set = (memo_set *)memo->bytes;
@@ -503,20 +448,6 @@ static unsigned walk(walk_memo *m, shimcfi_scratch *scratch, uint64_t *ips, unsi
     return n;
 }
 
-/* Every word a memo read was inside this thread's stack when it was read, and the stack
- * of a thread does not move, so reading them again is safe. */
-static inline int memo_same_start(const walk_memo *m, uint64_t generation, uint32_t serial,
-                                   uintptr_t pc, uintptr_t sp, uintptr_t bp, unsigned max) {
-    return m->generation == generation && m->serial == serial && m->pc == pc && m->sp == sp &&
-           m->max == max && !(m->used_bp && m->bp != bp);
-}
-
-/* The first read of m whose word differs now, or -1: every word the same, the same walk. */
-static inline int memo_diverges(const walk_memo *m, uintptr_t sp) {
-    for (unsigned i = 0; i < m->n_reads; i++)
-        if (*(const uintptr_t *)(sp + m->offset[i]) != m->value[i]) return (int)i;
-    return -1;
-}
 
 /* Where this walk leaves a walk of the same pc and sp (shimcfi_walk): read `index` of way
  * `way`, at `offset` above sp, now holds `word`. */
@@ -565,44 +496,6 @@ static inline int memo_find(memo_set *set, uint64_t tag, uint64_t key, uint64_t 
     return -1;
 }
 
-/* The way the thread's next walk will most likely hit: the one that followed way w last
- * time.  Its lines are prefetched now, while the program works until its next allocation,
- * and that walk checks it first (memo_predicted). */
-static inline void memo_follow(memo_set *set, int w) {
-    uint32_t last = set->last;
-    uint8_t now = (uint8_t)(w + 1);
-    if (last != 0 && set->next[last - 1] != now) set->next[last - 1] = now;
-    set->last = now;
-    if (w < 0 || set->next[w] == 0) return;
-    const char *m = (const char *)&set->way[set->next[w] - 1];
-    /* The header and the first 16 reads' offsets and values (a hit reads ~16). */
-    __builtin_prefetch(m, 0, 3);
-    __builtin_prefetch(m + offsetof(walk_memo, offset), 0, 3);
-    __builtin_prefetch(m + offsetof(walk_memo, value), 0, 3);
-    __builtin_prefetch(m + offsetof(walk_memo, value) + 64, 0, 3);
-}
-
-/* The way predicted for this walk (memo_follow) if it holds this very walk, else -1.  Any
- * way whose start and every read match is this walk, exactly, whatever its key: the key
- * (memo_find) only tells where to look.  A cycle of paths through an allocation wrapper
- * (32 % of sqlite3's walks are found by key) is so found without the fork's lookup. */
-static inline int memo_predicted(memo_set *set, uint64_t generation, uint32_t serial,
-                                 uintptr_t pc, uintptr_t sp, uintptr_t bp, unsigned max) {
-    uint32_t last = set->last;
-    if (last == 0) return -1;
-    unsigned g = set->next[last - 1];
-    if (g == 0) return -1;
-    unsigned w = g - 1;
-    const walk_memo *m = &set->way[w];
-    /* A way with no walk (being rewritten, or its walk could not be kept) has generation
-     * 0, which memo_same_start rejects. */
-    if (!memo_same_start(m, generation, serial, pc, sp, bp, max) ||
-        memo_diverges(m, sp) >= 0)
-        return -1;
-    set->used[w] = 1;
-    return (int)w;
-}
-
 unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
                       uintptr_t lo, uintptr_t hi, int *truncated, shimcfi_memo *memo,
                       shimcfi_scratch *scratch, int *way, int *hit) {
@@ -611,18 +504,15 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
     if (memo == NULL || n != 1) return walk(NULL, scratch, ips, n, max, sp, bp, lo, hi, truncated);
     *way = -1, *hit = 0;
     memo_set *set = (memo_set *)memo->bytes;
-    uint64_t generation = __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
+    uint64_t generation = __atomic_load_n(&shimcfi_generation, __ATOMIC_ACQUIRE);
     uint32_t serial = set->serial;
     uintptr_t pc = ips[0];
     uint64_t key = 0;
-    uint64_t tag = 0;
-    memo_fork fork = {-1, 0, 0, 0};
-    int w = memo_predicted(set, generation, serial, pc, sp, bp, max);
+    /* The predicted way was checked by the caller (shimcfi_memo_hit, shimmemo.h). */
     /* By (pc, sp): a call site reached by one path at a time (or a few) hits here. */
-    if (w < 0) {
-        tag = memo_tag(pc, sp);
-        w = memo_find(set, tag, 0, generation, serial, ips, sp, bp, max, &fork);
-    }
+    uint64_t tag = memo_tag(pc, sp);
+    memo_fork fork = {-1, 0, 0, 0};
+    int w = memo_find(set, tag, 0, generation, serial, ips, sp, bp, max, &fork);
     if (w < 0 && fork.way >= 0) {
         /* Allocation wrappers (sqlite3Malloc, xmalloc, a program's own pool) call malloc
          * from one pc at one sp for many paths.  A walk is deterministic: until it reads a

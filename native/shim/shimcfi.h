@@ -46,7 +46,9 @@ void shimcfi_memo_reset(shimcfi_memo *memo);
  * shimcfi.c).  With `memo` NULL it is neither used nor touched (a walk nested in another
  * one's recording: a signal handler that allocates).  Otherwise *way receives the memo way
  * that now holds this walk's stack (-1: none) and *hit whether it was already there (1) or
- * has just been written (0): a caller that has told its reader "way w of this thread is
+ * has just been written (0); the way predicted for this walk is not checked here: the
+ * caller checks it first, inline (shimcfi_memo_hit, shimmemo.h).  A caller that has told
+ * its reader "way w of this thread is
  * stack S" may say "way w again" after a hit.  On a hit, ips[n ..) are NOT filled: the
  * frames are at shimcfi_memo_frames(memo, way) (until the thread's next walk), and the
  * return value counts them.  `scratch` is used when a rule is computed; one walk at a
