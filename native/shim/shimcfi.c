@@ -333,7 +333,6 @@ static inline int stack_ok(uintptr_t a, uintptr_t lo, uintptr_t hi) {
     return a >= lo && a < hi && hi - a >= 8;
 }
 
-
 void shimcfi_memo_reset(shimcfi_memo *memo) {
     memo_set *set = (memo_set *)memo->bytes;
     set->serial++;
@@ -447,7 +446,6 @@ static unsigned walk(walk_memo *m, shimcfi_scratch *scratch, uint64_t *ips, unsi
     }
     return n;
 }
-
 
 /* Where this walk leaves a walk of the same pc and sp (shimcfi_walk): read `index` of way
  * `way`, at `offset` above sp, now holds `word`. */

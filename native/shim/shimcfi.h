@@ -22,7 +22,8 @@ void shimcfi_flush(void);
 
 /* Working memory of a walk, kept off the target's stack (a thread with a 16 KiB stack must
  * not run out of it inside malloc): the caller owns one per thread and nesting level, in
- * memory of its own (docs/heap-ring.md, "Stack use").  Sizes are checked in shimcfi.c. */
+ * memory of its own (docs/heap-ring.md, "Stack use").  Sizes are checked in shimcfi.c and
+ * shimmemo.h. */
 #define SHIMCFI_WAYS 64
 #define SHIMCFI_SCRATCH_BYTES 768
 #define SHIMCFI_MEMO_BYTES (1216u * SHIMCFI_WAYS + 768u)

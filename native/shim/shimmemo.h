@@ -14,7 +14,7 @@ extern uint64_t shimcfi_generation;
 
 /* The last walks of this thread, to repeat them without walking.  A walk is a function of
  * the registers it starts from (pc, sp, bp), of the stack words it reads and of the rules
- * (which change only when a dlclose flushes them: g_generation).  So if the registers are
+ * (which change only when a dlclose flushes them: shimcfi_generation).  So if the registers are
  * the same and every word it read still holds the same value, the result is the same,
  * exactly.  The check is a handful of independent loads, where the walk is a chain of
  * dependent ones (stack word -> rule -> next stack word), ~5 ns a frame.
