@@ -42,6 +42,7 @@
 
 #include "heapring.h"
 #include "shimcfi.h"
+#include "shimmemo.h"
 #include "shimpy.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -958,8 +959,13 @@ static ALWAYS_INLINE unsigned capture(uint64_t *ips, uintptr_t fp, unsigned *fla
         /* The wrapper's frame record gives the caller's registers at the call: its stack
          * pointer just above the return address, its rbp saved by our prologue. */
         int truncated = 0;
-        n = shimcfi_walk(ips, n, max, fp + 16, ((const uintptr_t *)fp)[0], lo, hi, &truncated,
-                         memo, scratch, way, hit);
+        uintptr_t sp = fp + 16, bp = ((const uintptr_t *)fp)[0];
+        unsigned got = memo != NULL ? shimcfi_memo_hit(memo, ips[0], sp, bp, max, &truncated,
+                                                       way, hit)
+                                    : 0;
+        n = LIKELY(got) ? got
+                        : shimcfi_walk(ips, n, max, sp, bp, lo, hi, &truncated, memo, scratch,
+                                       way, hit);
         if (truncated) *flags |= RSPROF_HEAP_RF_TRUNCATED;
         return n;
     }
@@ -1189,13 +1195,11 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
     if (UNLIKELY((uintptr_t)a <= (uintptr_t)AREA_DEAD)) a = NULL;
     uint64_t direct[1];
     uint64_t *ips = direct;
-    const uint64_t *callers = NULL; /* ips[1 ..), or the memo's copy of them after a hit */
     unsigned depth = 1;
     if (LIKELY(a != NULL)) {
         record_level *lv = &a->level[level];
         ips = lv->ips;
         depth = capture(ips, fp, &flags, level == 0 ? &a->memo : NULL, &lv->cfi, &way, &hit);
-        callers = hit ? shimcfi_memo_frames(&a->memo, way) : ips + 1;
     } else {
         direct[0] = ((const uintptr_t *)fp)[1]; /* the return address into malloc's caller */
     }
@@ -1226,6 +1230,8 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
         ok = record_again(h, p, n, flags, way);
     } else {
         if (by_way) flags |= RSPROF_HEAP_RF_WAY(way);
+        /* ips[1 ..), or the memo's copy of them after a hit (not needed for ALLOC_AGAIN). */
+        const uint64_t *callers = hit ? shimcfi_memo_frames(&a->memo, way) : ips + 1;
         uint64_t words = RSPROF_HEAP_ALLOC_WORDS(depth) + (npy ? RSPROF_HEAP_PY_WORDS(npy) : 0);
         uint64_t pos;
         ok = reserve(h, words * 8, &pos);

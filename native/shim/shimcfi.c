@@ -29,6 +29,7 @@
  */
 #define _GNU_SOURCE
 #include "shimcfi.h"
+#include "shimmemo.h"
 
 #include "cfi_eval.h"
 
@@ -311,12 +312,12 @@ int shimcfi_init(void) {
 
 /* Bumped by every flush: a thread's memo of its last walk (below) is only valid for the
  * rules of its generation. */
-static uint64_t g_generation = 1; /* 0 in a memo means "empty" */
+uint64_t shimcfi_generation = 1; /* 0 in a memo means "empty" */
 
 void shimcfi_flush(void) {
     /* Private anonymous memory: DONTNEED gives back zero pages (empty slots). */
     if (g_cache) madvise(g_cache, sizeof(cache_slot) << CACHE_BITS, MADV_DONTNEED);
-    __atomic_add_fetch(&g_generation, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&shimcfi_generation, 1, __ATOMIC_RELEASE);
 }
 
 void shimcfi_get_stats(shimcfi_stats *out) {
@@ -331,52 +332,6 @@ void shimcfi_get_stats(shimcfi_stats *out) {
 static inline int stack_ok(uintptr_t a, uintptr_t lo, uintptr_t hi) {
     return a >= lo && a < hi && hi - a >= 8;
 }
-
-/* The last walks of this thread, to repeat them without walking.  A walk is a function of
- * the registers it starts from (pc, sp, bp), of the stack words it reads and of the rules
- * (which change only when a dlclose flushes them: g_generation).  So if the registers are
- * the same and every word it read still holds the same value, the result is the same,
- * exactly.  The check is a handful of independent loads, where the walk is a chain of
- * dependent ones (stack word -> rule -> next stack word), ~5 ns a frame.
- *
- * The memo holds MEMO_WAYS walks, fully associative: a walk is found by its tag (a hash of
- * pc and sp) in one compact array, then checked; the way replaced is chosen by a clock
- * (second chance for ways hit since the hand last passed).  A program often allocates from
- * a cycle of a few dozen call paths (sqlite3 makes ~25 distinct allocations per INSERT): a
- * memo of the last 4 walks replaced in turn hit 5 % of them there; sets of a few ways
- * indexed by hash hit between 77 % and 99.99 % as the paths happened to collide.  The
- * first read of a walk is the return address of its second frame, so a way of another
- * path at the same (pc, sp) is rejected at its first words. */
-#define MEMO_WAYS SHIMCFI_WAYS
-_Static_assert(MEMO_WAYS == 64, "a way is a bit of a 64-bit mask");
-#define MEMO_READS 64
-#define MEMO_OUT 48
-typedef struct {
-    uint64_t generation; /* 0: empty, or being rewritten */
-    uint32_t serial;     /* the set's serial when written (see memo_set) */
-    uint64_t key;        /* 0, or the hash of its first frames (see shimcfi_walk) */
-    uintptr_t pc, sp, bp;
-    unsigned max, n_reads, n_out, overflow;
-    int truncated, used_bp; /* used_bp: the walk depended on the starting rbp */
-    uint32_t offset[MEMO_READS]; /* stack word read, as its distance above sp */
-    uintptr_t value[MEMO_READS]; /* what it held */
-    uint64_t out[MEMO_OUT];
-} walk_memo;
-
-/* A thread's memo lives in the caller's per-thread memory, not in TLS: glibc carves static
- * TLS out of every thread's stack, and 77 KiB of it would cost each thread that much stack.
- * `serial` is bumped when the memory passes to another thread (shimcfi_memo_reset): ways
- * written under an older serial are empty, without touching them (the memory is lazily
- * touched, a page at a time). */
-typedef struct {
-    uint32_t serial;
-    uint32_t hand;             /* the clock's next way */
-    uint8_t tag8[MEMO_WAYS];   /* each tag's top byte, compared 16 at a time */
-    uint64_t tag[MEMO_WAYS];   /* memo_tag() of each way's walk; 0: none */
-    uint8_t used[MEMO_WAYS];   /* hit since the hand last passed */
-    walk_memo way[MEMO_WAYS];
-} memo_set;
-_Static_assert(sizeof(memo_set) <= sizeof(shimcfi_memo), "SHIMCFI_MEMO_BYTES too small");
 
 void shimcfi_memo_reset(shimcfi_memo *memo) {
     memo_set *set = (memo_set *)memo->bytes;
@@ -492,21 +447,6 @@ static unsigned walk(walk_memo *m, shimcfi_scratch *scratch, uint64_t *ips, unsi
     return n;
 }
 
-/* Every word a memo read was inside this thread's stack when it was read, and the stack
- * of a thread does not move, so reading them again is safe. */
-static inline int memo_same_start(const walk_memo *m, uint64_t generation, uint32_t serial,
-                                   uintptr_t pc, uintptr_t sp, uintptr_t bp, unsigned max) {
-    return m->generation == generation && m->serial == serial && m->pc == pc && m->sp == sp &&
-           m->max == max && !(m->used_bp && m->bp != bp);
-}
-
-/* The first read of m whose word differs now, or -1: every word the same, the same walk. */
-static inline int memo_diverges(const walk_memo *m, uintptr_t sp) {
-    for (unsigned i = 0; i < m->n_reads; i++)
-        if (*(const uintptr_t *)(sp + m->offset[i]) != m->value[i]) return (int)i;
-    return -1;
-}
-
 /* Where this walk leaves a walk of the same pc and sp (shimcfi_walk): read `index` of way
  * `way`, at `offset` above sp, now holds `word`. */
 typedef struct {
@@ -562,10 +502,11 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
     if (memo == NULL || n != 1) return walk(NULL, scratch, ips, n, max, sp, bp, lo, hi, truncated);
     *way = -1, *hit = 0;
     memo_set *set = (memo_set *)memo->bytes;
-    uint64_t generation = __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE);
+    uint64_t generation = __atomic_load_n(&shimcfi_generation, __ATOMIC_ACQUIRE);
     uint32_t serial = set->serial;
     uintptr_t pc = ips[0];
     uint64_t key = 0;
+    /* The predicted way was checked by the caller (shimcfi_memo_hit, shimmemo.h). */
     /* By (pc, sp): a call site reached by one path at a time (or a few) hits here. */
     uint64_t tag = memo_tag(pc, sp);
     memo_fork fork = {-1, 0, 0, 0};
@@ -590,6 +531,7 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
         *truncated |= set->way[w].truncated;
         *way = w;
         *hit = 1;
+        memo_follow(set, w);
         return 1 + set->way[w].n_out;
     }
     /* The clock: ways hit since the hand last passed get a second chance. */
@@ -623,6 +565,7 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
         set->tag8[k] = (uint8_t)(tag >> 56);
         *way = (int)k;
     }
+    memo_follow(set, *way);
     return got;
 }
 

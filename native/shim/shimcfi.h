@@ -22,15 +22,16 @@ void shimcfi_flush(void);
 
 /* Working memory of a walk, kept off the target's stack (a thread with a 16 KiB stack must
  * not run out of it inside malloc): the caller owns one per thread and nesting level, in
- * memory of its own (docs/heap-ring.md, "Stack use").  Sizes are checked in shimcfi.c. */
+ * memory of its own (docs/heap-ring.md, "Stack use").  Sizes are checked in shimcfi.c and
+ * shimmemo.h. */
 #define SHIMCFI_WAYS 64
 #define SHIMCFI_SCRATCH_BYTES 768
-#define SHIMCFI_MEMO_BYTES (1224u * SHIMCFI_WAYS + 704u)
+#define SHIMCFI_MEMO_BYTES (1216u * SHIMCFI_WAYS + 768u)
 typedef struct {
     _Alignas(16) unsigned char bytes[SHIMCFI_SCRATCH_BYTES];
 } shimcfi_scratch; /* a rule's computation: module bounds, CIE, CFA program state */
 typedef struct {
-    _Alignas(16) unsigned char bytes[SHIMCFI_MEMO_BYTES];
+    _Alignas(64) unsigned char bytes[SHIMCFI_MEMO_BYTES];
 } shimcfi_memo; /* SHIMCFI_WAYS recent walks of a thread; all zero is empty */
 
 /* Empties a memo that passes to another thread (without touching its ways). */
@@ -46,7 +47,9 @@ void shimcfi_memo_reset(shimcfi_memo *memo);
  * shimcfi.c).  With `memo` NULL it is neither used nor touched (a walk nested in another
  * one's recording: a signal handler that allocates).  Otherwise *way receives the memo way
  * that now holds this walk's stack (-1: none) and *hit whether it was already there (1) or
- * has just been written (0): a caller that has told its reader "way w of this thread is
+ * has just been written (0); the way predicted for this walk is not checked here: the
+ * caller checks it first, inline (shimcfi_memo_hit, shimmemo.h).  A caller that has told
+ * its reader "way w of this thread is
  * stack S" may say "way w again" after a hit.  On a hit, ips[n ..) are NOT filled: the
  * frames are at shimcfi_memo_frames(memo, way) (until the thread's next walk), and the
  * return value counts them.  `scratch` is used when a rule is computed; one walk at a

@@ -316,16 +316,21 @@ def test_repeated_stacks_exact_across_readers(target_binary, flags, targets) -> 
     assert t.finish() == 0
 
 
-def test_cycle_of_paths_through_one_wrapper_repeats_its_stacks(target_binary, flags,
-                                                             targets) -> None:
+@pytest.mark.parametrize("order", ["cycle", "mixed"])
+def test_cycle_of_paths_through_one_wrapper_repeats_its_stacks(target_binary, flags, targets,
+                                                             order: str) -> None:
     """24 sites allocate through one wrapper in turn: malloc is called from one pc at one sp
     for every path, in a cycle longer than the 4 ways the memo once had (which hit none of
     them, so every allocation was walked and sent whole). The memo tells the paths apart by
     their first callers: after each path's first walk, its allocations are repeats
-    (ALLOC_AGAIN), and every site's counts stay exact."""
+    (ALLOC_AGAIN), and every site's counts stay exact. "mixed" changes the order from tick
+    to tick: the way predicted from the last walk (the one that followed it last time)
+    starts like this walk and departs from it at its caller, so the shim must find the
+    right one by its fork; counts exact all the same."""
     binary = target_binary("heap_wrapper.c")
     ticks, sites = 2000, 24
-    t = start(targets, [str(binary), str(ticks), str(flags)], flags)
+    extra = ["mixed"] if order == "mixed" else []
+    t = start(targets, [str(binary), str(ticks), str(flags), *extra], flags)
     pid = int(t.expect("ready")[0])
     symbols = Symbols(binary, pid)
     reader = attach(pid)
