@@ -28,6 +28,12 @@ Printed per row (the repeats pooled):
   share of the target's CPU time; py-spy: its samples x the loop's share of the target's
   lifetime).
 
+Also printed (stderr): the shares of the functions `work` calls within `work`, beside the
+truth: their CPU time (time.thread_time_ns around each call) in the plain runs, and each
+tool's L1 from it with its binomial noise. py-spy, the reference above, stops the target
+at every sample and samples wall-clock time: where that perturbs the target unevenly, its
+shares move away from the truth too.
+
 Also asked for by --configs only (printed on stderr, with the profiler CPU per sample of
 every configuration and rsprof's off-CPU switch-outs per CPU sample): `rsprof-no-offcpu`
 (`--no-off-cpu`: CPU samples only, as py-spy records) and `rsprof-base` (rsprof run by
@@ -188,7 +194,10 @@ def run_once(config: str, python: str, script: Path, rounds: int, freq: str, wor
                    str(output), "--", *target]
     if nice:
         command = ["nice", "-n", str(nice), *command]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    # The plain run also times each function `work` calls (bench/targets/pyacc_timing.py):
+    # the CPU-time truth of their shares, which the profiled runs are compared with too.
+    env = {**os.environ, "PYACC_PHASES": "1"} if config == "plain" else None
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
     if done.returncode != 0 or not timing.exists():
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr}")
     return read_run(config, work, tag)
@@ -377,6 +386,37 @@ def summarize(workload: str, version: str, rounds: int,
                     f"{100 * spy.self[k] / max(spy.samples, 1):.1f} "
                     f"({100 * drain.self[k] / max(drain.samples, 1):.1f})" for k in worst),
           f"; py-spy's longest run of identical samples: {longest}", file=sys.stderr, flush=True)
+    truth_ns: Counter[str] = Counter()
+    for r in results.get("plain", []):
+        truth_ns.update(r.get("phases_cpu_ns") or {})  # type: ignore[call-overload]
+
+    def phases(p: Profile) -> str:
+        """The L1 (points) of the shares of `work`'s callees within `work` from the CPU-time
+        truth of the plain runs, and its binomial noise for the samples under `work`."""
+        script = f"pyacc_{workload}.py"
+        whole = p.total[("work", script)]
+        total_ns = sum(truth_ns.values())
+        if not whole or not total_ns:
+            return "-"
+        shares = {name: (p.total[(name, script)] / whole, ns / total_ns)
+                  for name, ns in truth_ns.items()}
+        distance = 100 * sum(abs(a - b) for a, b in shares.values())
+        spread = 100 * sum(math.sqrt(2 / math.pi * b * (1 - b) / whole)
+                           for _, b in shares.values())
+        return f"{distance:.1f} ({spread:.1f})"
+
+    if truth_ns:
+        script = f"pyacc_{workload}.py"
+        shown = {name: 100 * ns / sum(truth_ns.values()) for name, ns in truth_ns.items()}
+        print(f"{workload} {version}: shares of work's callees, CPU-time truth / rsprof / "
+              "py-spy:", ", ".join(
+                  f"{name} {share:.1f} / "
+                  f"{100 * on.total[(name, script)] / max(on.total[('work', script)], 1):.1f} / "
+                  f"{100 * spy.total[(name, script)] / max(spy.total[('work', script)], 1):.1f}"
+                  for name, share in sorted(shown.items(), key=lambda kv: -kv[1])),
+              f"; L1 from the truth (noise): rsprof {phases(on)}, py-spy {phases(spy)}",
+              file=sys.stderr, flush=True)
+
     worst_total = sorted(set(on.total) | set(spy.total), key=lambda k: -abs(
         on.total[k] / max(on.samples, 1) - spy.total[k] / max(spy.samples, 1)))[:6]
     print(f"{workload} {version}: largest total differences, rsprof vs py-spy:",
