@@ -525,15 +525,9 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
         tag = memo_tag(key, sp);
         w = memo_find(set, tag, key, generation, serial, ips, sp, bp, max, NULL);
     }
-    if (w >= 0) {
-        /* The frames stay in the memo: the caller takes them if it needs them
-         * (shimcfi_memo_frames); a stack its reader knows is sent without them. */
-        *truncated |= set->way[w].truncated;
-        *way = w;
-        *hit = 1;
-        memo_follow(set, w);
-        return 1 + set->way[w].n_out;
-    }
+    /* The frames stay in the memo: the caller takes them if it needs them
+     * (shimcfi_memo_frames); a stack its reader knows is sent without them. */
+    if (w >= 0) return memo_take(set, w, truncated, way, hit);
     /* The clock: ways hit since the hand last passed get a second chance. */
     unsigned k = set->hand % MEMO_WAYS;
     while (set->used[k]) {

@@ -122,6 +122,17 @@ static inline int memo_predicted(memo_set *set, uint64_t generation, uint32_t se
     return (int)w;
 }
 
+/* Way w holds this walk: the count shimcfi_walk returns for it, with *way and *hit set and
+ * *truncated or'ed (its frames stay in the memo: shimcfi_memo_frames), and w noted as the
+ * walk the next one follows (memo_follow). */
+static inline unsigned memo_take(memo_set *set, int w, int *truncated, int *way, int *hit) {
+    *truncated |= set->way[w].truncated;
+    *way = w;
+    *hit = 1;
+    memo_follow(set, w);
+    return 1u + set->way[w].n_out;
+}
+
 /* The predicted way (memo_predicted) holds the walk from (ips[0], sp, bp) up to `max`
  * frames: returns the count shimcfi_walk would, with *way and *hit set and *truncated
  * or'ed as it does; else 0, and the caller walks (shimcfi_walk).  A walk made by a
@@ -132,12 +143,7 @@ static inline unsigned shimcfi_memo_hit(shimcfi_memo *memo, uintptr_t pc, uintpt
     memo_set *set = (memo_set *)memo->bytes;
     int w = memo_predicted(set, __atomic_load_n(&shimcfi_generation, __ATOMIC_ACQUIRE),
                            set->serial, pc, sp, bp, max);
-    if (w < 0) return 0;
-    *truncated |= set->way[w].truncated;
-    *way = w;
-    *hit = 1;
-    memo_follow(set, w);
-    return 1u + set->way[w].n_out;
+    return w < 0 ? 0 : memo_take(set, w, truncated, way, hit);
 }
 
 #endif
