@@ -52,23 +52,26 @@ typedef struct {
 } st_list;
 
 typedef struct {
-    uint32_t *indexes;     /* section indexes of the executable sections, sorted */
-    uint64_t *ends;
+    uint64_t index, end;   /* an executable section and its end address */
+} st_exec;
+
+typedef struct {
+    st_exec *items;        /* sorted by index */
     size_t n;
 } st_sections;
 
+static int st_by_index(const void *a, const void *b) {
+    uint64_t x = ((const st_exec *)a)->index, y = ((const st_exec *)b)->index;
+    return x < y ? -1 : x > y;
+}
+
 static bool st_exec_end(const st_sections *sections, uint32_t shndx, uint64_t *end) {
-    size_t lo = 0, hi = sections->n;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (sections->indexes[mid] < shndx) lo = mid + 1;
-        else hi = mid;
-    }
-    if (lo < sections->n && sections->indexes[lo] == shndx) {
-        if (end != NULL) *end = sections->ends[lo];
-        return true;
-    }
-    return false;
+    st_exec key = {shndx, 0};
+    const st_exec *found = sections->n ? bsearch(&key, sections->items, sections->n,
+                                                 sizeof key, st_by_index)
+                                       : NULL;
+    if (found != NULL && end != NULL) *end = found->end;
+    return found != NULL;
 }
 
 /* Characters of a UTF-8 name (Python's len of its decoded str for valid UTF-8). */
@@ -177,7 +180,6 @@ static PyObject *native_symtab_build(PyObject *mod, PyObject *args) {
     Py_ssize_t n_sources = PyList_GET_SIZE(sources);
     Py_buffer *buffers = PyMem_Calloc((size_t)(2 * n_sources + 1), sizeof(Py_buffer));
     Py_ssize_t n_buffers = 0;
-    uint64_t *pairs = NULL;  /* (index, end) of the executable sections, for sorting */
     PyObject *names = NULL;
     uint64_t *starts = NULL, *ends = NULL;
     if (buffers == NULL) {
@@ -186,10 +188,8 @@ static PyObject *native_symtab_build(PyObject *mod, PyObject *args) {
     }
     /* the executable sections, sorted by index */
     Py_ssize_t n_ends = PyDict_GET_SIZE(section_ends), pos = 0;
-    pairs = malloc((size_t)(n_ends + 1) * 2 * sizeof *pairs);
-    sections.indexes = malloc((size_t)(n_ends + 1) * sizeof *sections.indexes);
-    sections.ends = malloc((size_t)(n_ends + 1) * sizeof *sections.ends);
-    if (pairs == NULL || sections.indexes == NULL || sections.ends == NULL) {
+    sections.items = malloc((size_t)(n_ends + 1) * sizeof *sections.items);
+    if (sections.items == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -199,23 +199,9 @@ static PyObject *native_symtab_build(PyObject *mod, PyObject *args) {
         unsigned long long end = PyLong_AsUnsignedLongLong(value);
         if (PyErr_Occurred()) goto done;
         if (index > UINT32_MAX) continue;  /* no symbol's shndx (16 bits) names it */
-        pairs[2 * sections.n] = index;
-        pairs[2 * sections.n + 1] = end;
-        sections.n++;
+        sections.items[sections.n++] = (st_exec){index, end};
     }
-    /* sort (index, end) pairs by index: a small array (tens of sections) */
-    for (size_t i = 1; i < sections.n; i++)
-        for (size_t j = i; j > 0 && pairs[2 * (j - 1)] > pairs[2 * j]; j--) {
-            uint64_t t0 = pairs[2 * j], t1 = pairs[2 * j + 1];
-            pairs[2 * j] = pairs[2 * (j - 1)];
-            pairs[2 * j + 1] = pairs[2 * (j - 1) + 1];
-            pairs[2 * (j - 1)] = t0;
-            pairs[2 * (j - 1) + 1] = t1;
-        }
-    for (size_t i = 0; i < sections.n; i++) {
-        sections.indexes[i] = (uint32_t)pairs[2 * i];
-        sections.ends[i] = pairs[2 * i + 1];
-    }
+    if (sections.n) qsort(sections.items, sections.n, sizeof *sections.items, st_by_index);
 
     for (Py_ssize_t k = 0; k < n_sources && !list.nomem; k++) {
         PyObject *source = PyList_GET_ITEM(sources, k);
@@ -289,9 +275,7 @@ static PyObject *native_symtab_build(PyObject *mod, PyObject *args) {
 done:
     for (Py_ssize_t i = 0; i < n_buffers; i++) PyBuffer_Release(&buffers[i]);
     PyMem_Free(buffers);
-    free(pairs);
-    free(sections.indexes);
-    free(sections.ends);
+    free(sections.items);
     free(list.items);
     free(starts);
     free(ends);
