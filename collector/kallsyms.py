@@ -127,7 +127,8 @@ class KernelSymbols:
         """Reads /proc/kallsyms; unreadable, it is as if every address were hidden. With
         `cache_dir`, this boot's table is taken from there when it was written before
         (`covered` then says for which code it holds), and written there when read."""
-        key = _cache_key() if cache_dir is not None else None
+        modules = _modules_text() if cache_dir is not None else None
+        key = None if modules is None else _cache_key(modules)
         cache = None if key is None or cache_dir is None else cache_dir / "kallsyms" / key
         if cache is not None:
             cached = _read_cache(cache)
@@ -138,8 +139,9 @@ class KernelSymbols:
         except OSError:
             return cls([], None, hidden=True)
         symbols = cls._from_native(parsed)
-        if cache is not None and not symbols.hidden and parsed[7] and parsed[8]:
-            _write_cache(cache, parsed, _module_ranges())
+        if cache is not None and modules is not None and not symbols.hidden and parsed[7] \
+                and parsed[8]:
+            _write_cache(cache, parsed, _module_ranges(modules))
         return symbols
 
     def covers(self, chain: Sequence[int]) -> bool:
@@ -189,9 +191,22 @@ class KernelSymbols:
         return None
 
 
-def _cache_key() -> str | None:
-    """This boot's id and what /proc/modules says (modules and their addresses), as a file
-    name; None if the boot cannot be told."""
+def _modules_text() -> bytes | None:
+    """/proc/modules (loaded modules and their addresses): empty on a kernel without
+    loadable modules, None if it cannot be read. Read once per load: the cache's key and the
+    modules' ranges it records come from the same text."""
+    try:
+        with open(MODULES, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return b""
+    except OSError:
+        return None
+
+
+def _cache_key(modules: bytes) -> str | None:
+    """This boot's id and what /proc/modules says, as a file name; None if the boot cannot
+    be told."""
     try:
         with open(BOOT_ID, "rb") as f:
             boot = f.read(64).strip().decode("ascii")
@@ -199,26 +214,14 @@ def _cache_key() -> str | None:
         return None
     if not boot or not all(c in "0123456789abcdef-" for c in boot):
         return None
-    try:
-        with open(MODULES, "rb") as f:
-            modules = f.read()
-    except FileNotFoundError:
-        modules = b""  # a kernel without loadable modules
-    except OSError:
-        return None
     return f"{boot}-{hashlib.sha256(modules).hexdigest()[:16]}.bin"
 
 
-def _module_ranges() -> list[tuple[int, int]]:
-    """Each loaded module's code and data, [start, end), from /proc/modules (`name size refs
-    deps state address`); none where addresses are hidden."""
+def _module_ranges(modules: bytes) -> list[tuple[int, int]]:
+    """Each loaded module's code and data, [start, end), from /proc/modules' text (`name size
+    refs deps state address`); none where addresses are hidden."""
     ranges = []
-    try:
-        with open(MODULES) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    for line in lines:
+    for line in modules.decode(errors="replace").splitlines():
         fields = line.split()
         try:
             size, address = int(fields[1]), int(fields[5], 16)

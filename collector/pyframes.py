@@ -287,9 +287,9 @@ def _look_at_libpython(program: str, dynstr: bytes) -> None:
                for w in strings if w.startswith(("/", "$ORIGIN", "${ORIGIN}"))
                for folder in w.split(":")]
     folders += os.environ.get("LD_LIBRARY_PATH", "").split(":") + list(_LIBRARY_DIRS)
-    for folder in folders:
-        candidate = os.path.join(folder, library) if folder else ""
-        identity = _file_identity(candidate) if candidate else None
+    for folder in filter(None, folders):  # an empty LD_LIBRARY_PATH entry names nothing
+        candidate = os.path.join(folder, library)
+        identity = _file_identity(candidate)
         if identity is not None:
             _elf_python(candidate, identity)
             return
