@@ -1355,11 +1355,18 @@ static void finish_ring(void) {
     if (g_debug && g_cfi) {
         shimcfi_stats st;
         shimcfi_get_stats(&st);
-        char line[160], *p = line;
-        static const char a[] = "cfi rules computed ", b[] = ", uncached ", c[] = ", fp frames ";
+        char line[200], *p = line;
+        static const char a[] = "cfi rules computed ", b[] = ", uncached ", c[] = ", fp frames ",
+                          d[] = ", memo lookups of this thread ";
         memcpy(p, a, sizeof a - 1), p += sizeof a - 1, p += fmt_u64(p, st.computed);
         memcpy(p, b, sizeof b - 1), p += sizeof b - 1, p += fmt_u64(p, st.uncached);
         memcpy(p, c, sizeof c - 1), p += sizeof c - 1, p += fmt_u64(p, st.fp_frames);
+        thread_area *area_now = t_area;
+        if ((uintptr_t)area_now > (uintptr_t)AREA_DEAD) {
+            memcpy(p, d, sizeof d - 1), p += sizeof d - 1;
+            p += fmt_u64(p, shimcfi_memo_lookups(&area_now->memo));
+        }
+        *p = 0;
         shim_log(line);
     }
     /* Events nobody has read, in a process whose session's recorder is alive (the rsprof

@@ -336,6 +336,7 @@ static inline int stack_ok(uintptr_t a, uintptr_t lo, uintptr_t hi) {
 void shimcfi_memo_reset(shimcfi_memo *memo) {
     memo_set *set = (memo_set *)memo->bytes;
     set->serial++;
+    set->lookups = 0;
 }
 
 /* The tag of walks from (pc or key, sp): never 0, the tag of no walk. */
@@ -506,7 +507,8 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
     uint32_t serial = set->serial;
     uintptr_t pc = ips[0];
     uint64_t key = 0;
-    /* The predicted way was checked by the caller (shimcfi_memo_hit, shimmemo.h). */
+    /* The predicted ways were checked by the caller (shimcfi_memo_hit, shimmemo.h). */
+    set->lookups++;
     /* By (pc, sp): a call site reached by one path at a time (or a few) hits here. */
     uint64_t tag = memo_tag(pc, sp);
     memo_fork fork = {-1, 0, 0, 0};
@@ -561,6 +563,10 @@ unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uin
     }
     memo_follow(set, *way);
     return got;
+}
+
+uint64_t shimcfi_memo_lookups(const shimcfi_memo *memo) {
+    return ((const memo_set *)memo->bytes)->lookups;
 }
 
 const uint64_t *shimcfi_memo_frames(const shimcfi_memo *memo, int way) {

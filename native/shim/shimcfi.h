@@ -26,7 +26,7 @@ void shimcfi_flush(void);
  * shimmemo.h. */
 #define SHIMCFI_WAYS 64
 #define SHIMCFI_SCRATCH_BYTES 768
-#define SHIMCFI_MEMO_BYTES (1216u * SHIMCFI_WAYS + 768u)
+#define SHIMCFI_MEMO_BYTES (1216u * SHIMCFI_WAYS + 832u)
 typedef struct {
     _Alignas(16) unsigned char bytes[SHIMCFI_SCRATCH_BYTES];
 } shimcfi_scratch; /* a rule's computation: module bounds, CIE, CFA program state */
@@ -57,6 +57,11 @@ void shimcfi_memo_reset(shimcfi_memo *memo);
 unsigned shimcfi_walk(uint64_t *ips, unsigned n, unsigned max, uintptr_t sp, uintptr_t bp,
                       uintptr_t lo, uintptr_t hi, int *truncated, shimcfi_memo *memo,
                       shimcfi_scratch *scratch, int *way, int *hit);
+
+/* Walks of this memo's thread that the ways predicted from its last walk did not hold
+ * (shimcfi_memo_hit), so that shimcfi_walk looked them up or walked them (for
+ * RSPROF_HEAP_DEBUG and the tests). */
+uint64_t shimcfi_memo_lookups(const shimcfi_memo *memo);
 
 /* The frames after ips[0] of the walk memoized in `way` (after a hit). */
 const uint64_t *shimcfi_memo_frames(const shimcfi_memo *memo, int way);

@@ -60,11 +60,16 @@ typedef struct {
     uint8_t tag8[MEMO_WAYS];   /* each tag's top byte, compared 16 at a time */
     uint64_t tag[MEMO_WAYS];   /* memo_tag() of each way's walk; 0: none */
     uint8_t used[MEMO_WAYS];   /* hit since the hand last passed */
-    /* The way whose walk came right after each way's last time, + 1 (0: none), and the
-     * way of the thread's last walk + 1: a program that allocates from a cycle of paths
-     * makes its walks in the same order again and again (see memo_predicted). */
+    /* The way whose walk came right after each way's last time, + 1 (0: none), the one
+     * that came after it the time before that (when it differs), and the way of the
+     * thread's last walk + 1: a program that allocates from a cycle of paths makes its
+     * walks in the same order again and again (see memo_predicted), and where the cycle
+     * forks, it mostly takes one of two branches (sqlite3: 9 % of its walks missed the
+     * one successor; all but 0.1 % of those were the other). */
     uint8_t next[MEMO_WAYS];
+    uint8_t other[MEMO_WAYS];
     uint32_t last;
+    uint64_t lookups; /* walks neither way predicted held (shimcfi_memo_lookups) */
     walk_memo way[MEMO_WAYS]; /* 64-aligned (the memo is: shimcfi.h) */
 } memo_set;
 _Static_assert(sizeof(memo_set) <= sizeof(shimcfi_memo), "SHIMCFI_MEMO_BYTES too small");
@@ -84,13 +89,29 @@ static inline int memo_diverges(const walk_memo *m, uintptr_t sp) {
     return -1;
 }
 
+/* Every word m read the same now: memo_diverges(m, sp) < 0 without a branch per word, so
+ * the loads of a hit (where every word is read anyway) overlap. */
+static inline int memo_same_words(const walk_memo *m, uintptr_t sp) {
+    unsigned n = m->n_reads, i = 0;
+    uintptr_t d0 = 0, d1 = 0;
+    for (; i + 2 <= n; i += 2) {
+        d0 |= *(const uintptr_t *)(sp + m->offset[i]) ^ m->value[i];
+        d1 |= *(const uintptr_t *)(sp + m->offset[i + 1]) ^ m->value[i + 1];
+    }
+    if (i < n) d0 |= *(const uintptr_t *)(sp + m->offset[i]) ^ m->value[i];
+    return (d0 | d1) == 0;
+}
+
 /* The way the thread's next walk will most likely hit: the one that followed way w last
  * time.  Its lines are prefetched now, while the program works until its next allocation,
  * and that walk checks it first (memo_predicted). */
 static inline void memo_follow(memo_set *set, int w) {
     uint32_t last = set->last;
     uint8_t now = (uint8_t)(w + 1);
-    if (last != 0 && set->next[last - 1] != now) set->next[last - 1] = now;
+    if (last != 0 && set->next[last - 1] != now) {
+        set->other[last - 1] = set->next[last - 1];
+        set->next[last - 1] = now;
+    }
     set->last = now;
     if (w < 0 || set->next[w] == 0) return;
     const char *m = (const char *)&set->way[set->next[w] - 1];
@@ -101,25 +122,34 @@ static inline void memo_follow(memo_set *set, int w) {
     __builtin_prefetch(m + offsetof(walk_memo, value) + 64, 0, 3);
 }
 
-/* The way predicted for this walk (memo_follow) if it holds this very walk, else -1.  Any
- * way whose start and every read match is this walk, exactly, whatever its key: the key
- * (memo_find) only tells where to look.  A cycle of paths through an allocation wrapper
- * (32 % of sqlite3's walks are found by key) is so found without the fork's lookup. */
+/* Way g - 1 (g: a next[] or other[] entry, 0 for none) holds this very walk. */
+static inline int memo_holds(const memo_set *set, unsigned g, uint64_t generation,
+                             uint32_t serial, uintptr_t pc, uintptr_t sp, uintptr_t bp,
+                             unsigned max) {
+    if (g == 0) return 0;
+    const walk_memo *m = &set->way[g - 1];
+    /* A way with no walk (being rewritten, or its walk could not be kept) has generation
+     * 0, which memo_same_start rejects. */
+    return memo_same_start(m, generation, serial, pc, sp, bp, max) && memo_same_words(m, sp);
+}
+
+/* The way predicted for this walk (memo_follow) if it holds this very walk, else -1: the
+ * way that followed the thread's last walk last time, or the one that followed it the time
+ * before.  Any way whose start and every read match is this walk, exactly, whatever its
+ * key: the key (memo_find) only tells where to look.  A cycle of paths through an
+ * allocation wrapper (32 % of sqlite3's walks are found by key) is so found without the
+ * fork's lookup. */
 static inline int memo_predicted(memo_set *set, uint64_t generation, uint32_t serial,
                                  uintptr_t pc, uintptr_t sp, uintptr_t bp, unsigned max) {
     uint32_t last = set->last;
     if (last == 0) return -1;
     unsigned g = set->next[last - 1];
-    if (g == 0) return -1;
-    unsigned w = g - 1;
-    const walk_memo *m = &set->way[w];
-    /* A way with no walk (being rewritten, or its walk could not be kept) has generation
-     * 0, which memo_same_start rejects. */
-    if (!memo_same_start(m, generation, serial, pc, sp, bp, max) ||
-        memo_diverges(m, sp) >= 0)
-        return -1;
-    set->used[w] = 1;
-    return (int)w;
+    if (!memo_holds(set, g, generation, serial, pc, sp, bp, max)) {
+        g = set->other[last - 1];
+        if (!memo_holds(set, g, generation, serial, pc, sp, bp, max)) return -1;
+    }
+    set->used[g - 1] = 1;
+    return (int)g - 1;
 }
 
 /* Way w holds this walk: the count shimcfi_walk returns for it, with *way and *hit set and

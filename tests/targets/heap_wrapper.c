@@ -2,10 +2,12 @@
  * program's own pool do), in a cycle: malloc is called from one pc at one sp for every
  * path, and the cycle is longer than a memo of the last few walks. Site k allocates
  * 100 + k bytes per tick and frees it at once.
- * Usage: heap_wrapper <ticks> <dir> [mixed]: prints "ready <pid>", waits for <dir>/go, runs
- * the ticks, prints "done", waits for <dir>/exit, exits 0.  With "mixed" each tick visits
+ * Usage: heap_wrapper <ticks> <dir> [mixed|alternate]: prints "ready <pid>", waits for
+ * <dir>/go, runs the ticks, prints "done", waits for <dir>/exit, exits 0.  With "mixed" each tick visits
  * every site once in another order (site k * m + i, m cycling through the 8 units mod 24):
- * the site that follows a site changes from tick to tick. */
+ * the site that follows a site changes from tick to tick.  With "alternate" the ticks take
+ * two orders in turn (sites in order, then site 5k mod 24): the site that follows a site is
+ * one of two. */
 #include "heap_common.h"
 
 #define SITES 24
@@ -35,12 +37,15 @@ int main(int argc, char **argv) {
     if (argc != 3 && argc != 4) return 2;
     long ticks = atol(argv[1]);
     int mixed = argc == 4 && strcmp(argv[3], "mixed") == 0;
+    int alternate = argc == 4 && strcmp(argv[3], "alternate") == 0;
     static const int units[8] = {1, 5, 7, 11, 13, 17, 19, 23};
     say("ready %d\n", (int)getpid());
     wait_for(argv[2], "go");
     for (long i = 0; i < ticks; i++)
         for (int k = 0; k < SITES; k++)
-            sites[mixed ? (k * units[i % 8] + i) % SITES : k]();
+            sites[mixed       ? (k * units[i % 8] + i) % SITES
+                  : alternate ? (i % 2 ? k * 5 % SITES : k)
+                              : k]();
     say("done\n");
     wait_for(argv[2], "exit");
     return 0;
