@@ -889,7 +889,19 @@ static uint64_t drain_records(HeapReaderObject *r) {
         unsigned kind = RSPROF_HEAP_HEAD_KIND(head);
         unsigned words;
         int err;
-        if (kind == RSPROF_HEAP_REC_FREE) {
+        if (kind == RSPROF_HEAP_REC_FREE_SHORT) {
+            words = RSPROF_HEAP_FREE_SHORT_WORDS;
+            err = on_free(r, RSPROF_HEAP_FREE_SHORT_ADDR(head));
+        } else if (kind == RSPROF_HEAP_REC_AGAIN_SHORT) {
+            unsigned way = RSPROF_HEAP_HEAD_WAY(head);
+            if (way == 0 || way > RSPROF_HEAP_MAX_WAYS) {
+                set_error(r, RERR_CORRUPT, pos, "bad way");
+                break;
+            }
+            words = RSPROF_HEAP_AGAIN_SHORT_WORDS;
+            err = on_again(r, d[(i + 1) & m], RSPROF_HEAP_AGAIN_SHORT_SIZE(head),
+                           RSPROF_HEAP_HEAD_TID(head), way);
+        } else if (kind == RSPROF_HEAP_REC_FREE) {
             words = RSPROF_HEAP_FREE_WORDS;
             err = on_free(r, d[(i + 1) & m]);
         } else if (kind == RSPROF_HEAP_REC_ALLOC) {

@@ -37,6 +37,16 @@
  *   FREE records are 2 words (16 bytes); ALLOC records 3 + depth words (+ 1 + 2 n with
  *   Python frames); ALLOC_AGAIN records 3 words.
  *
+ * Short records, for the two events that make most of the traffic (a free, an allocation
+ * with a stack its thread named before); the shim writes the long form when a value does
+ * not fit:
+ *   FREE_SHORT   1 word, the commit word itself: kind | address << 8 (an address below
+ *                2^56).  No tid, no flags: a free needs neither.
+ *   AGAIN_SHORT  2 words: commit word kind | size << 8 (a size below 2^16) | (way + 1) << 24
+ *                | tid << 32, then the address.  No flags (informational only).
+ * sqlite3's 150,000 INSERTs (3.3 M allocations, as many frees) write 24 bytes a pair
+ * instead of 40.
+ *
  * Ways (the shim's memo of each thread's last walks): an ALLOC record without Python frames
  * may name a way w (RSPROF_HEAP_HEAD_WAY(head) = w + 1): "this stack is now way w of
  * thread tid".  A later ALLOC_AGAIN record of the same thread with way w (head, address,
@@ -69,10 +79,11 @@
 #include <stdint.h>
 
 #define RSPROF_HEAP_MAGIC 0x3150414548505352ULL /* "RSPHEAP1", little-endian */
-#define RSPROF_HEAP_VERSION 5u /* 2: Python frames in ALLOC records; 3: ways, ALLOC_AGAIN;
+#define RSPROF_HEAP_VERSION 6u /* 2: Python frames in ALLOC records; 3: ways, ALLOC_AGAIN;
                                   4: 64 ways, the way in flags bits 8-15; 5: lap jumps (the
                                   reader may move both cursors to the next lap's start, the
-                                  shim allocates pages in every lap) */
+                                  shim allocates pages in every lap); 6: FREE_SHORT and
+                                  AGAIN_SHORT records */
 #define RSPROF_HEAP_HEADER_SIZE 4096u
 #define RSPROF_HEAP_MAX_DEPTH 64u
 /* shm_open() name prefix; the file is /dev/shm/rsprof-heap.<pid>.<suffix>, the suffix
@@ -93,6 +104,8 @@ enum {
     RSPROF_HEAP_REC_ALLOC = 1,
     RSPROF_HEAP_REC_FREE = 2,
     RSPROF_HEAP_REC_ALLOC_AGAIN = 3, /* an allocation with the stack of a named way */
+    RSPROF_HEAP_REC_FREE_SHORT = 4,  /* a FREE in its commit word */
+    RSPROF_HEAP_REC_AGAIN_SHORT = 5, /* an ALLOC_AGAIN with its size in its commit word */
 };
 /* Ways a thread may name (RSPROF_HEAP_HEAD_WAY is 1 .. this, 0 for none). */
 #define RSPROF_HEAP_MAX_WAYS 64u
@@ -143,6 +156,18 @@ enum {
 #define RSPROF_HEAP_HEAD_WAY(h) ((unsigned)(((h) >> 24) & 0xffu)) /* way + 1; 0: none */
 #define RSPROF_HEAP_AGAIN_WORDS 3u
 #define RSPROF_HEAP_FREE_WORDS 2u
+/* Short records (see the top of this file). */
+#define RSPROF_HEAP_FREE_SHORT_WORDS 1u
+#define RSPROF_HEAP_AGAIN_SHORT_WORDS 2u
+#define RSPROF_HEAP_SHORT_ADDR_LIMIT (1ull << 56)
+#define RSPROF_HEAP_SHORT_SIZE_LIMIT (1ull << 16)
+#define RSPROF_HEAP_FREE_SHORT(addr)                                                         \
+    ((uint64_t)RSPROF_HEAP_REC_FREE_SHORT | ((uint64_t)(addr) << 8))
+#define RSPROF_HEAP_FREE_SHORT_ADDR(h) ((uint64_t)(h) >> 8)
+#define RSPROF_HEAP_AGAIN_SHORT(size, way, tid)                                              \
+    ((uint64_t)RSPROF_HEAP_REC_AGAIN_SHORT | ((uint64_t)(uint16_t)(size) << 8) |             \
+     ((uint64_t)(uint8_t)((way) + 1) << 24) | ((uint64_t)(uint32_t)(tid) << 32))
+#define RSPROF_HEAP_AGAIN_SHORT_SIZE(h) ((unsigned)(((h) >> 8) & 0xffffu))
 #define RSPROF_HEAP_ALLOC_WORDS(depth) (3u + (unsigned)(depth))
 #define RSPROF_HEAP_PY_WORDS(n) (1u + 2u * (unsigned)(n))
 

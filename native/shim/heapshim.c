@@ -1165,10 +1165,19 @@ static ALWAYS_INLINE uint64_t *ring_data(struct rsprof_heap_header *h) {
     return (uint64_t *)((char *)h + RSPROF_HEAP_HEADER_SIZE);
 }
 
-/* An allocation whose stack this thread already named as way w: 3 words. */
+/* An allocation whose stack this thread already named as way w: 2 words (AGAIN_SHORT),
+ * or 3 for a size of 64 KiB or more. */
 static ALWAYS_INLINE int record_again(struct rsprof_heap_header *h, void *p, size_t n,
                                       unsigned flags, int way) {
     uint64_t pos;
+    if (LIKELY(n < RSPROF_HEAP_SHORT_SIZE_LIMIT)) {
+        if (!reserve(h, RSPROF_HEAP_AGAIN_SHORT_WORDS * 8, &pos)) return 0;
+        uint64_t *d = ring_data(h), i = pos >> 3;
+        d[(i + 1) & g_ring_mask] = (uint64_t)(uintptr_t)p;
+        __atomic_store_n(&d[i & g_ring_mask], RSPROF_HEAP_AGAIN_SHORT(n, way, t_tid),
+                         __ATOMIC_RELEASE);
+        return 1;
+    }
     if (!reserve(h, RSPROF_HEAP_AGAIN_WORDS * 8, &pos)) return 0;
     uint64_t *d = ring_data(h), m = g_ring_mask, i = pos >> 3;
     d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
@@ -1257,15 +1266,38 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
     return ok;
 }
 
-static NOINLINE void record_free(void *p, unsigned flags) {
+static NOINLINE void record_free_slow(void *p, unsigned flags) {
     struct rsprof_heap_header *h = ring();
     if (UNLIKELY(h == NULL)) return;
     if (UNLIKELY(t_tid == 0)) thread_init();
-    uint64_t pos;
+    uint64_t pos, a = (uint64_t)(uintptr_t)p;
+    if (LIKELY(a < RSPROF_HEAP_SHORT_ADDR_LIMIT)) { /* FREE_SHORT: its commit word alone */
+        if (!reserve(h, RSPROF_HEAP_FREE_SHORT_WORDS * 8, &pos)) return;
+        __atomic_store_n(&ring_data(h)[(pos >> 3) & g_ring_mask], RSPROF_HEAP_FREE_SHORT(a),
+                         __ATOMIC_RELEASE);
+        return;
+    }
     if (!reserve(h, RSPROF_HEAP_FREE_WORDS * 8, &pos)) return;
     uint64_t *d = ring_data(h), m = g_ring_mask, i = pos >> 3;
-    d[(i + 1) & m] = (uint64_t)(uintptr_t)p;
+    d[(i + 1) & m] = a;
     __atomic_store_n(&d[i & m], RSPROF_HEAP_HEAD(RSPROF_HEAP_REC_FREE, 0, flags, t_tid),
+                     __ATOMIC_RELEASE);
+}
+
+/* The common case, inline in the wrappers: the ring exists, this thread is known, the
+ * address fits a FREE_SHORT; anything else goes the general way.  (A call per free and its
+ * register saves: sqlite3's 600,000 INSERTs, 13 M frees, 2.263 -> 2.227 s of target CPU,
+ * medians of 7 interleaved rounds.) */
+static ALWAYS_INLINE void record_free(void *p, unsigned flags) {
+    struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
+    uint64_t pos, a = (uint64_t)(uintptr_t)p;
+    if (UNLIKELY(h == NULL || __atomic_load_n(&g_injected_on, __ATOMIC_RELAXED) ||
+                 t_tid == 0 || a >= RSPROF_HEAP_SHORT_ADDR_LIMIT)) {
+        record_free_slow(p, flags);
+        return;
+    }
+    if (!reserve(h, RSPROF_HEAP_FREE_SHORT_WORDS * 8, &pos)) return;
+    __atomic_store_n(&ring_data(h)[(pos >> 3) & g_ring_mask], RSPROF_HEAP_FREE_SHORT(a),
                      __ATOMIC_RELEASE);
 }
 
@@ -1296,6 +1328,41 @@ static NOINLINE void sampled_alloc_slow(void *p, size_t n, unsigned flags, uintp
     }
 }
 
+/* The common case of record_alloc, inline in the wrappers: an outermost recording (no
+ * signal handler nested in another one) of a native-only process, whose walk the memo's
+ * guess holds (memo_predicted) and whose thread has named that way to this reader: an
+ * AGAIN_SHORT record.  Anything else, record_alloc, before the memo is touched beyond the
+ * way's `used` bit (so it finds the same way again).  sqlite3: 91 % of its allocations. */
+static ALWAYS_INLINE void record_alloc_inline(void *p, size_t n, unsigned flags,
+                                              uintptr_t fp) {
+    struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
+    thread_area *a = t_area;
+    const uintptr_t lo = t_stack_lo, hi = t_stack_hi;
+    if (UNLIKELY(h == NULL || __atomic_load_n(&g_injected_on, __ATOMIC_RELAXED) || g_py ||
+                 !g_cfi || t_recording != 0 || (uintptr_t)a <= (uintptr_t)AREA_DEAD ||
+                 t_tid == 0 || n >= RSPROF_HEAP_SHORT_SIZE_LIMIT || fp < lo || fp >= hi ||
+                 hi - fp < 16)) {
+        record_alloc(p, n, flags, fp);
+        return;
+    }
+    t_recording++;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    memo_set *set = (memo_set *)a->memo.bytes;
+    const uintptr_t *frame = (const uintptr_t *)fp; /* the wrapper's: saved rbp, return */
+    int w = memo_predicted(set, __atomic_load_n(&shimcfi_generation, __ATOMIC_ACQUIRE),
+                           set->serial, frame[1], fp + 16, frame[0], g_max_depth);
+    int fast = w >= 0 && __atomic_load_n(&h->reader_epoch, __ATOMIC_RELAXED) == t_epoch &&
+               (t_named_ways >> w & 1);
+    if (fast) {
+        int truncated = 0, way, hit;
+        memo_take(set, w, &truncated, &way, &hit);
+        record_again(h, p, n, flags, w);
+    }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    t_recording--;
+    if (!fast) record_alloc(p, n, flags, fp);
+}
+
 static ALWAYS_INLINE void on_alloc(void *p, size_t n, unsigned flags, uintptr_t fp) {
     if (UNLIKELY(t_guard)) return;
     if (g_sample_bytes) {
@@ -1307,7 +1374,7 @@ static ALWAYS_INLINE void on_alloc(void *p, size_t n, unsigned flags, uintptr_t 
         sampled_alloc_slow(p, n, flags, fp);
         return;
     }
-    record_alloc(p, n, flags, fp);
+    record_alloc_inline(p, n, flags, fp);
 }
 
 /* Must run BEFORE the block is handed back to the real allocator (see heapring.h). */

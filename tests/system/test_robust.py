@@ -273,7 +273,8 @@ def test_truncation_race_never_sigbus(tmp_path: Path) -> None:
     assert counts["sigbus"] + counts["fstat"] > 0, counts
 
 
-@pytest.mark.parametrize("mode", ["truncate", "kind", "depth", "way", "lost", "size", "random"])
+@pytest.mark.parametrize("mode", ["truncate", "kind", "depth", "way", "way2", "lost", "size",
+                                  "random"])
 def test_corrupt_ring_drops_heap_keeps_cpu(mode: str, tmp_path: Path) -> None:
     """The target truncates its ring (SIGBUS for a reader that touched it), or commits a bad
     kind, depth, way, lost counter, size or random words: one warning, heap data from then on

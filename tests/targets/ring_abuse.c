@@ -9,6 +9,7 @@
  *   lost      set the lost-event counter to 2^63
  *   size      commit an ALLOC record of 2^63 bytes
  *   way       commit an ALLOC_AGAIN record naming way 200 (there are at most 64)
+ *   way2      commit an AGAIN_SHORT record naming way 200
  *   random    commit records of random words (seed 11)
  *   flood     write ALLOC records with random stacks and addresses as fast as the ring
  *             takes them, for the rest of the run; a record the full ring cannot take is
@@ -138,6 +139,12 @@ int main(int argc, char **argv) {
             put((uint64_t)p, 1, 0x7f0000001000ull);
             put((uint64_t)p, 2, 64);
             commit((uint64_t)p, head_of(3, 0) | (uint64_t)201 << 24);
+        }
+    } else if (strcmp(mode, "way2") == 0) {
+        int64_t p = reserve(2);
+        if (p >= 0) {
+            put((uint64_t)p, 1, 0x7f0000001000ull);
+            commit((uint64_t)p, head_of(5, 0) | (uint64_t)64 << 8 | (uint64_t)201 << 24);
         }
     } else if (strcmp(mode, "lost") == 0) {
         __atomic_store_n(hdr64(OFF_LOST), 1ull << 63, __ATOMIC_RELEASE);

@@ -1,6 +1,6 @@
 """A heap ring of this very process, written by hand as the shim would (docs/heap-ring.md):
 for the reader's rules without a target (tests/unit/test_heap_lap.py,
-test_heap_final_read.py)."""
+test_heap_final_read.py, test_heap_records.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ RING = 1 << 16  # 64 KiB: jumps from offset 16 KiB on
 JUMP_AT = RING // 4
 FLAGS, WRITE_POS, READ_POS = 128, 192, 256  # header offsets (docs/heap-ring.md)
 EXITED = 1
-FREE = 2
+ALLOC, FREE, FREE_SHORT, AGAIN_SHORT = 1, 2, 4, 5  # record kinds (native/heapring.h)
 
 
 class Ring:
@@ -56,6 +56,16 @@ class Ring:
     def frees(self, n: int) -> None:
         for k in range(n):
             self.commit_free(self.reserve_free(0x1000 + 16 * k))
+
+    def record(self, *words: int) -> int:
+        """A record written and committed as the shim does: reserved at the writers'
+        cursor, its body, then its commit word (words[0]). Its position."""
+        pos = self.header(WRITE_POS)
+        for k, word in enumerate(words[1:], 1):
+            struct.pack_into("<Q", self.map, HEAP_RING_HEADER_SIZE + (pos + 8 * k) % RING, word)
+        struct.pack_into("<Q", self.map, WRITE_POS, pos + 8 * len(words))
+        struct.pack_into("<Q", self.map, HEAP_RING_HEADER_SIZE + pos % RING, words[0])
+        return pos
 
     def data_words(self, start: int, end: int) -> list[int]:
         """Data area words of byte offsets [start, end)."""
