@@ -1266,15 +1266,21 @@ static NOINLINE int record_alloc(void *p, size_t n, unsigned flags, uintptr_t fp
     return ok;
 }
 
+/* A FREE_SHORT record: its commit word alone (an address below 2^56). */
+static ALWAYS_INLINE void record_free_short(struct rsprof_heap_header *h, uint64_t a) {
+    uint64_t pos;
+    if (!reserve(h, RSPROF_HEAP_FREE_SHORT_WORDS * 8, &pos)) return;
+    __atomic_store_n(&ring_data(h)[(pos >> 3) & g_ring_mask], RSPROF_HEAP_FREE_SHORT(a),
+                     __ATOMIC_RELEASE);
+}
+
 static NOINLINE void record_free_slow(void *p, unsigned flags) {
     struct rsprof_heap_header *h = ring();
     if (UNLIKELY(h == NULL)) return;
     if (UNLIKELY(t_tid == 0)) thread_init();
     uint64_t pos, a = (uint64_t)(uintptr_t)p;
-    if (LIKELY(a < RSPROF_HEAP_SHORT_ADDR_LIMIT)) { /* FREE_SHORT: its commit word alone */
-        if (!reserve(h, RSPROF_HEAP_FREE_SHORT_WORDS * 8, &pos)) return;
-        __atomic_store_n(&ring_data(h)[(pos >> 3) & g_ring_mask], RSPROF_HEAP_FREE_SHORT(a),
-                         __ATOMIC_RELEASE);
+    if (LIKELY(a < RSPROF_HEAP_SHORT_ADDR_LIMIT)) {
+        record_free_short(h, a);
         return;
     }
     if (!reserve(h, RSPROF_HEAP_FREE_WORDS * 8, &pos)) return;
@@ -1290,15 +1296,12 @@ static NOINLINE void record_free_slow(void *p, unsigned flags) {
  * medians of 7 interleaved rounds.) */
 static ALWAYS_INLINE void record_free(void *p, unsigned flags) {
     struct rsprof_heap_header *h = __atomic_load_n(&g_hdr, __ATOMIC_ACQUIRE);
-    uint64_t pos, a = (uint64_t)(uintptr_t)p;
+    uint64_t a = (uint64_t)(uintptr_t)p;
     if (UNLIKELY(h == NULL || __atomic_load_n(&g_injected_on, __ATOMIC_RELAXED) ||
-                 t_tid == 0 || a >= RSPROF_HEAP_SHORT_ADDR_LIMIT)) {
+                 t_tid == 0 || a >= RSPROF_HEAP_SHORT_ADDR_LIMIT))
         record_free_slow(p, flags);
-        return;
-    }
-    if (!reserve(h, RSPROF_HEAP_FREE_SHORT_WORDS * 8, &pos)) return;
-    __atomic_store_n(&ring_data(h)[(pos >> 3) & g_ring_mask], RSPROF_HEAP_FREE_SHORT(a),
-                     __ATOMIC_RELEASE);
+    else
+        record_free_short(h, a);
 }
 
 /* Sampled mode, countdown crossed zero (or a new thread): decide and record. */
@@ -1354,8 +1357,7 @@ static ALWAYS_INLINE void record_alloc_inline(void *p, size_t n, unsigned flags,
     int fast = w >= 0 && __atomic_load_n(&h->reader_epoch, __ATOMIC_RELAXED) == t_epoch &&
                (t_named_ways >> w & 1);
     if (fast) {
-        int truncated = 0, way, hit;
-        memo_take(set, w, &truncated, &way, &hit);
+        memo_follow(set, w); /* the next walk's guesses, and their lines on the way */
         record_again(h, p, n, flags, w);
     }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
