@@ -892,15 +892,6 @@ static uint64_t drain_records(HeapReaderObject *r) {
         if (kind == RSPROF_HEAP_REC_FREE_SHORT) {
             words = RSPROF_HEAP_FREE_SHORT_WORDS;
             err = on_free(r, RSPROF_HEAP_FREE_SHORT_ADDR(head));
-        } else if (kind == RSPROF_HEAP_REC_AGAIN_SHORT) {
-            unsigned way = RSPROF_HEAP_HEAD_WAY(head);
-            if (way == 0 || way > RSPROF_HEAP_MAX_WAYS) {
-                set_error(r, RERR_CORRUPT, pos, "bad way");
-                break;
-            }
-            words = RSPROF_HEAP_AGAIN_SHORT_WORDS;
-            err = on_again(r, d[(i + 1) & m], RSPROF_HEAP_AGAIN_SHORT_SIZE(head),
-                           RSPROF_HEAP_HEAD_TID(head), way);
         } else if (kind == RSPROF_HEAP_REC_FREE) {
             words = RSPROF_HEAP_FREE_WORDS;
             err = on_free(r, d[(i + 1) & m]);
@@ -939,14 +930,16 @@ static uint64_t drain_records(HeapReaderObject *r) {
                 break;
             }
             err = on_alloc(r, addr, size, RSPROF_HEAP_HEAD_TID(head), ips, key, depth, way);
-        } else if (kind == RSPROF_HEAP_REC_ALLOC_AGAIN) {
+        } else if (kind == RSPROF_HEAP_REC_ALLOC_AGAIN || kind == RSPROF_HEAP_REC_AGAIN_SHORT) {
             unsigned way = RSPROF_HEAP_HEAD_WAY(head);
             if (way == 0 || way > RSPROF_HEAP_MAX_WAYS) {
                 set_error(r, RERR_CORRUPT, pos, "bad way");
                 break;
             }
-            words = RSPROF_HEAP_AGAIN_WORDS;
-            err = on_again(r, d[(i + 1) & m], d[(i + 2) & m], RSPROF_HEAP_HEAD_TID(head), way);
+            bool in_head = kind == RSPROF_HEAP_REC_AGAIN_SHORT; /* the size */
+            words = in_head ? RSPROF_HEAP_AGAIN_SHORT_WORDS : RSPROF_HEAP_AGAIN_WORDS;
+            uint64_t size = in_head ? RSPROF_HEAP_AGAIN_SHORT_SIZE(head) : d[(i + 2) & m];
+            err = on_again(r, d[(i + 1) & m], size, RSPROF_HEAP_HEAD_TID(head), way);
         } else {
             set_error(r, RERR_CORRUPT, pos, "bad record kind");
             break;
