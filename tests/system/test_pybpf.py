@@ -233,8 +233,8 @@ def test_recursion_keeps_its_python_frames_under_load(
     changed under the read). A recording typically loses 0-6 of ~1,000 (24 recordings of
     the three interpreters, 2026-11-27); the project's CI, with the rest of the suite
     around it, lost 19 of 1,003 and 15 of 1,032 on 3.13 in two of three runs (8 and 3 of
-    them start-up, the others mostly in a collection the eval breaker started:
-    `_Py_HandlePending` -> gc), which the 1 % this test once allowed did not.
+    them start-up; the one stack each failure printed was in a collection the eval breaker
+    started, `_Py_HandlePending` -> gc), which the 1 % this test once allowed did not.
 
     Samples taken before rsprof found the interpreter (it looks once libpython is mapped,
     at the first drain after the exec) can have no frames: under load that can be all of
