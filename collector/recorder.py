@@ -1034,6 +1034,7 @@ class Recorder:
             "python_bpf_fault": stats["bpf_fault"],
             "python_bpf_truncated": stats["bpf_truncated"],
             "python_bpf_freed": stats["bpf_freed"],
+            "python_bpf_replaced": stats["bpf_replaced"],
             "python_bpf_ip_mismatch": stats["bpf_ip_mismatch"],
             "python_bpf_unpaired_records": stats["bpf_unpaired"],
             "python_bpf_ring_full": stats["bpf_ring_full"],

@@ -139,6 +139,7 @@ typedef struct {
     uint64_t bpf_fault;      /* a read of the chain failed at sample time */
     uint64_t bpf_truncated;  /* deeper than RS_BPF_MAX_FRAMES */
     uint64_t bpf_freed;      /* a code object was no longer one when named at drain time */
+    uint64_t bpf_replaced;   /* ... was another one than sampled (its tag differs) */
     uint64_t bpf_frames;
     uint64_t bpf_ip_mismatch;  /* records of the thread near the sample with another ip */
     uint64_t bpf_records, bpf_unpaired;  /* records consumed; forgotten without a sample */
@@ -1071,7 +1072,9 @@ static uint32_t perf_add_python_bpf(PerfSampler *self, perf_py *py, int32_t tid,
         for (uint32_t i = 0; i < n; i++)
             out[1 + i] = RS_PY_FRAME(functions[i], lines[i], frames[i].instr & 1);
     if (rc != 0) {
-        st->bpf_freed++;  /* never a partial chain: it would not pair up */
+        /* never a partial chain: it would not pair up */
+        if (rc == RS_PY_REPLACED) st->bpf_replaced++;
+        else st->bpf_freed++;
         return depth;
     }
     out[0] = RS_PY_MARK_SAMPLED;
@@ -2515,27 +2518,31 @@ static PyObject *PerfSampler_set_python(PerfSampler *self, PyObject *args) {
                  * for both. */
                 struct rs_bpf_config cfg;
                 int32_t pid;
-                rs_pyreader_bpf_config(core, &cfg, &pid);
+                int unfit = rs_pyreader_bpf_config(core, &cfg, &pid);
                 /* Without --gil the program need not read the GIL: 3 reads per sample
                  * saved, and no GIL flags in the records. */
                 if (!self->gil_only) cfg.gil_locked = cfg.gil_last_holder = -1;
-                /* The switch program first: every switch-out after the configuration then
-                 * has its record, as every cpu-clock sample has. */
-                if (self->off_tracepoint >= 0 && !self->bpf_switch &&
-                    self->bpf_switch_error[0] == 0) {
-                    int e = rs_pybpf_attach_switch(self->bpf);
-                    if (e == 0)
-                        self->bpf_switch = true;
-                    else
-                        snprintf(self->bpf_switch_error, sizeof self->bpf_switch_error,
-                                 "attaching to sched_switch: %s", strerror(e));
-                }
-                int err = rs_pybpf_configure(self->bpf, (uint32_t)pid, &cfg);
-                if (err != 0) {
-                    perf_bpf_fail(self, "configuring the BPF program", err);
+                if (unfit != 0) {
+                    perf_bpf_fail(self, "the interpreter's frame layout", unfit);
                 } else {
-                    entry.bpf_pid = pid;
-                    entry.bpf_since = perf_now_ns();
+                    /* The switch program first: every switch-out after the configuration then
+                     * has its record, as every cpu-clock sample has. */
+                    if (self->off_tracepoint >= 0 && !self->bpf_switch &&
+                        self->bpf_switch_error[0] == 0) {
+                        int e = rs_pybpf_attach_switch(self->bpf);
+                        if (e == 0)
+                            self->bpf_switch = true;
+                        else
+                            snprintf(self->bpf_switch_error, sizeof self->bpf_switch_error,
+                                     "attaching to sched_switch: %s", strerror(e));
+                    }
+                    int err = rs_pybpf_configure(self->bpf, (uint32_t)pid, &cfg);
+                    if (err != 0) {
+                        perf_bpf_fail(self, "configuring the BPF program", err);
+                    } else {
+                        entry.bpf_pid = pid;
+                        entry.bpf_since = perf_now_ns();
+                    }
                 }
             }
             self->py[self->n_py++] = entry;
@@ -2577,12 +2584,12 @@ static PyObject *PerfSampler_python_stats(PerfSampler *self, PyObject *Py_UNUSED
         (unsigned long long)st.stale_over_1ms, "walk_ns_sum", (unsigned long long)st.walk_ns_sum,
         "stale_log2_us", hist);
     PyObject *more = Py_BuildValue(
-        "{sssssKsKsKsKsKsKsKsKsKsKsLsLsKsKsKsK}", "mode", bpf ? "bpf" : "drain", "bpf_error",
+        "{sssssKsKsKsKsKsKsKsKsKsKsKsLsLsKsKsKsK}", "mode", bpf ? "bpf" : "drain", "bpf_error",
         bpf_error, "bpf_attached", (unsigned long long)st.bpf_attached, "bpf_missing",
         (unsigned long long)st.bpf_missing, "bpf_empty", (unsigned long long)st.bpf_empty,
         "bpf_fault", (unsigned long long)st.bpf_fault, "bpf_truncated",
         (unsigned long long)st.bpf_truncated, "bpf_freed", (unsigned long long)st.bpf_freed,
-        "bpf_frames", (unsigned long long)st.bpf_frames, "bpf_ip_mismatch",
+        "bpf_replaced", (unsigned long long)st.bpf_replaced, "bpf_frames", (unsigned long long)st.bpf_frames, "bpf_ip_mismatch",
         (unsigned long long)st.bpf_ip_mismatch, "bpf_records", (unsigned long long)st.bpf_records,
         "bpf_unpaired", (unsigned long long)st.bpf_unpaired, "bpf_dt_min_ns",
         (long long)st.bpf_dt_min, "bpf_dt_max_ns", (long long)st.bpf_dt_max, "bpf_runs",

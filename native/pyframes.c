@@ -79,6 +79,9 @@ typedef struct {
     uint32_t function;                 /* id in the function table */
     uint8_t *table;                    /* location table copy (malloc) */
     uint32_t table_len;
+    uint64_t words[4];                 /* the header's words at code_tag (pyf_bpf_tag) */
+    uint16_t bpf_tag;                  /* the BPF sampler's tag of it, once asked (0: unknown) */
+    uint8_t bpf_tag_read;
 } pyf_code;
 
 typedef struct {
@@ -91,6 +94,7 @@ struct rs_pyreader {
     pid_t pid;
     uint64_t runtime, code_type, unicode_type;
     long off[O_COUNT];
+    long code_tag;                     /* rs_bpf_config.code_tag: -1, or inside the header */
     unsigned long long walks, dropped, truncated, reads;
     int gone;                          /* ESRCH seen */
     pyf_code cache[PYF_CACHE];
@@ -382,6 +386,22 @@ static void pyf_code_clear(pyf_code *c) {
  * same name, file and table; NULL when it is not a code object (or memory ran out). */
 static pyf_code *pyf_code_from(rs_pyreader *self, uint64_t addr, const uint8_t *head);
 
+/* The BPF sampler's tag of code object c (pyperf.h), as it read it when c was decoded
+ * (the name's characters read on the first call only: the heap's and the drain walk's
+ * lookups never need them); 0 when frames go untagged or the name cannot be read. */
+static uint16_t pyf_bpf_tag(rs_pyreader *self, pyf_code *c) {
+    if (self->code_tag < 0) return 0;
+    if (!c->bpf_tag_read) {
+        unsigned long long words[4], text[2];
+        memcpy(words, c->words, sizeof words);
+        c->bpf_tag_read = 1;
+        c->bpf_tag = pyf_read(self, c->name_ptr + (uint64_t)self->off[O_UNICODE_ASCII_DATA],
+                              text, sizeof text) < 0
+                         ? 0 : (uint16_t)rs_bpf_code_tag(words, text);
+    }
+    return c->bpf_tag;
+}
+
 static pyf_code *pyf_code_at(rs_pyreader *self, uint64_t addr) {
     uint8_t head[PYF_HEADER];
     long hlen = self->off[O_CODE_ADAPTIVE];
@@ -416,6 +436,9 @@ static pyf_code *pyf_code_from(rs_pyreader *self, uint64_t addr, const uint8_t *
     c->file_ptr = file_ptr;
     c->table_ptr = table_ptr;
     c->first_line = first_line;
+    c->bpf_tag = 0;
+    c->bpf_tag_read = 0;
+    if (self->code_tag >= 0) memcpy(c->words, head + self->code_tag, sizeof c->words);
     c->function = function;
     c->table_len = 0;
     c->table = pyf_linetable(self, table_ptr, &c->table_len);
@@ -473,7 +496,7 @@ int rs_pyreader_resolve_many(rs_pyreader *r, int n, const uint64_t *codes,
     if (n <= 0) return 0;
     if (n > PYF_MAX_DEPTH) return RS_PY_DROPPED;
     r->gone = 0;
-    memcpy(r->walk_code, codes, (size_t)n * sizeof *codes);
+    for (int i = 0; i < n; i++) r->walk_code[i] = codes[i] & RS_BPF_CODE_ADDRESS_MASK;
     int heads = pyf_read_heads(r, n);
     for (int i = 0; i < n; i++) {
         pyf_code *c = pyf_batch_code(r, i, heads);
@@ -482,13 +505,25 @@ int rs_pyreader_resolve_many(rs_pyreader *r, int n, const uint64_t *codes,
             r->dropped++;
             return RS_PY_DROPPED;
         }
+        uint16_t tag = (uint16_t)(codes[i] >> RS_BPF_CODE_TAG_SHIFT);
+        if (tag != 0 && pyf_bpf_tag(r, c) != 0 && tag != c->bpf_tag) {
+            /* The cache holds what was at the address when it was decoded; its pointers
+             * can all be the same for a code object made again there. Decode afresh. */
+            pyf_code_clear(c);
+            c = pyf_code_at(r, r->walk_code[i]);
+            if (c == NULL || (pyf_bpf_tag(r, c) != 0 && tag != c->bpf_tag)) {
+                if (r->gone) return RS_PY_GONE;
+                r->dropped++;
+                return c == NULL ? RS_PY_DROPPED : RS_PY_REPLACED;
+            }
+        }
         functions[i] = c->function;
-        lines[i] = pyf_instr_line(r, c, codes[i], instrs[i]);
+        lines[i] = pyf_instr_line(r, c, r->walk_code[i], instrs[i]);
     }
     return 0;
 }
 
-void rs_pyreader_bpf_config(const rs_pyreader *r, struct rs_bpf_config *cfg, int32_t *pid) {
+int rs_pyreader_bpf_config(const rs_pyreader *r, struct rs_bpf_config *cfg, int32_t *pid) {
     /* The reader's own offsets (collector/pyframes.py LAYOUTS, or 3.13's _Py_DebugOffsets):
      * one table for the drain-time walk and the BPF one. */
     memset(cfg, 0, sizeof *cfg);
@@ -510,12 +545,29 @@ void rs_pyreader_bpf_config(const rs_pyreader *r, struct rs_bpf_config *cfg, int
     cfg->frame_owner = (int)r->off[O_FRAME_OWNER];
     cfg->owner_cstack = (int)r->off[O_OWNER_CSTACK];
     cfg->frame_is_entry = (int)r->off[O_FRAME_IS_ENTRY];
+    /* The frame's head read at once ends at the word after its last field. */
+    long end = 0;
+    const int pointers[3] = {O_FRAME_CODE, O_FRAME_INSTR, O_FRAME_PREVIOUS};
+    const int bytes[2] = {O_FRAME_OWNER, O_FRAME_IS_ENTRY};
+    for (int i = 0; i < 3; i++)
+        if (r->off[pointers[i]] + 8 > end) end = r->off[pointers[i]] + 8;
+    for (int i = 0; i < 2; i++)
+        if (r->off[bytes[i]] + 1 > end) end = r->off[bytes[i]] + 1;
+    long head = ((end + 7) & ~7L) - RS_BPF_FRAME_HEAD;
+    for (int i = 0; i < 3; i++)
+        if (r->off[pointers[i]] < head || (r->off[pointers[i]] & 7) != 0) return EINVAL;
+    for (int i = 0; i < 2; i++)
+        if (r->off[bytes[i]] >= 0 && r->off[bytes[i]] < head) return EINVAL;
+    cfg->frame_head = (int)head;
     cfg->tstate_interp = (int)r->off[O_TSTATE_INTERP];
     cfg->runtime_gil = (int)r->off[O_RUNTIME_GIL];
     cfg->interp_gil = (int)r->off[O_INTERP_GIL];
     cfg->gil_last_holder = (int)r->off[O_GIL_LAST_HOLDER];
     cfg->gil_locked = (int)r->off[O_GIL_LOCKED];
+    cfg->code_tag = (int)r->code_tag;
+    cfg->name_text = (int)r->off[O_UNICODE_ASCII_DATA];
     *pid = (int32_t)r->pid;
+    return 0;
 }
 
 /* -- walk ---------------------------------------------------------------------------- */
@@ -1011,6 +1063,19 @@ static PyObject *PyFrameReader_string(PyFrameReader *self, PyObject *args) {
     return out;
 }
 
+
+/* Where the BPF sampler's code tag is read (rs_bpf_config.code_tag): co_filename, when
+ * co_name, co_qualname (RS_BPF_CODE_TAG_QUALNAME) and co_linetable follow it, word by word,
+ * inside the header the drain reads (3.11-3.13); -1 otherwise (untagged). */
+static long pyf_code_tag_offset(const long *off) {
+    long at = off[O_CODE_FILENAME];
+    if (at < 0 || (at & 7) != 0 || off[O_CODE_NAME] != at + 8 ||
+        off[O_CODE_QUALNAME] != at + 8 * RS_BPF_CODE_TAG_QUALNAME ||
+        off[O_CODE_LINETABLE] != at + 24 || at + 32 > off[O_CODE_ADAPTIVE])
+        return -1;
+    return at;
+}
+
 static int PyFrameReader_init(PyFrameReader *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"pid", "runtime", "code_type", "unicode_type", "offsets", NULL};
     int pid;
@@ -1070,6 +1135,7 @@ static int PyFrameReader_init(PyFrameReader *self, PyObject *args, PyObject *kwd
         return -1;
     }
     memcpy(r->off, off, sizeof off);
+    r->code_tag = pyf_code_tag_offset(off);
     r->pid = pid;
     r->runtime = runtime;
     r->code_type = code_type;

@@ -13,6 +13,7 @@ enum {
     RS_PY_DROPPED = -2,  /* garbage, or the chain changed while it was read: counted */
     RS_PY_GONE = -3,     /* the process is gone (ESRCH) */
     RS_PY_NOMEM = -4,    /* the function table is full or malloc failed */
+    RS_PY_REPLACED = -5, /* another code object than the one sampled (its tag differs) */
 };
 
 typedef struct {
@@ -45,15 +46,18 @@ int rs_pyreader_code(rs_pyreader *r, uint64_t code, uint32_t tag, int64_t unit,
  * instr_ptr): function ids and lines. Every header in one process_vm_readv (read one call
  * per frame, 1-2 µs of kernel work apiece, they were 29 % of the drain thread's CPU at
  * 499 Hz with --no-off-cpu). 0 with functions[i], lines[i] set for every frame, or the
- * first failure: RS_PY_DROPPED (not a code object now: freed since) / RS_PY_GONE /
- * RS_PY_NOMEM; nothing half done is to be used. Same locking rule as the walk. */
+ * first failure: RS_PY_DROPPED (not a code object now: freed since) / RS_PY_REPLACED (a
+ * code object, but not the one sampled: codes[i]'s tag, RS_BPF_CODE_TAG_SHIFT, differs) /
+ * RS_PY_GONE / RS_PY_NOMEM; nothing half done is to be used. Same locking rule as the
+ * walk. */
 int rs_pyreader_resolve_many(rs_pyreader *r, int n, const uint64_t *codes,
                              const uint64_t *instrs, uint32_t *functions, int32_t *lines);
 
 /* The BPF sampler's configuration of the reader's process (native/bpf/pyperf.h): its
- * _PyRuntime and the reader's offsets; *pid: the process. */
+ * _PyRuntime and the reader's offsets; *pid: the process. 0, or EINVAL: the layout's frame
+ * fields do not fit the program's one read per frame (RS_BPF_FRAME_HEAD). */
 struct rs_bpf_config;
-void rs_pyreader_bpf_config(const rs_pyreader *r, struct rs_bpf_config *cfg, int32_t *pid);
+int rs_pyreader_bpf_config(const rs_pyreader *r, struct rs_bpf_config *cfg, int32_t *pid);
 
 #ifdef Py_PYTHON_H
 #include <pthread.h>

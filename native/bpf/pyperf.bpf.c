@@ -151,6 +151,20 @@ static __always_inline void mark_entry(struct walk_state *w) {
         w->rec->frames[(w->n - 1) & (RS_BPF_MAX_FRAMES - 1)].instr |= 1;
 }
 
+/* A frame's head as read (RS_BPF_FRAME_HEAD bytes), in a zeroed buffer of HEAD_BUF bytes,
+ * a power of two: an offset masked into it is in bounds (the host checked the offsets,
+ * rs_pyreader_bpf_config; a mask is what the verifier follows where clang may compare a
+ * copy of the register it then uses). */
+#define HEAD_BUF 128
+
+static __always_inline unsigned long long head_word(const unsigned long long *head, int off) {
+    return head[((unsigned int)off >> 3) & (HEAD_BUF / 8 - 1)];
+}
+
+static __always_inline unsigned char head_byte(const unsigned long long *head, int off) {
+    return ((const unsigned char *)head)[(unsigned int)off & (HEAD_BUF - 1)];
+}
+
 /* One frame of the chain, innermost first: 1 stops (w->status says why). */
 static long frame_step(unsigned int k, void *data) {
     struct walk_state *w = data;
@@ -160,11 +174,15 @@ static long frame_step(unsigned int k, void *data) {
         w->status = RS_BPF_OK;
         return 1;
     }
-    unsigned long long previous, code, instr;
-    unsigned char owner = 0, is_entry = 0;
-    if (read_ptr(w->frame, cfg->frame_previous, &previous) < 0 || previous == w->frame ||
-        bpf_probe_read_user(&owner, 1, (const void *)(w->frame + cfg->frame_owner)) < 0)
+    /* Every field of the frame in one read (rs_bpf_config.frame_head): each read costs
+     * ~50 ns whatever its size, and a frame took five. */
+    unsigned long long head[HEAD_BUF / 8] = {0};
+    if (bpf_probe_read_user(head, RS_BPF_FRAME_HEAD,
+                            (const void *)(w->frame + cfg->frame_head)) < 0)
         return 1; /* status stays RS_BPF_FAULT */
+    unsigned long long previous = head_word(head, cfg->frame_previous - cfg->frame_head);
+    unsigned char owner = head_byte(head, cfg->frame_owner - cfg->frame_head), is_entry = 0;
+    if (previous == w->frame) return 1;
     if (cfg->owner_cstack >= 0 && owner == cfg->owner_cstack) {
         /* The C stack's entry frame (3.12+), not Python code: the frame above it was
          * entered from C. */
@@ -180,12 +198,20 @@ static long frame_step(unsigned int k, void *data) {
         w->status = RS_BPF_TRUNCATED;
         return 1;
     }
-    if (read_ptr(w->frame, cfg->frame_code, &code) < 0 ||
-        read_ptr(w->frame, cfg->frame_instr, &instr) < 0)
-        return 1;
-    if (cfg->frame_is_entry >= 0 &&
-        bpf_probe_read_user(&is_entry, 1, (const void *)(w->frame + cfg->frame_is_entry)) < 0)
-        return 1;
+    unsigned long long code = head_word(head, cfg->frame_code - cfg->frame_head);
+    unsigned long long instr = head_word(head, cfg->frame_instr - cfg->frame_head);
+    if (cfg->code_tag >= 0 && code != 0 && code <= RS_BPF_CODE_ADDRESS_MASK) {
+        /* The tag the drain checks the code object against (pyperf.h); an unreadable
+         * object goes untagged: the drain finds out what it is. */
+        unsigned long long words[4], text[2];
+        if (bpf_probe_read_user(words, sizeof words, (const void *)(code + cfg->code_tag)) == 0 &&
+            bpf_probe_read_user(text, sizeof text,
+                                (const void *)(words[RS_BPF_CODE_TAG_QUALNAME] +
+                                               cfg->name_text)) == 0)
+            code |= rs_bpf_code_tag(words, text) << RS_BPF_CODE_TAG_SHIFT;
+    }
+    if (cfg->frame_is_entry >= 0)
+        is_entry = head_byte(head, cfg->frame_is_entry - cfg->frame_head);
     if (is_entry && w->check) { /* 3.11: the entry frame links to the caller's frame */
         w->check = 0;
         if (previous != w->expect) return 1; /* stale */

@@ -16,6 +16,9 @@
 /* Thread states looked at per sample to find the sampled thread's (all interpreters). */
 #define RS_BPF_MAX_THREADS 256
 #define RS_BPF_MAX_INTERPS 8
+/* Bytes of a frame read at once: the whole _PyInterpreterFrame before its localsplus in
+ * 3.11-3.13, so the read never leaves the frame. */
+#define RS_BPF_FRAME_HEAD 72
 
 /* Offsets (bytes; -1: the field does not exist in this version) of the CPython
  * structures the walk reads, copied from the PyFrameReader of the process (whose numbers
@@ -31,6 +34,9 @@ struct rs_bpf_config {
     int cframe_current_frame;
     int cframe_previous;              /* 3.11/3.12: the caller's _PyCFrame */
     int tstate_current_frame;         /* 3.13: tstate->current_frame */
+    int frame_head;                   /* where the RS_BPF_FRAME_HEAD bytes read per frame
+                                       * start; every frame_* field lies in them (pointers
+                                       * 8-byte aligned within) */
     int frame_code;
     int frame_instr;
     int frame_previous;
@@ -44,6 +50,12 @@ struct rs_bpf_config {
     int interp_gil;
     int gil_last_holder;              /* PyThreadState *, in struct _gil_runtime_state */
     int gil_locked;                   /* int */
+    /* A code object's tag (rs_bpf_code_tag) hashes the 4 pointers at code_tag (co_filename,
+     * co_name, co_qualname, co_linetable: set at creation, never changed) and the first 16
+     * bytes of its qualname's characters (co_qualname + name_text). -1: frames go untagged
+     * (a layout where the pointers are not those four, in that order). */
+    int code_tag;
+    int name_text;
 };
 
 enum {
@@ -75,7 +87,31 @@ enum {
 
 /* One frame: the code object, and the instruction pointer with bit 0 set when the frame
  * was entered from C (the outermost Python frame of one _PyEval_EvalFrameDefault call;
- * instructions are 2-byte aligned, so bit 0 is free). */
+ * instructions are 2-byte aligned, so bit 0 is free).
+ *
+ * `code` carries the code object's tag in its top 16 bits (user addresses are below 2^48;
+ * 0: untagged), read at the sample. The drain names code objects later; by then the one
+ * sampled may have been freed and another made at its address (pymalloc hands a freed
+ * block to the next object of its size: a module's code, freed once the import ran, and
+ * the next script's functions), and the frame would be named after code that never ran.
+ * The drain names a frame only when the object there still carries the tag. The name's
+ * characters are in it because a code object made again from the same source can get
+ * every pointer of the one before (its strings freed and made again in the same order). */
+#define RS_BPF_CODE_TAG_SHIFT 48
+#define RS_BPF_CODE_ADDRESS_MASK ((1ULL << RS_BPF_CODE_TAG_SHIFT) - 1)
+#define RS_BPF_CODE_TAG_QUALNAME 2 /* co_qualname's index among the 4 pointers at code_tag */
+
+static inline unsigned long long rs_bpf_code_tag(const unsigned long long words[4],
+                                                 const unsigned long long text[2]) {
+    unsigned long long h = words[0] * 0x9E3779B97F4A7C15ULL;
+    h = (h ^ words[1]) * 0xC2B2AE3D27D4EB4FULL;
+    h = (h ^ words[2]) * 0x9E3779B97F4A7C15ULL;
+    h = (h ^ words[3]) * 0xC2B2AE3D27D4EB4FULL;
+    h = (h ^ text[0]) * 0x9E3779B97F4A7C15ULL;
+    h = (h ^ text[1]) * 0xC2B2AE3D27D4EB4FULL;
+    return (h >> RS_BPF_CODE_TAG_SHIFT) | 1; /* 16 bits, never 0 */
+}
+
 struct rs_bpf_frame {
     unsigned long long code;
     unsigned long long instr;
