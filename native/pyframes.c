@@ -79,9 +79,7 @@ typedef struct {
     uint32_t function;                 /* id in the function table */
     uint8_t *table;                    /* location table copy (malloc) */
     uint32_t table_len;
-    uint64_t words[4];                 /* the header's words at code_tag (pyf_bpf_tag) */
-    uint16_t bpf_tag;                  /* the BPF sampler's tag of it, once asked (0: unknown) */
-    uint8_t bpf_tag_read;
+    uint16_t bpf_tag;                  /* the BPF sampler's tag of it (0: code_tag < 0) */
 } pyf_code;
 
 typedef struct {
@@ -185,13 +183,17 @@ static size_t pyf_utf8(uint32_t c, char *out) {
 
 /* A str object as malloc'd UTF-8: its type must be str, compact (every str a code object
  * holds is, and so is every str made at run time), of a valid kind and at most `max`
- * (<= PYF_MAX_STR) code points. NULL when it is not. */
-static char *pyf_string(rs_pyreader *self, uint64_t addr, int64_t max) {
+ * (<= PYF_MAX_STR) code points. NULL when it is not. first16, when not NULL: the 16 bytes
+ * at an ASCII string's characters, as they are (past a short one's end too), which the BPF
+ * sampler's code tag hashes. */
+static char *pyf_string(rs_pyreader *self, uint64_t addr, int64_t max, uint8_t *first16) {
     uint8_t head[128];
     long hlen = self->off[O_UNICODE_COMPACT_DATA];
     if (hlen <= 0 || hlen > (long)sizeof head) return NULL;
     if (pyf_read(self, addr, head, (size_t)hlen) < 0) return NULL;
     if (u64_at(head, 8) != self->unicode_type) return NULL;
+    /* inside the header read (pyf_code_tag_offset checked it) */
+    if (first16 != NULL) memcpy(first16, head + self->off[O_UNICODE_ASCII_DATA], 16);
     int64_t length;
     memcpy(&length, head + self->off[O_UNICODE_LENGTH], sizeof length);
     uint32_t state;
@@ -386,22 +388,6 @@ static void pyf_code_clear(pyf_code *c) {
  * same name, file and table; NULL when it is not a code object (or memory ran out). */
 static pyf_code *pyf_code_from(rs_pyreader *self, uint64_t addr, const uint8_t *head);
 
-/* The BPF sampler's tag of code object c (pyperf.h), as it read it when c was decoded
- * (the name's characters read on the first call only: the heap's and the drain walk's
- * lookups never need them); 0 when frames go untagged or the name cannot be read. */
-static uint16_t pyf_bpf_tag(rs_pyreader *self, pyf_code *c) {
-    if (self->code_tag < 0) return 0;
-    if (!c->bpf_tag_read) {
-        unsigned long long words[4], text[2];
-        memcpy(words, c->words, sizeof words);
-        c->bpf_tag_read = 1;
-        c->bpf_tag = pyf_read(self, c->name_ptr + (uint64_t)self->off[O_UNICODE_ASCII_DATA],
-                              text, sizeof text) < 0
-                         ? 0 : (uint16_t)rs_bpf_code_tag(words, text);
-    }
-    return c->bpf_tag;
-}
-
 static pyf_code *pyf_code_at(rs_pyreader *self, uint64_t addr) {
     uint8_t head[PYF_HEADER];
     long hlen = self->off[O_CODE_ADAPTIVE];
@@ -422,9 +408,11 @@ static pyf_code *pyf_code_from(rs_pyreader *self, uint64_t addr, const uint8_t *
         c->table_ptr == table_ptr && c->first_line == first_line)
         return c;
     pyf_code_clear(c);
-    char *name = pyf_string(self, name_ptr, PYF_MAX_STR);
+    unsigned long long text[2];  /* the BPF sampler's tag reads them (pyperf.h) */
+    char *name = pyf_string(self, name_ptr, PYF_MAX_STR,
+                            self->code_tag >= 0 ? (uint8_t *)text : NULL);
     if (name == NULL) return NULL;
-    char *file = pyf_string(self, file_ptr, PYF_MAX_STR);
+    char *file = pyf_string(self, file_ptr, PYF_MAX_STR, NULL);
     if (file == NULL) {
         free(name);
         return NULL;
@@ -437,8 +425,11 @@ static pyf_code *pyf_code_from(rs_pyreader *self, uint64_t addr, const uint8_t *
     c->table_ptr = table_ptr;
     c->first_line = first_line;
     c->bpf_tag = 0;
-    c->bpf_tag_read = 0;
-    if (self->code_tag >= 0) memcpy(c->words, head + self->code_tag, sizeof c->words);
+    if (self->code_tag >= 0) {
+        unsigned long long words[4];
+        memcpy(words, head + self->code_tag, sizeof words);
+        c->bpf_tag = (uint16_t)rs_bpf_code_tag(words, text);
+    }
     c->function = function;
     c->table_len = 0;
     c->table = pyf_linetable(self, table_ptr, &c->table_len);
@@ -506,12 +497,12 @@ int rs_pyreader_resolve_many(rs_pyreader *r, int n, const uint64_t *codes,
             return RS_PY_DROPPED;
         }
         uint16_t tag = (uint16_t)(codes[i] >> RS_BPF_CODE_TAG_SHIFT);
-        if (tag != 0 && pyf_bpf_tag(r, c) != 0 && tag != c->bpf_tag) {
+        if (tag != 0 && tag != c->bpf_tag) {
             /* The cache holds what was at the address when it was decoded; its pointers
              * can all be the same for a code object made again there. Decode afresh. */
             pyf_code_clear(c);
             c = pyf_code_at(r, r->walk_code[i]);
-            if (c == NULL || (pyf_bpf_tag(r, c) != 0 && tag != c->bpf_tag)) {
+            if (c == NULL || tag != c->bpf_tag) {
                 if (r->gone) return RS_PY_GONE;
                 r->dropped++;
                 return c == NULL ? RS_PY_DROPPED : RS_PY_REPLACED;
@@ -1054,7 +1045,7 @@ static PyObject *PyFrameReader_string(PyFrameReader *self, PyObject *args) {
     char *text;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->lock);
-    text = pyf_string(self->core, addr, max);
+    text = pyf_string(self->core, addr, max, NULL);
     pthread_mutex_unlock(&self->lock);
     Py_END_ALLOW_THREADS
     if (text == NULL) Py_RETURN_NONE;
@@ -1066,12 +1057,14 @@ static PyObject *PyFrameReader_string(PyFrameReader *self, PyObject *args) {
 
 /* Where the BPF sampler's code tag is read (rs_bpf_config.code_tag): co_filename, when
  * co_name, co_qualname (RS_BPF_CODE_TAG_QUALNAME) and co_linetable follow it, word by word,
- * inside the header the drain reads (3.11-3.13); -1 otherwise (untagged). */
+ * inside the header the drain reads, and an ASCII string's first 16 characters lie inside
+ * the string header pyf_string reads (3.11-3.13); -1 otherwise (untagged). */
 static long pyf_code_tag_offset(const long *off) {
     long at = off[O_CODE_FILENAME];
     if (at < 0 || (at & 7) != 0 || off[O_CODE_NAME] != at + 8 ||
         off[O_CODE_QUALNAME] != at + 8 * RS_BPF_CODE_TAG_QUALNAME ||
-        off[O_CODE_LINETABLE] != at + 24 || at + 32 > off[O_CODE_ADAPTIVE])
+        off[O_CODE_LINETABLE] != at + 24 || at + 32 > off[O_CODE_ADAPTIVE] ||
+        off[O_UNICODE_ASCII_DATA] + 16 > off[O_UNICODE_COMPACT_DATA])
         return -1;
     return at;
 }
