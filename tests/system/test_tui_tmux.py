@@ -337,8 +337,15 @@ def test_stray_keys_never_end_the_program_and_its_code_comes_first(tmp_path: Pat
             words = (panel() or [""])[0].split()
             return words[0] if len(words) > 1 and words[1] == "self" else ""
 
-        for _ in range(8):  # the table's cursor down to main's row: the panel follows it
-            if wait_for(lambda: subject() == "main", 1.5):
+        # The table's cursor down to main's row; the panel follows it a moment later, so
+        # each `j` waits for the panel to show another function first (CI, beside four
+        # hogs, once took over 1.5 s: a second `j` went to alpha while the panel still
+        # showed main).
+        shown = ""
+        for _ in range(8):
+            assert wait_for(lambda: subject() not in ("", shown)), pane.screen()
+            shown = subject()
+            if shown == "main":
                 break
             pane.keys("j")
         assert subject() == "main", pane.screen()
