@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -343,7 +344,8 @@ def test_stray_keys_never_end_the_program_and_its_code_comes_first(tmp_path: Pat
         # showed main).
         shown = ""
         for _ in range(8):
-            assert wait_for(lambda: subject() not in ("", shown)), pane.screen()
+            assert wait_for(partial(lambda last: subject() not in ("", last), shown)), \
+                pane.screen()
             shown = subject()
             if shown == "main":
                 break
@@ -356,8 +358,9 @@ def test_stray_keys_never_end_the_program_and_its_code_comes_first(tmp_path: Pat
                      for line in panel() if n in line}
             if len(seen) == 3:
                 break
+            before = panel()
             pane.keys("Down")
-            time.sleep(0.3)
+            wait_for(partial(lambda last: panel() != last, before), 3)  # scrolled
         assert seen == {"alpha", "bravo", "charlie"}, pane.screen()
 
         pane.keys("q")
