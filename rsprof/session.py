@@ -395,8 +395,8 @@ def _finish_quietly(writer: ProfileWriter, reason: str) -> None:
 class TuiProcess:
     """The live TUI in a process of its own (`python -m rsprof.tui FILE --live`) that
     follows the file the recorder writes: keys never wait for sampling, unwinding or
-    symbolization, which hold the GIL in this process. When it exits, the recording stops:
-    status 0 (`q`, `Esc`) is "user-quit", 130 (Ctrl-C) is "interrupted"."""
+    symbolization, which hold the GIL in this process. When it exits, the recording stops
+    (tui_exit_reason): status 0 (`q`, `Esc`) is "user-quit", 130 (Ctrl-C) is "interrupted"."""
 
     def __init__(self, output: Path, recorder: Recorder) -> None:
         self.output = output
@@ -424,14 +424,7 @@ class TuiProcess:
 
     def _watch(self) -> None:
         assert self.process is not None
-        status = self.process.wait()
-        if status == 0:
-            reason = "user-quit"
-        elif status == 130:
-            reason = "interrupted"
-        else:
-            reason = f"error: the TUI exited with status {status}"
-        self.recorder.request_stop(reason)
+        self.recorder.request_stop(tui_exit_reason(self.process.wait()))
 
     def close(self, *, wait: bool = False) -> None:
         """Waits for the user to quit (`wait`), or ends the TUI now."""
@@ -452,6 +445,21 @@ class TuiProcess:
 # `kill -HUP`) is treated like SIGTERM.
 _SIGNAL_REASONS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated",
                    signal.SIGHUP: "hangup"}
+
+
+def tui_exit_reason(status: int) -> str:
+    """The stop reason of a recording whose live TUI ended with `status` (Popen's: -N for
+    signal N). A TUI ended by one of the signals that stop a recording gets that signal's
+    reason: closing the terminal sends SIGHUP to the TUI and the recorder alike, and the
+    TUI may die of it before the recorder's handler runs (CI saw "error: the TUI exited
+    with status -1" for a closed terminal)."""
+    if status == 0:
+        return "user-quit"
+    if status == 130:
+        return "interrupted"
+    if status < 0 and -status in _SIGNAL_REASONS:
+        return _SIGNAL_REASONS[signal.Signals(-status)]
+    return f"error: the TUI exited with status {status}"
 
 
 def stopping_signal(stop_reason: str) -> int | None:
