@@ -79,7 +79,7 @@ typedef struct {
     uint32_t function;                 /* id in the function table */
     uint8_t *table;                    /* location table copy (malloc) */
     uint32_t table_len;
-    uint16_t bpf_tag;                  /* the BPF sampler's tag of it (0: code_tag < 0) */
+    uint32_t bpf_tag;                  /* the BPF sampler's tag of it (0: code_tag < 0) */
 } pyf_code;
 
 typedef struct {
@@ -183,17 +183,15 @@ static size_t pyf_utf8(uint32_t c, char *out) {
 
 /* A str object as malloc'd UTF-8: its type must be str, compact (every str a code object
  * holds is, and so is every str made at run time), of a valid kind and at most `max`
- * (<= PYF_MAX_STR) code points. NULL when it is not. first16, when not NULL: the 16 bytes
- * at an ASCII string's characters, as they are (past a short one's end too), which the BPF
- * sampler's code tag hashes. */
-static char *pyf_string(rs_pyreader *self, uint64_t addr, int64_t max, uint8_t *first16) {
+ * (<= PYF_MAX_STR) code points. NULL when it is not. tag_name, when not NULL: what the BPF
+ * sampler's code tag hashes of a str (rs_bpf_code_tag's `name`). */
+static char *pyf_string(rs_pyreader *self, uint64_t addr, int64_t max,
+                        unsigned long long *tag_name) {
     uint8_t head[128];
     long hlen = self->off[O_UNICODE_COMPACT_DATA];
     if (hlen <= 0 || hlen > (long)sizeof head) return NULL;
     if (pyf_read(self, addr, head, (size_t)hlen) < 0) return NULL;
     if (u64_at(head, 8) != self->unicode_type) return NULL;
-    /* inside the header read (pyf_code_tag_offset checked it) */
-    if (first16 != NULL) memcpy(first16, head + self->off[O_UNICODE_ASCII_DATA], 16);
     int64_t length;
     memcpy(&length, head + self->off[O_UNICODE_LENGTH], sizeof length);
     uint32_t state;
@@ -206,6 +204,12 @@ static char *pyf_string(rs_pyreader *self, uint64_t addr, int64_t max, uint8_t *
     uint8_t text[PYF_MAX_STR * 4];
     if (length > 0 && pyf_read(self, addr + (uint64_t)data, text, (size_t)length * kind) < 0)
         return NULL;
+    if (tag_name != NULL) {
+        uint8_t chars[16] = {0};
+        if (ascii) memcpy(chars, text, length < 16 ? (size_t)length : 16);
+        memcpy(tag_name, chars, 16);
+        tag_name[2] = (unsigned long long)length | (ascii ? 0 : 1ULL << 63);
+    }
     char *out = malloc((size_t)length * 4 + 1);
     if (out == NULL) return NULL;
     size_t n = 0;
@@ -408,9 +412,9 @@ static pyf_code *pyf_code_from(rs_pyreader *self, uint64_t addr, const uint8_t *
         c->table_ptr == table_ptr && c->first_line == first_line)
         return c;
     pyf_code_clear(c);
-    unsigned long long text[2];  /* the BPF sampler's tag reads them (pyperf.h) */
+    unsigned long long text[3];  /* what the BPF sampler's tag hashes of it (pyperf.h) */
     char *name = pyf_string(self, name_ptr, PYF_MAX_STR,
-                            self->code_tag >= 0 ? (uint8_t *)text : NULL);
+                            self->code_tag >= 0 ? text : NULL);
     if (name == NULL) return NULL;
     char *file = pyf_string(self, file_ptr, PYF_MAX_STR, NULL);
     if (file == NULL) {
@@ -428,7 +432,7 @@ static pyf_code *pyf_code_from(rs_pyreader *self, uint64_t addr, const uint8_t *
     if (self->code_tag >= 0) {
         unsigned long long words[4];
         memcpy(words, head + self->code_tag, sizeof words);
-        c->bpf_tag = (uint16_t)rs_bpf_code_tag(words, text);
+        c->bpf_tag = (uint32_t)rs_bpf_code_tag(words, text);
     }
     c->function = function;
     c->table_len = 0;
@@ -496,7 +500,8 @@ int rs_pyreader_resolve_many(rs_pyreader *r, int n, const uint64_t *codes,
             r->dropped++;
             return RS_PY_DROPPED;
         }
-        uint16_t tag = (uint16_t)(codes[i] >> RS_BPF_CODE_TAG_SHIFT);
+        uint32_t tag = (uint32_t)(codes[i] >> RS_BPF_CODE_TAG_SHIFT) |
+                       (uint32_t)(instrs[i] >> RS_BPF_CODE_TAG_SHIFT) << 16;
         if (tag != 0 && tag != c->bpf_tag) {
             /* The cache holds what was at the address when it was decoded; its pointers
              * can all be the same for a code object made again there. Decode afresh. */
@@ -509,7 +514,7 @@ int rs_pyreader_resolve_many(rs_pyreader *r, int n, const uint64_t *codes,
             }
         }
         functions[i] = c->function;
-        lines[i] = pyf_instr_line(r, c, r->walk_code[i], instrs[i]);
+        lines[i] = pyf_instr_line(r, c, r->walk_code[i], instrs[i] & RS_BPF_CODE_ADDRESS_MASK);
     }
     return 0;
 }
@@ -1057,14 +1062,17 @@ static PyObject *PyFrameReader_string(PyFrameReader *self, PyObject *args) {
 
 /* Where the BPF sampler's code tag is read (rs_bpf_config.code_tag): co_filename, when
  * co_name, co_qualname (RS_BPF_CODE_TAG_QUALNAME) and co_linetable follow it, word by word,
- * inside the header the drain reads, and an ASCII string's first 16 characters lie inside
- * the string header pyf_string reads (3.11-3.13); -1 otherwise (untagged). */
+ * inside the header the drain reads, and a str's length, state and ASCII characters lie
+ * where the program's one 48-byte read from offset 16 finds them (3.11-3.13); -1
+ * otherwise (untagged). */
 static long pyf_code_tag_offset(const long *off) {
     long at = off[O_CODE_FILENAME];
     if (at < 0 || (at & 7) != 0 || off[O_CODE_NAME] != at + 8 ||
         off[O_CODE_QUALNAME] != at + 8 * RS_BPF_CODE_TAG_QUALNAME ||
         off[O_CODE_LINETABLE] != at + 24 || at + 32 > off[O_CODE_ADAPTIVE] ||
-        off[O_UNICODE_ASCII_DATA] + 16 > off[O_UNICODE_COMPACT_DATA])
+        off[O_UNICODE_LENGTH] != 16 || off[O_UNICODE_STATE] != 32 ||
+        off[O_UNICODE_ASCII_DATA] < 16 || off[O_UNICODE_ASCII_DATA] > 48 ||
+        (off[O_UNICODE_ASCII_DATA] & 7) != 0)
         return -1;
     return at;
 }

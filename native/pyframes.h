@@ -47,7 +47,8 @@ int rs_pyreader_code(rs_pyreader *r, uint64_t code, uint32_t tag, int64_t unit,
  * per frame, 1-2 µs of kernel work apiece, they were 29 % of the drain thread's CPU at
  * 499 Hz with --no-off-cpu). 0 with functions[i], lines[i] set for every frame, or the
  * first failure: RS_PY_DROPPED (not a code object now: freed since) / RS_PY_REPLACED (a
- * code object, but not the one sampled: codes[i]'s tag, RS_BPF_CODE_TAG_SHIFT, differs) /
+ * code object, but not the one sampled: the tag in codes[i]'s and instrs[i]'s top bits,
+ * native/bpf/pyperf.h, differs) /
  * RS_PY_GONE / RS_PY_NOMEM; nothing half done is to be used. Same locking rule as the
  * walk. */
 int rs_pyreader_resolve_many(rs_pyreader *r, int n, const uint64_t *codes,

@@ -51,9 +51,9 @@ struct rs_bpf_config {
     int gil_last_holder;              /* PyThreadState *, in struct _gil_runtime_state */
     int gil_locked;                   /* int */
     /* A code object's tag (rs_bpf_code_tag) hashes the 4 pointers at code_tag (co_filename,
-     * co_name, co_qualname, co_linetable: set at creation, never changed) and the first 16
-     * bytes of its qualname's characters (co_qualname + name_text). -1: frames go untagged
-     * (a layout where the pointers are not those four, in that order). */
+     * co_name, co_qualname, co_linetable: set at creation, never changed) and its qualname:
+     * its length and, when ASCII, its first 16 characters (at co_qualname + name_text; the
+     * str's length at +16 and state at +32). -1: frames go untagged (another layout). */
     int code_tag;
     int name_text;
 };
@@ -89,8 +89,10 @@ enum {
  * was entered from C (the outermost Python frame of one _PyEval_EvalFrameDefault call;
  * instructions are 2-byte aligned, so bit 0 is free).
  *
- * `code` carries the code object's tag in its top 16 bits (user addresses are below 2^48;
- * 0: untagged), read at the sample. The drain names code objects later; by then the one
+ * `code` and `instr` carry the code object's 32-bit tag (0: untagged), read at the sample,
+ * in their top 16 bits (user addresses are below 2^48): its low half in `code`'s, its high
+ * half in `instr`'s. (With 16 bits, 1 in 65,536 replaced objects would pass for the one
+ * sampled: seen in a test that replaces hundreds per second.) The drain names code objects later; by then the one
  * sampled may have been freed and another made at its address (pymalloc hands a freed
  * block to the next object of its size: a module's code, freed once the import ran, and
  * the next script's functions), and the frame would be named after code that never ran.
@@ -101,15 +103,24 @@ enum {
 #define RS_BPF_CODE_ADDRESS_MASK ((1ULL << RS_BPF_CODE_TAG_SHIFT) - 1)
 #define RS_BPF_CODE_TAG_QUALNAME 2 /* co_qualname's index among the 4 pointers at code_tag */
 
+/* `name`: the qualname's first 16 characters when it is ASCII, zero past its end (the
+ * bytes after a short name are its allocation's neighbour's, which change), else 0; and
+ * its length, with bit 63 set when it is not ASCII. */
 static inline unsigned long long rs_bpf_code_tag(const unsigned long long words[4],
-                                                 const unsigned long long text[2]) {
+                                                 const unsigned long long name[3]) {
     unsigned long long h = words[0] * 0x9E3779B97F4A7C15ULL;
     h = (h ^ words[1]) * 0xC2B2AE3D27D4EB4FULL;
     h = (h ^ words[2]) * 0x9E3779B97F4A7C15ULL;
     h = (h ^ words[3]) * 0xC2B2AE3D27D4EB4FULL;
-    h = (h ^ text[0]) * 0x9E3779B97F4A7C15ULL;
-    h = (h ^ text[1]) * 0xC2B2AE3D27D4EB4FULL;
-    return (h >> RS_BPF_CODE_TAG_SHIFT) | 1; /* 16 bits, never 0 */
+    h = (h ^ name[0]) * 0x9E3779B97F4A7C15ULL;
+    h = (h ^ name[1]) * 0xC2B2AE3D27D4EB4FULL;
+    h = (h ^ name[2]) * 0x9E3779B97F4A7C15ULL;
+    return (h >> 32) | 1; /* 32 bits, never 0 */
+}
+
+/* The first `n` bytes of little-endian word w (n >= 8: all of it). */
+static inline unsigned long long rs_bpf_low_bytes(unsigned long long w, unsigned long long n) {
+    return n >= 8 ? w : w & ((1ULL << (8 * n)) - 1);
 }
 
 struct rs_bpf_frame {

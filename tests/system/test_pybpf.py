@@ -395,13 +395,16 @@ def test_a_code_object_made_where_the_sampled_one_was_never_names_its_frame(
     had been. Each frame now carries a tag of its code object read at the sample (its
     pointers and the start of its name: a twin made by code.replace shares every other
     pointer), and the drain names a frame only when the object still carries it: 21 of 273
-    such samples named a twin here before, none now (`python_bpf_replaced` counts them)."""
+    such samples named a twin here before, none now (`python_bpf_replaced` counts them). The
+    tag has 32 bits: this program replaces hundreds of sampled objects per run, and with 16
+    one in 65,536 passed (a `never_` frame on 3.12 in one run of ~12)."""
     script = tmp_path / "code_reuse.py"
     script.write_text(CODE_REUSE)
     profile = _record(python_binary(name), script, "3", tmp_path / "reuse.db")
     named = {function for _, frames in _stacks(profile) for function, _ in frames}
     never = sorted(function for function in named if function.startswith("never_"))
-    meta = profile_meta(profile)
+    meta = {key: value for key, value in profile_meta(profile).items()
+            if key.startswith("python")}
     assert not never, (never, meta)
     assert any(function.startswith("work_") for function in named), sorted(named)
     assert int(meta["python_bpf_replaced"]) > 0, meta
