@@ -528,7 +528,11 @@ def test_threads_totals_exact(target_binary, flags, targets) -> None:
     sizes = [((i * 7 + th) % 97 + 1) * 8 for th in range(threads) for i in range(per_thread)]
     odd = [((i * 7 + th) % 97 + 1) * 8 for th in range(threads) for i in range(1, per_thread, 2)]
     fn = totals.by_function(symbols)
-    assert fn["thread_alloc_site"] == [sum(sizes), len(sizes), sum(odd), len(odd)]
+    # What the reader counted beside the sums, should they differ (CI once missed one
+    # allocation and its free, 1 run in 4; 0 in 60 here beside four hogs).
+    counted = {"lost": totals.lost, "dropped": totals.dropped,
+               "unknown_frees": totals.unknown_frees, "functions": fn}
+    assert fn["thread_alloc_site"] == [sum(sizes), len(sizes), sum(odd), len(odd)], counted
     items = 4 * 50000
     assert fn["pc_site"] == [items * 48, items, items * 48, items]
     assert totals.lost == 0 and totals.unknown_frees == 0
