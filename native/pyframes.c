@@ -1059,7 +1059,6 @@ static PyObject *PyFrameReader_string(PyFrameReader *self, PyObject *args) {
     return out;
 }
 
-
 /* Where the BPF sampler's code tag is read (rs_bpf_config.code_tag): co_filename, when
  * co_name, co_qualname (RS_BPF_CODE_TAG_QUALNAME) and co_linetable follow it, word by word,
  * inside the header the drain reads, and a str's length, state and ASCII characters lie

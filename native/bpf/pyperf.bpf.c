@@ -173,7 +173,7 @@ static __always_inline unsigned long long name_tag(const struct rs_bpf_config *c
                                                    const unsigned long long *str) {
     unsigned long long length = str[0], name[3] = {0, 0, length | (1ULL << 63)};
     if (((unsigned int)str[2] >> 6) & 1) { /* ASCII */
-        unsigned int at = ((unsigned int)(cfg->name_text - 16) >> 3) & 7;
+        unsigned int at = (unsigned int)(cfg->name_text - 16) >> 3; /* masked at each use */
         unsigned long long n = length < 16 ? length : 16;
         name[0] = rs_bpf_low_bytes(str[at & 7], n);
         name[1] = n > 8 ? rs_bpf_low_bytes(str[(at + 1) & 7], n - 8) : 0;
@@ -217,22 +217,23 @@ static long frame_step(unsigned int k, void *data) {
     }
     unsigned long long code = head_word(head, cfg->frame_code - cfg->frame_head);
     unsigned long long instr = head_word(head, cfg->frame_instr - cfg->frame_head), tag = 0;
-    if (cfg->code_tag >= 0 && code != 0 && code <= RS_BPF_CODE_ADDRESS_MASK) {
-        /* The tag the drain checks the code object against (pyperf.h); an unreadable
-         * object goes untagged: the drain finds out what it is. */
-        unsigned long long words[4], str[8] = {0};
-        if (bpf_probe_read_user(words, sizeof words, (const void *)(code + cfg->code_tag)) == 0 &&
-            bpf_probe_read_user(str, 48, (const void *)(words[RS_BPF_CODE_TAG_QUALNAME] + 16)) == 0)
-            tag = name_tag(cfg, words, str);
-    }
     if (cfg->frame_is_entry >= 0)
         is_entry = head_byte(head, cfg->frame_is_entry - cfg->frame_head);
     if (is_entry && w->check) { /* 3.11: the entry frame links to the caller's frame */
         w->check = 0;
         if (previous != w->expect) return 1; /* stale */
     }
+    if (cfg->code_tag >= 0 && code != 0 && code <= RS_BPF_CODE_ADDRESS_MASK &&
+        instr <= RS_BPF_CODE_ADDRESS_MASK) {
+        /* The tag the drain checks the code object against (pyperf.h), read once the frame
+         * is known not to be stale; an unreadable object (or no room in the top bits) goes
+         * untagged: the drain finds out what it is. */
+        unsigned long long words[4], str[8] = {0};
+        if (bpf_probe_read_user(words, sizeof words, (const void *)(code + cfg->code_tag)) == 0 &&
+            bpf_probe_read_user(str, 48, (const void *)(words[RS_BPF_CODE_TAG_QUALNAME] + 16)) == 0)
+            tag = name_tag(cfg, words, str);
+    }
     struct rs_bpf_frame *out = &w->rec->frames[w->n & (RS_BPF_MAX_FRAMES - 1)];
-    if (instr > RS_BPF_CODE_ADDRESS_MASK) tag = 0; /* no room: untagged */
     out->code = code | (tag & 0xffff) << RS_BPF_CODE_TAG_SHIFT;
     out->instr = (instr & ~1ULL) | (is_entry ? 1 : 0) | (tag >> 16) << RS_BPF_CODE_TAG_SHIFT;
     w->n++;
