@@ -107,21 +107,25 @@ def test_threads_computing_in_python_wait_for_the_gil_under_their_function(
         assert abs(cpu + preempted_ns + gil_ns - life) <= 0.1 * life, (
             role, cpu / life, preempted_ns / life, gil_ns / life)
         assert asleep_ns <= 0.1 * gil_ns, (role, asleep_ns, gil_ns)
-        # Directly under a Python frame, spin or worker, whenever the stack has Python
-        # frames. Off-CPU stacks get theirs at drain time (docs/native.md), and some waits
-        # keep their native frames only (take_gil's caller under the GIL frame): 5 % of
-        # the switch-outs, but 3 of them were 1.19 s of one thread's 1.57 s on 3.13 with
+        # Directly under a Python frame whenever the stack has Python frames, nearly always
+        # spin or worker: the thread's end waits too (`[waiting for the GIL] >
+        # Thread._delete > Thread._bootstrap_inner`, 1 switch-out in one CI run on 3.13).
+        # Off-CPU stacks get theirs at drain time (docs/native.md), and some waits keep
+        # their native frames only (take_gil's caller under the GIL frame): 5 % of the
+        # switch-outs, but 3 of them were 1.19 s of one thread's 1.57 s on 3.13 with
         # load average 13 (the holder preempted 0.8 s): counted in switch-outs.
         # The thread's own `run` (the Thread target that calls worker) runs Python too: at
         # the thread's start and end, around its call of worker, it waits for the GIL the other
         # thread holds (seen 1-2 switch-outs a run: `[waiting for the GIL] >
         # main.<locals>.run > Thread.run`, on 3.11 and 3.12).
         with_python = [s for s in gil if any(is_python_address(f.address) for f in s.frames)]
+        not_under_python = [(s.values[1], [line.function for f in s.frames[:4]
+                                           for line in f.lines])
+                            for s in with_python if not is_python_address(s.frames[1].address)]
+        assert not not_under_python, (role, not_under_python)
         under_python = sum(s.values[1] for s in with_python
-                           if is_python_address(s.frames[1].address)
-                           and s.frames[1].lines[0].function
+                           if s.frames[1].lines[0].function
                            in ("spin", "worker", "main.<locals>.run"))
-        assert under_python == sum(s.values[1] for s in with_python), role
         switches = sum(s.values[1] for s in gil)
         assert under_python >= 0.8 * switches, (role, under_python, switches)
 

@@ -191,7 +191,9 @@ def test_attach_tracks_every_block_at_its_call_site(alloc_binary: Path, tmp_path
     assert all(s["live_bytes"] >= 0 for s in found.values())
     meta = profile_meta(out)
     assert meta["heap_since"] == "attach" and meta["heap_mode"] == "full"
-    assert int(meta["heap_unknown_frees"]) == 50 * THREADS  # freed by "free", unknown
+    # Freed by "free", unknown; and a churning thread's block allocated just before the
+    # attach and freed just after is one too (at most one per thread: 201 in one CI run).
+    assert 50 * THREADS <= int(meta["heap_unknown_frees"]) <= 50 * THREADS + THREADS
     # Full stacks in threads that were running before the shim came: the call site's
     # caller and the thread's start are in them, not the direct caller only.
     traces = subprocess.run(

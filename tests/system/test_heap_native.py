@@ -490,7 +490,8 @@ def test_threads_totals_exact(target_binary, flags, targets) -> None:
     """8 threads, cross-thread frees and producer/consumer hand-off; poll() runs on a
     background thread while take() runs here, as the recorder does."""
     binary = target_binary("heap_threads.c")
-    t = start(targets, [str(binary), str(flags)], flags, env=shim_env(RSPROF_HEAP_RING_MB="32"))
+    t = start(targets, [str(binary), str(flags)], flags,
+              env=shim_env(RSPROF_HEAP_RING_MB="32", RSPROF_HEAP_DEBUG="1"))
     pid = int(t.expect("ready")[0])
     reader = attach(pid)
     symbols = Symbols(binary, pid)
@@ -531,7 +532,8 @@ def test_threads_totals_exact(target_binary, flags, targets) -> None:
     # What the reader counted beside the sums, should they differ (CI once missed one
     # allocation and its free, 1 run in 4; 0 in 60 here beside four hogs).
     counted = {"lost": totals.lost, "dropped": totals.dropped,
-               "unknown_frees": totals.unknown_frees, "functions": fn}
+               "unknown_frees": totals.unknown_frees, "shim_flags": reader.shim_flags,
+               "lap_jumps": reader.lap_jumps, "functions": fn}
     assert fn["thread_alloc_site"] == [sum(sizes), len(sizes), sum(odd), len(odd)], counted
     items = 4 * 50000
     assert fn["pc_site"] == [items * 48, items, items * 48, items]
