@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import os
 import platform
 import select
@@ -561,10 +562,17 @@ class HeapAttach:
         if isinstance(helper, dict):
             answer = helper
         else:
-            answer = _answer(helper)
+            try:
+                answer = _answer(helper)
+            except (OSError, ValueError) as error:
+                # Never a traceback from this thread: one line, CPU profiling goes on. The
+                # helper is left to finish (see _answer); a shim it loaded stops by itself
+                # once this rsprof has exited.
+                _abandoned.append(helper)
+                answer = {"refused": f"the ptrace helper's answer was not read ({error})"}
             if "injected" in answer:
                 self._helper = helper  # asked to stop the shim by finish()
-            else:
+            elif helper not in _abandoned:
                 _let_go(helper)
         if "injected" in answer:
             self.injected = Injected(**answer["injected"])
@@ -632,11 +640,16 @@ def _answer(helper: subprocess.Popen[bytes]) -> dict[str, Any]:
     rsprof that stopped waiting, the shim stops by itself when that rsprof has exited."""
     assert helper.stdout is not None
     fd = helper.stdout.fileno()
+    # poll, not select: rsprof holds a perf event fd per thread of the target, so this
+    # pipe's fd is above 1024 (FD_SETSIZE) once the target has a few hundred threads
+    # (select raised "filedescriptor out of range" with 300: a traceback, no heap).
+    waiter = select.poll()
+    waiter.register(fd, select.POLLIN)
     deadline = time.monotonic() + HELPER_TIMEOUT_S
     line = b""
     while not line.endswith(b"\n"):
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not waiter.poll(math.ceil(left * 1000)):
             _abandoned.append(helper)  # reaped if it ends before rsprof does; never killed
             return {"refused": f"the ptrace helper did not answer in {HELPER_TIMEOUT_S:g} s"
                                " (left to finish its calls)"}

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_share, build_target, heap_rings, run_rsprof, start_target
+from conftest import assert_share, build_target, heap_rings, rsprof_env, run_rsprof, start_target
 
 pytestmark = pytest.mark.slow  # hundreds of threads, forks and execs: minutes in all
 
@@ -109,19 +111,33 @@ def test_short_lived_threads_get_their_samples(tmp_path: Path) -> None:
 
 
 def test_duration_holds_with_300_spinning_threads(tmp_path: Path) -> None:
-    target = start_target(build_target("many_threads.c"), "300")
+    """300 threads spin on 2 cores from the attach on: the recording still stops on time,
+    every thread is sampled, and the heap is attached (its helper's pipe is above fd 1024,
+    past select()'s reach: once a traceback and no heap)."""
+    go = tmp_path / "go"
+    target = start_target(build_target("many_threads.c"), "300", f"--go={go}")
+    out = tmp_path / "many.db"
+    # They spin once rsprof says it records: 300 spinners leave an interpreter starting up
+    # ~1/150 of a core (20-30 s for rsprof's own start-up, not the recorder's to speed up).
+    recorder = subprocess.Popen(
+        [sys.executable, "-P", "-m", "rsprof", "-p", str(target.pid), "-d", "2s",
+         "--cpu-freq", "999", "-o", str(out)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=rsprof_env())
     try:
-        out = tmp_path / "many.db"
-        result = run_rsprof("-p", str(target.pid), "-q", "-d", "2s", "--cpu-freq", "999",
-                            "-o", str(out), timeout=240)
+        assert recorder.stderr is not None
+        first = recorder.stderr.readline()
+        go.touch()
+        stderr = first + recorder.stderr.read()
+        assert recorder.wait(timeout=240) == 0, stderr
     finally:
+        recorder.kill()
+        recorder.wait()
         target.kill()
         target.wait()
-    assert result.returncode == 0, result.stderr
-    assert "stopped: duration" in result.stderr
+    assert first.startswith("rsprof: recording"), stderr
+    assert "stopped: duration" in stderr and "Traceback" not in stderr, stderr
     # From attached to finished, the duration and little more, although 300 threads compete
-    # with the recorder for 2 cores (the interpreter's own start-up, before rsprof runs, is
-    # not the recorder's to speed up).
+    # with the recorder for 2 cores.
     db = sqlite3.connect(out)
     meta = dict(db.execute("SELECT key, value FROM meta"))
     recorded_s = (int(meta["end_time_ms"]) - int(meta["start_time_ms"])) / 1000
@@ -129,11 +145,10 @@ def test_duration_holds_with_300_spinning_threads(tmp_path: Path) -> None:
     # Every thread is sampled: each gets a few ms of CPU in 2 s, a few periods at 999 Hz.
     sampled = db.execute("SELECT COUNT(DISTINCT tid) FROM cpu_stack_samples").fetchone()[0]
     assert sampled > 200, sampled
+    assert meta.get("heap_since") == "attach", meta
 
 
 def test_attach_with_follow_sees_new_children(tmp_path: Path) -> None:
-    import subprocess
-
     alpha = build_target("phase.c", ("-DPHASE=alpha",))
     # A shell that keeps starting alpha: attached to with --follow, alpha's samples are in
     # the profile under alpha's own pid; without it, only the shell's.

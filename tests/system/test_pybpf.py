@@ -296,7 +296,11 @@ def test_recursion_keeps_its_python_frames_under_load(
         lost, evaluating, startup, lost_stacks[:5],
         {key: value for key, value in meta.items() if key.startswith("python")})
     assert int(meta["python_bpf_attached"]) >= 0.95 * evaluating, meta
-    assert meta["python_bpf_ip_mismatch"] == "0", meta
+    # A record near the sample at another ip is the thread's other sample, not a wrong
+    # pairing (pairs need the same ip): cpu-clock samples a thread every 2 ms of its CPU
+    # time, but a timer cancelled at a switch-out can fire early after the switch-in (perf
+    # record beside four hogs: one gap of 448 us in 1,091); 1 in one CI run on 3.11.
+    assert int(meta["python_bpf_ip_mismatch"]) <= 0.01 * evaluating, meta
 
 
 @pytest.mark.parametrize("name", INTERPRETERS)
