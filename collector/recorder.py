@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import resource
 import stat
 import subprocess
 import threading
@@ -517,6 +518,7 @@ class Recorder:
 
     def run(self) -> RecordResult:
         _raise_priority()
+        _raise_fd_limit()
         try:
             self._attach()
         except ProcessLookupError as error:  # ESRCH from any step: the target left
@@ -1241,6 +1243,20 @@ def _raise_priority() -> None:
         if os.getpriority(os.PRIO_PROCESS, 0) > -10:
             os.setpriority(os.PRIO_PROCESS, 0, -10)
     except OSError:
+        pass
+
+
+def _raise_fd_limit() -> None:
+    """A perf event fd per thread of the target (and per CPU event of a follow): a target
+    of 1,500 threads stopped `rsprof -p` with "perf_event_open: Too many open files" under
+    the usual soft limit of 1,024. The soft limit goes up to the hard one, as `perf record`
+    does. Called once a launched target is forked (held before its exec): it keeps the
+    user's limit."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
         pass
 
 

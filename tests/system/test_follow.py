@@ -148,6 +148,33 @@ def test_duration_holds_with_300_spinning_threads(tmp_path: Path) -> None:
     assert meta.get("heap_since") == "attach", meta
 
 
+def test_attach_to_more_threads_than_the_soft_fd_limit(tmp_path: Path) -> None:
+    """1,500 threads (asleep) and the usual soft fd limit of 1,024: rsprof raises its own
+    soft limit to the hard one, as perf record does (it stopped at "perf_event_open: Too
+    many open files"), and every thread is in the profile."""
+    import resource
+
+    target = start_target(build_target("many_threads.c"), "1500", f"--go={tmp_path / 'never'}")
+    out = tmp_path / "many.db"
+
+    def soft_1024() -> None:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+
+    try:
+        result = subprocess.run(
+            [sys.executable, "-P", "-m", "rsprof", "-p", str(target.pid), "-q", "-d", "1s",
+             "-o", str(out)],
+            capture_output=True, text=True, timeout=240, env=rsprof_env(),
+            preexec_fn=soft_1024)
+    finally:
+        target.kill()
+        target.wait()
+    assert result.returncode == 0, result.stderr
+    threads = sqlite3.connect(out).execute("SELECT COUNT(*) FROM threads").fetchone()[0]
+    assert threads == 1501, threads
+
+
 def test_attach_with_follow_sees_new_children(tmp_path: Path) -> None:
     alpha = build_target("phase.c", ("-DPHASE=alpha",))
     # A shell that keeps starting alpha: attached to with --follow, alpha's samples are in
