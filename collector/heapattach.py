@@ -562,14 +562,7 @@ class HeapAttach:
         if isinstance(helper, dict):
             answer = helper
         else:
-            try:
-                answer = _answer(helper)
-            except (OSError, ValueError) as error:
-                # Never a traceback from this thread: one line, CPU profiling goes on. The
-                # helper is left to finish (see _answer); a shim it loaded stops by itself
-                # once this rsprof has exited.
-                _abandoned.append(helper)
-                answer = {"refused": f"the ptrace helper's answer was not read ({error})"}
+            answer = _answer(helper)
             if "injected" in answer:
                 self._helper = helper  # asked to stop the shim by finish()
             elif helper not in _abandoned:
@@ -653,7 +646,11 @@ def _answer(helper: subprocess.Popen[bytes]) -> dict[str, Any]:
             _abandoned.append(helper)  # reaped if it ends before rsprof does; never killed
             return {"refused": f"the ptrace helper did not answer in {HELPER_TIMEOUT_S:g} s"
                                " (left to finish its calls)"}
-        chunk = os.read(fd, 4096)
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError as error:  # one line, never a traceback; left to finish, as above
+            _abandoned.append(helper)
+            return {"refused": f"the ptrace helper's answer was not read ({error})"}
         if not chunk:
             break  # it exited without a line
         line += chunk

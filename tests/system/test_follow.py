@@ -4,6 +4,7 @@ recorder follows, on real processes (issue: never break or misread the program).
 from __future__ import annotations
 
 import json
+import resource
 import sqlite3
 import subprocess
 import sys
@@ -152,8 +153,6 @@ def test_attach_to_more_threads_than_the_soft_fd_limit(tmp_path: Path) -> None:
     """1,500 threads (asleep) and the usual soft fd limit of 1,024: rsprof raises its own
     soft limit to the hard one, as perf record does (it stopped at "perf_event_open: Too
     many open files"), and every thread is in the profile."""
-    import resource
-
     target = start_target(build_target("many_threads.c"), "1500", f"--go={tmp_path / 'never'}")
     out = tmp_path / "many.db"
 
