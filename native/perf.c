@@ -2022,6 +2022,23 @@ static PyObject *PerfSampler_enable(PerfSampler *self, PyObject *Py_UNUSED(ignor
     Py_RETURN_NONE;
 }
 
+/* The end of the recording window (a duration reached, a stop asked for): no sample is
+ * taken from now on, while the recorder still drains, resolves and writes what the rings
+ * hold.  A checkpoint that runs long on a loaded machine (300 spinning threads beside the
+ * recorder) no longer stretches the window past the duration.  DISABLE reaches the
+ * inherited events too; threads that start later inherit the disabled state, and
+ * add_thread() and the off-CPU shedding enable nothing once `enabled` is false. */
+static PyObject *PerfSampler_disable(PerfSampler *self, PyObject *Py_UNUSED(ignored)) {
+    perf_lock(self);
+    if (!self->closed) {
+        for (size_t i = 0; i < self->n_events; i++)
+            ioctl(self->events[i].fd, PERF_EVENT_IOC_DISABLE, 0);
+        self->enabled = false;
+    }
+    perf_unlock(self);
+    Py_RETURN_NONE;
+}
+
 static PyObject *PerfSampler_poll(PerfSampler *self, PyObject *arg) {
     int timeout_ms;
     if (perf_as_int(arg, &timeout_ms) < 0) return NULL;
@@ -2712,6 +2729,9 @@ static PyMethodDef PerfSampler_methods[] = {
      "permission)."},
     {"enable", (PyCFunction)PerfSampler_enable, METH_NOARGS,
      "enable() -> None\n\nStart sampling on every tracked thread; later threads start at once."},
+    {"disable", (PyCFunction)PerfSampler_disable, METH_NOARGS,
+     "disable() -> None\n\nStop sampling every thread (the recording window ends); the "
+     "rings keep what was taken until poll() drains it. Idempotent, a no-op once closed."},
     {"poll", (PyCFunction)PerfSampler_poll, METH_O,
      "poll(timeout_ms) -> int\n\nWait (GIL released) up to timeout_ms for ring data, then "
      "drain every ring into the aggregates. Returns the number of records processed."},

@@ -290,6 +290,8 @@ def record(
         captured.finish()
         captured.save(writer.add_output)
     extra: dict[str, object] = {"heap_mode": result.heap_mode}
+    if result.window_end_ms is not None:
+        extra["end_time_ms"] = result.window_end_ms  # sampling stopped; writing took longer
     if injection is not None:
         extra.update(injection.meta())
     if exit_code is not None:
