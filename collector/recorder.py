@@ -651,7 +651,10 @@ class Recorder:
         drain thread within a poll of the deadline or of a stop request; the main loop if
         the drain thread has not): sampling stops, and each heap ring's writer position is
         its stop mark: everything below it is read before the recording ends
-        (_settle_heaps), nothing after. What the rings hold is still drained and written."""
+        (_settle_heaps). What the rings hold is still drained and written; the heap rings
+        are drained until the main loop has stopped too (left unread, an allocation storm
+        would fill them and its events be counted lost), as before the window had an end
+        of its own."""
         with self._window_lock:
             if self._window_end_ms is not None:
                 return
