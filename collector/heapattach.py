@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -137,9 +138,15 @@ STT_FUNC, SHN_UNDEF, PT_INTERP = 2, 0, 3
 
 
 @cache
-def _symbols(path: str, inode: int) -> dict[str, tuple[int, int]]:
+def _symbols(path: str, inode: int) -> dict[str, list[tuple[int, int]]]:
     """Defined functions (STT_FUNC: an IFUNC's value is its resolver, not the code that
-    runs) of an ELF file's .dynsym: name -> (value, size), the first entry of a name kept.
+    runs) of an ELF file's .dynsym: name -> [(value, size)], every entry of a name in table
+    order. A name has one entry per symbol version, at different code when a compatibility
+    version is kept: glibc 2.36 has 217 such names, pthread_cond_wait@GLIBC_2.2.5 before
+    the pthread_cond_wait@@GLIBC_2.3.2 every program calls. With the first entry alone, a
+    thread waiting in pthread_cond_wait was "inside an internal libc function", never at a
+    safe point, and `rsprof -p` of `xz -T2` (its workers block every signal, its main
+    thread waits on a condition variable) refused heap tracking.
     Read with rsprof's own ELF reader (collector/symbols/elf.py), not pyelftools, which is
     not a dependency of rsprof: in a plain install the helper failed to import it and heap
     attach was off for every process. The same tables as pyelftools' for libc, libstdc++,
@@ -147,18 +154,18 @@ def _symbols(path: str, inode: int) -> dict[str, tuple[int, int]]:
     0.213 s for libstdc++."""
     from rsprof.collector.symbols.elf import ElfError, ElfFile
 
-    out: dict[str, tuple[int, int]] = {}
+    out: dict[str, list[tuple[int, int]]] = {}
     try:
         elf = ElfFile(path)
     except ElfError as error:
         raise ValueError(str(error)) from None
     for sym in elf.symbols(dynamic_only=True):
         if sym.shndx != SHN_UNDEF and sym.type == STT_FUNC:
-            out.setdefault(sym.name, (sym.value, sym.size))
+            out.setdefault(sym.name, []).append((sym.value, sym.size))
     return out
 
 
-def _file_symbols(pid: int, path: str) -> dict[str, tuple[int, int]]:
+def _file_symbols(pid: int, path: str) -> dict[str, list[tuple[int, int]]]:
     """The symbols of a file the process maps, read through its root (a container's)."""
     inside = f"/proc/{pid}/root{path}"
     try:
@@ -231,20 +238,24 @@ def _layout(pid: int, maps: list[_Mapping]) -> _Layout:
     _check_own_malloc(pid)
     syms = _file_symbols(pid, libc)
     base = _base_of(maps, libc)
-    dlopen = syms.get("dlopen") or syms.get("__libc_dlopen_mode")
-    if dlopen is None:
+    # dlopen@@GLIBC_2.34 and its compatibility versions are the same code
+    dlopens = syms.get("dlopen") or syms.get("__libc_dlopen_mode")
+    if not dlopens:
         raise HeapAttachRefused("its libc has no dlopen (glibc older than 2.34)")
-    dlerror = syms.get("dlerror", (0, 0))
-    family = [syms[name] for name in MALLOC_FAMILY if name in syms]
+    dlopen = dlopens[0]
+    dlerror = syms.get("dlerror", [(0, 0)])[0]
+    family = [entry for name in MALLOC_FAMILY for entry in syms.get(name, ())]
     if not family:
         raise HeapAttachRefused("its libc exports no malloc")
     unsafe = [(base + min(v for v, _ in family), base + max(v + s for v, s in family))]
-    unsafe += [(base + syms[name][0], base + syms[name][0] + max(syms[name][1], 1))
-               for name in LOCKING_FUNCTIONS if name in syms]
+    # every version of each: a compatibility pthread_join is a join too
+    unsafe += [(base + v, base + v + max(s, 1))
+               for name in LOCKING_FUNCTIONS for v, s in syms.get(name, ())]
     ldso = [(m.start, m.end) for m in maps
             if Path(m.path).name.startswith("ld-linux") and "x" in m.perms]
     libc_text = [(m.start, m.end) for m in maps if m.path == libc and "x" in m.perms]
-    exported = sorted((base + v, base + v + s) for v, s in syms.values() if s > 0)
+    exported = sorted({(base + v, base + v + s)
+                       for entries in syms.values() for v, s in entries if s > 0})
     # The unwinder's tables of the modules a stack may run through are built now, not while
     # the thread is stopped (cached per file).
     for path in {m.path for m in maps if "x" in m.perms and m.path.startswith("/")}:
@@ -281,38 +292,44 @@ def _inside(ranges: list[tuple[int, int]], value: int) -> bool:
     return any(lo <= value < hi for lo, hi in ranges)
 
 
-def _safe_point(tracee: Tracee, layout: _Layout) -> bool:
-    """Whether the stopped thread may call dlopen now. Its stack, unwound by CFI as the CPU
-    sampler does, must show no frame in the loader and none in a libc function that may
-    hold a lock dlopen takes (the allocator's, fork's, the loader's, the thread stack
-    cache's); the pc must not be libc code outside a system call (it may be the
-    allocator's internals, an arena locked), nor a system call the allocator or fork make
-    under their locks; between the pc and the program's first frame no internal libc
+def _unsafe_because(tracee: Tracee, layout: _Layout) -> str | None:
+    """Why the stopped thread may not call dlopen now, or None when it may. Its stack,
+    unwound by CFI as the CPU sampler does, must show no frame in the loader and none in a
+    libc function that may hold a lock dlopen takes (the allocator's, fork's, the loader's,
+    the thread stack cache's); the pc must not be libc code outside a system call (it may
+    be the allocator's internals, an arena locked), nor a system call the allocator or fork
+    make under their locks; between the pc and the program's first frame no internal libc
     function may stand (the allocator's _int_free is reached by a tail call from free, so
     free's own frame is not there); and no signal handler may be running (what it
-    interrupted may hold any lock). A stack the unwinder cannot finish is not safe."""
+    interrupted may hold any lock). A stack the unwinder cannot finish is not safe. The
+    reason is said when no stop was safe (it once always said "the allocator or the dynamic
+    loader", also of a thread waiting on a condition variable)."""
     pc, sp, orig_rax, _rax = tracee.regs()
     if not _stack_room(layout, sp):
-        return False
+        return "on a stack with too little room below it"
     in_syscall = orig_rax >= 0 and tracee.read(pc - 2, 2) == b"\x0f\x05"
     if in_syscall and orig_rax in LOCKING_SYSCALLS:
-        return False
+        return "in a system call the allocator or fork make holding their locks"
     if not in_syscall and _inside(layout.libc_text, pc):
-        return False
+        return "running libc code"
     frames, truncated = tracee.unwind(MAX_FRAMES)
     if truncated or not frames:
-        return False
+        return "on a stack the unwinder could not finish"
     program_seen = False
     for i, frame in enumerate(frames):
         address = frame if i == 0 else frame - 1  # a return address is after its call
-        if _inside(layout.ldso, address) or _inside(layout.unsafe, address):
-            return False
+        if _inside(layout.ldso, address):
+            return "inside the dynamic loader"
+        if _inside(layout.unsafe, address):
+            return "inside the allocator, fork, thread creation or joining, or dlopen"
         if not _inside(layout.libc_text, address):
             program_seen = True
         elif i > 0 and not layout.is_exported(address):
-            if not program_seen or tracee.read(frame, len(SIGRETURN_CODE)) == SIGRETURN_CODE:
-                return False
-    return True
+            if not program_seen:
+                return "inside an internal libc function"
+            if tracee.read(frame, len(SIGRETURN_CODE)) == SIGRETURN_CODE:
+                return "in a signal handler"
+    return None
 
 
 def _stack_room(layout: _Layout, sp: int) -> bool:
@@ -385,6 +402,7 @@ def _stopped_at_safe_point(pid: int, layout: _Layout) -> tuple[Tracee, int]:
     if not candidates:
         raise HeapAttachRefused("none of its threads can be stopped safely (SIGSEGV blocked"
                                 " or ignored, or asleep in a call a stop would interrupt)")
+    seen: Counter[str] = Counter()
     for tid in candidates:
         try:
             tracee = _seize(pid, tid)
@@ -394,8 +412,10 @@ def _stopped_at_safe_point(pid: int, layout: _Layout) -> tuple[Tracee, int]:
             for _ in range(TRIES_PER_THREAD):
                 tracee.interrupt()
                 tries += 1
-                if _safe_point(tracee, layout):
+                because = _unsafe_because(tracee, layout)
+                if because is None:
                     return tracee, tries
+                seen[because] += 1
                 tracee.resume()
                 time.sleep(RETRY_PAUSE_S)
         except ProcessLookupError:
@@ -404,9 +424,19 @@ def _stopped_at_safe_point(pid: int, layout: _Layout) -> tuple[Tracee, int]:
             tracee.detach()
             raise
         tracee.detach()
+    said = "; ".join(f"{reason} ({count})" for reason, count in seen.most_common(2))
+    left = _thread_count(pid) - len(candidates)
+    others = (f"; {left} more not tried: SIGSEGV blocked or ignored, or asleep in a call a"
+              " stop would interrupt" if left > 0 else "")
     raise HeapAttachRefused(
-        f"no thread reached a safe point in {tries} tries (always inside the allocator or"
-        " the dynamic loader)")
+        f"no thread reached a safe point in {tries} tries ({said or 'none stopped'}{others})")
+
+
+def _thread_count(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
 
 
 def _signed(value: int) -> int:
@@ -416,7 +446,7 @@ def _signed(value: int) -> int:
 @cache
 def _shim_offsets() -> tuple[int, int]:
     syms = _symbols(str(SHIM_INJECT_PATH), os.stat(SHIM_INJECT_PATH).st_ino)
-    return syms["rsprof_heap_inject_start"][0], syms["rsprof_heap_inject_stop"][0]
+    return syms["rsprof_heap_inject_start"][0][0], syms["rsprof_heap_inject_stop"][0][0]
 
 
 def _check_target(pid: int) -> list[_Mapping]:

@@ -205,6 +205,30 @@ def test_attach_tracks_every_block_at_its_call_site(alloc_binary: Path, tmp_path
                                for t in keep_stacks), keep_stacks[:1]
 
 
+def test_attach_when_the_only_stoppable_thread_waits_on_a_condition_variable(
+        tmp_path: Path) -> None:
+    """Shaped like `xz -T2` (whose attach was refused): the worker blocks every signal, so
+    the injected call may only run on the main thread, which waits in
+    pthread_cond_timedwait. glibc 2.36 lists a compatibility pthread_cond_timedwait before
+    the default one in .dynsym; known by its first entry alone, the default one was "an
+    internal libc function" and no thread was ever at a safe point. Attached, the worker's
+    blocks are at their site, exactly, and the program ends as a plain run does."""
+    binary = build_target("attach_condwait.c")
+    program = Program(binary)
+    out = tmp_path / "condwait.db"
+    recorder = start_attach(program.pid, out)
+    wait_for_ring(program.pid, recorder)
+    program.command("alloc 250")
+    stderr = stop_attach(recorder)
+    assert "heap since attach" in stderr and "heap tracking off" not in stderr, stderr
+    output, status = program.quit()
+    assert (output, status) == plain_run(binary, ["alloc 250"])
+    assert status == 5
+    site = sites(out)["condwait_site"]
+    assert (site["alloc_count"], site["total_alloc_bytes"]) == (250, 250 * 3000), site
+    assert int(profile_meta(out)["heap_attach_tries"]) <= 5
+
+
 def test_attach_needs_no_pyelftools(alloc_binary: Path, tmp_path: Path) -> None:
     """pyelftools is not a dependency of rsprof (only of its tests): with `elftools`
     unimportable, rsprof and its ptrace helper attach and record exactly. (The helper read

@@ -48,6 +48,64 @@ def test_the_call_runs_only_with_stack_room_below_sp(sp: int, room: bool) -> Non
     assert heapattach._stack_room(layout(), sp) is room
 
 
+class FakeTracee:
+    """A stopped thread as _unsafe_because sees it: registers, a few bytes, an unwound stack."""
+
+    def __init__(self, frames: list[int], *, syscall: int = -1, truncated: bool = False,
+                 sp: int = 0x1000_0000 + STACK_ROOM, sigreturn_at: int = 0) -> None:
+        self.frames, self.syscall, self.truncated = frames, syscall, truncated
+        self.sp, self.sigreturn_at = sp, sigreturn_at
+
+    def regs(self) -> tuple[int, int, int, int]:
+        return self.frames[0], self.sp, self.syscall, 0
+
+    def read(self, address: int, size: int) -> bytes:
+        if address == self.sigreturn_at:
+            return heapattach.SIGRETURN_CODE[:size]
+        return b"\x0f\x05" if self.syscall >= 0 and address == self.frames[0] - 2 else b"\0" * size
+
+    def unwind(self, _max_frames: int) -> tuple[list[int], bool]:
+        return self.frames, self.truncated
+
+
+PROGRAM = 0x5555_0000_1000
+LDSO = 0x7E00_0000_0000
+FUTEX, MMAP = 202, 9
+EXPORTED, INTERNAL = LIBC + 0x2010, LIBC + 0x3000  # free's code; between functions
+
+
+@pytest.mark.parametrize(("tracee", "because"), [
+    (FakeTracee([PROGRAM, PROGRAM + 0x100]), None),  # in the program's own code
+    # waiting in an exported libc function the program called (pthread_cond_timedwait)
+    (FakeTracee([EXPORTED, EXPORTED + 1, PROGRAM], syscall=FUTEX), None),
+    (FakeTracee([INTERNAL, INTERNAL + 1, PROGRAM], syscall=FUTEX),
+     "inside an internal libc function"),
+    (FakeTracee([EXPORTED, PROGRAM]), "running libc code"),
+    (FakeTracee([EXPORTED, PROGRAM], syscall=MMAP),
+     "in a system call the allocator or fork make holding their locks"),
+    (FakeTracee([PROGRAM, LDSO + 0x10, PROGRAM]), "inside the dynamic loader"),
+    (FakeTracee([PROGRAM, LIBC + 0x1051, PROGRAM]),
+     "inside the allocator, fork, thread creation or joining, or dlopen"),
+    (FakeTracee([PROGRAM, PROGRAM], truncated=True), "on a stack the unwinder could not finish"),
+    (FakeTracee([PROGRAM], sp=0x2000_0800), "on a stack with too little room below it"),
+    (FakeTracee([PROGRAM, INTERNAL + 1, PROGRAM], sigreturn_at=INTERNAL + 1),
+     "in a signal handler"),
+])
+def test_why_a_stop_is_not_a_safe_point(tracee: FakeTracee, because: str | None) -> None:
+    found = layout(ldso=[(LDSO, LDSO + 0x1000)], unsafe=[(LIBC + 0x1000, LIBC + 0x1100)])
+    assert heapattach._unsafe_because(tracee, found) == because  # type: ignore[arg-type]
+
+
+def test_every_version_of_a_libc_function_is_known() -> None:
+    """glibc keeps a compatibility pthread_cond_timedwait (@GLIBC_2.2.5) before the default
+    one (@@GLIBC_2.3.2) in .dynsym: both are exported functions, not only the first."""
+    libc = "/usr/lib/x86_64-linux-gnu/libc.so.6"
+    if not os.path.exists(libc):
+        pytest.skip("no glibc at the Debian path")
+    entries = heapattach._symbols(libc, os.stat(libc).st_ino)["pthread_cond_timedwait"]
+    assert len(entries) >= 2 and len(set(entries)) == len(entries), entries
+
+
 def test_signed_return_values() -> None:
     assert heapattach._signed(5) == 5
     assert heapattach._signed((1 << 64) - 3) == -3  # rsprof_heap_inject_start's -3
