@@ -340,10 +340,10 @@ def _stack_room(layout: _Layout, sp: int) -> bool:
     return any(lo <= sp < hi and sp - lo >= STACK_ROOM for lo, hi in layout.stacks)
 
 
-def _thread_candidates(pid: int) -> list[int]:
+def _thread_candidates(pid: int) -> tuple[list[int], int]:
     """The process's threads, those a stop could disturb left out: SIGSEGV blocked or
     ignored (the call's return traps on it, and the kernel would reset such a disposition),
-    or asleep in a system call that a stop ends with EINTR."""
+    or asleep in a system call that a stop ends with EINTR; and how many were left out."""
     out = []
     try:
         tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
@@ -366,7 +366,7 @@ def _thread_candidates(pid: int) -> list[int]:
     if pid in out and len(out) > 1:
         out.remove(pid)
         out.append(pid)
-    return out
+    return out, len(tids) - len(out)
 
 
 def _gone(pid: int) -> bool:
@@ -398,7 +398,7 @@ def _seize(pid: int, tid: int) -> Tracee:
 def _stopped_at_safe_point(pid: int, layout: _Layout) -> tuple[Tracee, int]:
     """A thread stopped at a safe point, and how many stops it took."""
     tries = 0
-    candidates = _thread_candidates(pid)
+    candidates, left_out = _thread_candidates(pid)
     if not candidates:
         raise HeapAttachRefused("none of its threads can be stopped safely (SIGSEGV blocked"
                                 " or ignored, or asleep in a call a stop would interrupt)")
@@ -425,18 +425,10 @@ def _stopped_at_safe_point(pid: int, layout: _Layout) -> tuple[Tracee, int]:
             raise
         tracee.detach()
     said = "; ".join(f"{reason} ({count})" for reason, count in seen.most_common(2))
-    left = _thread_count(pid) - len(candidates)
-    others = (f"; {left} more not tried: SIGSEGV blocked or ignored, or asleep in a call a"
-              " stop would interrupt" if left > 0 else "")
+    others = (f"; {left_out} more not tried: SIGSEGV blocked or ignored, or asleep in a call"
+              " a stop would interrupt" if left_out > 0 else "")
     raise HeapAttachRefused(
         f"no thread reached a safe point in {tries} tries ({said or 'none stopped'}{others})")
-
-
-def _thread_count(pid: int) -> int:
-    try:
-        return len(os.listdir(f"/proc/{pid}/task"))
-    except OSError:
-        return 0
 
 
 def _signed(value: int) -> int:
